@@ -1,0 +1,21 @@
+/* The public API of cacheshim.h. */
+#include <string.h>
+
+#include "cs_shim.h"
+
+CS_EXPORT int cacheshim_get_stats(int device, cacheshim_stats *out, size_t size)
+{
+    cs_shim *s = cs_shim_get();
+    cacheshim_stats st;
+    if (!out || !s->cache || !cs_cache_stats(s->cache, device, &st))
+        return -1;
+    /* A caller built against an older, shorter struct gets the fields it knows. */
+    memcpy(out, &st, size < sizeof st ? size : sizeof st);
+    return 0;
+}
+
+CS_EXPORT uint64_t cacheshim_trim(void)
+{
+    cs_shim *s = cs_shim_get();
+    return s->cache ? cs_cache_trim(s->cache) : 0;
+}

@@ -1,0 +1,118 @@
+/* The cache: size classes, idle lists, the pointer registry, fences, cap, release threshold,
+ * OOM recovery and statistics. Pure C: no CUDA types and no I/O. It reaches the device only
+ * through cs_backend_ops, so tests drive it with a fake backend. */
+#ifndef CS_CACHE_H
+#define CS_CACHE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cacheshim.h"
+
+#define CS_MAX_DEVICES 64
+#define CS_NUM_CLASSES 576
+#define CS_UNLIMITED UINT64_MAX
+
+/* What a backend call returns. */
+enum {
+    CS_BE_OK = 0,
+    CS_BE_OOM = 1,     /* the device is out of memory: recovery may help */
+    CS_BE_ERROR = 2,   /* any other failure; the raw driver code is passed back */
+};
+
+/* The device as the cache sees it: one per heap (one heap per driver context). `dev` is the
+ * backend's own state for that heap. Raw driver codes travel as int. */
+typedef struct cs_backend_ops {
+    int (*alloc)(void *dev, uint64_t size, uint64_t *addr, int *raw);
+    int (*free)(void *dev, uint64_t addr, int *raw);
+    /* A fence marks "all work issued so far that can touch this heap's memory". */
+    int (*fence_record)(void *dev, void **fence);
+    int (*fence_query)(void *dev, void *fence);  /* 1 complete, 0 not yet, <0 error */
+    int (*fence_wait)(void *dev, void *fence);   /* 0 once complete */
+    void (*fence_destroy)(void *dev, void *fence);
+} cs_backend_ops;
+
+/* Why memory went back to the driver, for the release hook and statistics. */
+typedef enum {
+    CS_RELEASE_THRESHOLD,
+    CS_RELEASE_CAP,
+    CS_RELEASE_OOM,
+    CS_RELEASE_TRIM,
+} cs_release_reason;
+
+typedef struct cs_cache_config {
+    /* Per-device limits; CS_UNLIMITED for none. Resolved per device by the caller through
+     * the limit callbacks, since percentages depend on the device's size. */
+    uint64_t (*cap_for)(void *arg, uint64_t device_total);
+    uint64_t (*threshold_for)(void *arg, uint64_t device_total);
+    void *limit_arg;
+    /* Told about every block given back to the driver (may be NULL). Called under the lock. */
+    void (*on_release)(void *arg, int device, uint64_t addr, uint64_t size, cs_release_reason why);
+    void *release_arg;
+} cs_cache_config;
+
+typedef enum {
+    CS_OK = 0,
+    CS_OOM,        /* driver out of memory after recovery, or the cap refused it */
+    CS_ERROR,      /* the driver failed otherwise: see raw */
+    CS_FOREIGN,    /* free: not a pointer the cache handed out */
+    CS_NOT_IN_USE, /* free: a block the program already freed */
+} cs_result;
+
+/* Filled when an allocation fails, for the one-line report. */
+typedef struct cs_alloc_failure {
+    uint64_t requested, in_use, cached, cap;
+    bool by_cap;   /* refused by the cap, not by the driver */
+} cs_alloc_failure;
+
+typedef struct cs_cache cs_cache;
+typedef struct cs_heap cs_heap;
+
+cs_cache *cs_cache_create(const cs_cache_config *config);
+/* Frees the cache's own memory only: no backend call (the driver may be gone). */
+void cs_cache_destroy(cs_cache *cache);
+
+/* The heap for one driver context, made on first use. `key` identifies the context.
+ * Returns NULL if memory for it cannot be had or the device ordinal is out of range. */
+cs_heap *cs_cache_heap(cs_cache *cache, const void *key);
+cs_heap *cs_cache_add_heap(cs_cache *cache, const void *key, int device, uint64_t device_total,
+                           const cs_backend_ops *ops, void *dev);
+/* The context is gone with all its memory: forget its blocks without driver calls. */
+void cs_cache_forget_heap(cs_cache *cache, const void *key);
+
+/* While a stream capture runs, the driver calls the cache would add (fence events on the
+ * legacy stream, frees of cached blocks) could break it: none are made. Blocks already known
+ * ready still serve; the cap refuses what it cannot fit without a release. */
+void cs_cache_set_capturing(cs_cache *cache, bool capturing);
+
+cs_result cs_cache_alloc(cs_cache *cache, cs_heap *heap, uint64_t size, uint64_t *addr,
+                         int *raw, cs_alloc_failure *failure);
+cs_result cs_cache_free(cs_cache *cache, uint64_t addr);
+typedef enum { CS_BLOCK_UNKNOWN = 0, CS_BLOCK_IN_USE, CS_BLOCK_IDLE } cs_block_state;
+/* Is addr the base of a block the cache handed out? If so, the size the program asked for. */
+cs_block_state cs_cache_lookup(cs_cache *cache, uint64_t addr, uint64_t *requested);
+
+/* What a capped program should see of the device, given the driver's own numbers. */
+void cs_cache_mem_view(cs_cache *cache, int device, uint64_t driver_free, uint64_t driver_total,
+                       uint64_t *free, uint64_t *total);
+/* Give back idle blocks whose fences completed; returns bytes released. */
+uint64_t cs_cache_trim(cs_cache *cache);
+
+/* Statistics of one device, or all with device = -1; false if that device has no heap. */
+bool cs_cache_stats(cs_cache *cache, int device, cacheshim_stats *out);
+/* Devices that have a heap, in ascending order; returns how many were written. */
+int cs_cache_devices(cs_cache *cache, int *devices, int max);
+
+/* After fork() in the child: the parent's device memory is not ours to use; forget all.
+ * The child must hold the lock (cs_cache_lock before fork); this releases it. */
+void cs_cache_reset_after_fork(cs_cache *cache);
+/* For pthread_atfork: hold the lock across fork so no other thread holds it then. */
+void cs_cache_lock(cs_cache *cache);
+void cs_cache_unlock(cs_cache *cache);
+
+/* Size classes: 512-byte steps up to 8 KiB, then 16 steps per power of two (at most 6.25 %
+ * rounding). Exposed for tests and the replay tools. */
+int cs_size_class(uint64_t size, uint64_t *class_bytes);
+
+#endif

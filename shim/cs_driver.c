@@ -1,0 +1,97 @@
+/* Finding the real driver. The shim exports driver symbols itself, so plain dlsym or symbol
+ * binding would find the shim: everything here goes through the real dlsym on the handle of
+ * the real libcuda.so.1. */
+#include "cs_driver.h"
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stddef.h>
+
+static cs_dlsym_fn real_dlsym_ptr;
+static cs_driver driver;
+static pthread_once_t driver_once = PTHREAD_ONCE_INIT;
+static _Thread_local int loading;
+
+CS_NO_SANITIZE cs_dlsym_fn cs_real_dlsym_fn(void)
+{
+    cs_dlsym_fn f = __atomic_load_n(&real_dlsym_ptr, __ATOMIC_ACQUIRE);
+    if (!f) {
+        /* dlvsym, not dlsym: our dlsym is what everyone else's dlsym calls reach. Every
+         * thread that races here finds the same pointer. */
+        f = (cs_dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
+        if (!f)
+            f = (cs_dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
+        __atomic_store_n(&real_dlsym_ptr, f, __ATOMIC_RELEASE);
+    }
+    return f;
+}
+
+void *cs_real_dlsym(void *handle, const char *name)
+{
+    cs_dlsym_fn f = cs_real_dlsym_fn();
+    return f ? f(handle, name) : NULL;
+}
+
+#define LOAD(name) *(void **)&driver.name = cs_real_dlsym(driver.handle, #name)
+
+static void load_driver(void)
+{
+    loading = 1;
+    driver.handle = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+    if (driver.handle) {
+        LOAD(cuMemAlloc_v2);
+        LOAD(cuMemFree_v2);
+        LOAD(cuMemGetInfo_v2);
+        LOAD(cuMemGetAddressRange_v2);
+        LOAD(cuMemAlloc);
+        LOAD(cuMemFree);
+        LOAD(cuMemGetInfo);
+        LOAD(cuStreamCreate);
+        LOAD(cuStreamCreateWithPriority);
+        LOAD(cuStreamDestroy_v2);
+        LOAD(cuStreamDestroy);
+        LOAD(cuCtxDestroy_v2);
+        LOAD(cuCtxDestroy);
+        LOAD(cuDevicePrimaryCtxRelease_v2);
+        LOAD(cuDevicePrimaryCtxRelease);
+        LOAD(cuDevicePrimaryCtxReset_v2);
+        LOAD(cuDevicePrimaryCtxReset);
+        LOAD(cuStreamBeginCapture);
+        LOAD(cuStreamBeginCapture_ptsz);
+        LOAD(cuStreamBeginCapture_v2);
+        LOAD(cuStreamBeginCapture_v2_ptsz);
+        LOAD(cuStreamBeginCaptureToGraph);
+        LOAD(cuStreamBeginCaptureToGraph_ptsz);
+        LOAD(cuStreamEndCapture);
+        LOAD(cuStreamEndCapture_ptsz);
+        LOAD(cuGetProcAddress);
+        LOAD(cuGetProcAddress_v2);
+        LOAD(cuCtxGetCurrent);
+        LOAD(cuCtxGetDevice);
+        LOAD(cuCtxPushCurrent_v2);
+        LOAD(cuCtxPopCurrent_v2);
+        LOAD(cuCtxGetApiVersion);
+        LOAD(cuDeviceTotalMem_v2);
+        LOAD(cuDevicePrimaryCtxGetState);
+        LOAD(cuDevicePrimaryCtxRetain);
+        LOAD(cuStreamGetCtx);
+        LOAD(cuEventCreate);
+        LOAD(cuEventRecord);
+        LOAD(cuEventQuery);
+        LOAD(cuEventSynchronize);
+        LOAD(cuEventDestroy_v2);
+        LOAD(cuThreadExchangeStreamCaptureMode);
+    }
+    loading = 0;
+}
+
+const cs_driver *cs_driver_get(void)
+{
+    pthread_once(&driver_once, load_driver);
+    return &driver;
+}
+
+CS_NO_SANITIZE int cs_driver_loading(void)
+{
+    return loading;
+}

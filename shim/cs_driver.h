@@ -1,0 +1,76 @@
+/* The real driver: libcuda found at run time through the real dlsym, never linked. */
+#ifndef CS_DRIVER_H
+#define CS_DRIVER_H
+
+#include "cs_exports.h"
+
+/* Every real entry point the shim calls or wraps, with its exact ABI. The v1 names take
+ * 32-bit sizes and pointers; they are only ever forwarded. */
+typedef struct cs_driver {
+    void *handle;  /* libcuda.so.1, or NULL when it could not be loaded */
+
+    /* wrapped */
+    CUresult (*cuMemAlloc_v2)(CUdeviceptr *, size_t);
+    CUresult (*cuMemFree_v2)(CUdeviceptr);
+    CUresult (*cuMemGetInfo_v2)(size_t *, size_t *);
+    CUresult (*cuMemGetAddressRange_v2)(CUdeviceptr *, size_t *, CUdeviceptr);
+    CUresult (*cuMemAlloc)(unsigned int *, unsigned int);
+    CUresult (*cuMemFree)(unsigned int);
+    CUresult (*cuMemGetInfo)(unsigned int *, unsigned int *);
+    CUresult (*cuStreamCreate)(CUstream *, unsigned int);
+    CUresult (*cuStreamCreateWithPriority)(CUstream *, unsigned int, int);
+    CUresult (*cuStreamDestroy_v2)(CUstream);
+    CUresult (*cuStreamDestroy)(CUstream);
+    CUresult (*cuCtxDestroy_v2)(CUcontext);
+    CUresult (*cuCtxDestroy)(CUcontext);
+    CUresult (*cuDevicePrimaryCtxRelease_v2)(CUdevice);
+    CUresult (*cuDevicePrimaryCtxRelease)(CUdevice);
+    CUresult (*cuDevicePrimaryCtxReset_v2)(CUdevice);
+    CUresult (*cuDevicePrimaryCtxReset)(CUdevice);
+    CUresult (*cuStreamBeginCapture)(CUstream);
+    CUresult (*cuStreamBeginCapture_ptsz)(CUstream);
+    CUresult (*cuStreamBeginCapture_v2)(CUstream, CUstreamCaptureMode);
+    CUresult (*cuStreamBeginCapture_v2_ptsz)(CUstream, CUstreamCaptureMode);
+    CUresult (*cuStreamBeginCaptureToGraph)(CUstream, CUgraph, const CUgraphNode *,
+                                            const CUgraphEdgeData *, size_t, CUstreamCaptureMode);
+    CUresult (*cuStreamBeginCaptureToGraph_ptsz)(CUstream, CUgraph, const CUgraphNode *,
+                                                 const CUgraphEdgeData *, size_t,
+                                                 CUstreamCaptureMode);
+    CUresult (*cuStreamEndCapture)(CUstream, CUgraph *);
+    CUresult (*cuStreamEndCapture_ptsz)(CUstream, CUgraph *);
+    CUresult (*cuGetProcAddress)(const char *, void **, int, cuuint64_t);
+    CUresult (*cuGetProcAddress_v2)(const char *, void **, int, cuuint64_t,
+                                    CUdriverProcAddressQueryResult *);
+
+    /* used by the backend */
+    CUresult (*cuCtxGetCurrent)(CUcontext *);
+    CUresult (*cuCtxGetDevice)(CUdevice *);
+    CUresult (*cuCtxPushCurrent_v2)(CUcontext);
+    CUresult (*cuCtxPopCurrent_v2)(CUcontext *);
+    CUresult (*cuCtxGetApiVersion)(CUcontext, unsigned int *);
+    CUresult (*cuDeviceTotalMem_v2)(size_t *, CUdevice);
+    CUresult (*cuDevicePrimaryCtxGetState)(CUdevice, unsigned int *, int *);
+    CUresult (*cuDevicePrimaryCtxRetain)(CUcontext *, CUdevice);
+    CUresult (*cuStreamGetCtx)(CUstream, CUcontext *);
+    CUresult (*cuEventCreate)(CUevent *, unsigned int);
+    CUresult (*cuEventRecord)(CUevent, CUstream);
+    CUresult (*cuEventQuery)(CUevent);
+    CUresult (*cuEventSynchronize)(CUevent);
+    CUresult (*cuEventDestroy_v2)(CUevent);
+    CUresult (*cuThreadExchangeStreamCaptureMode)(CUstreamCaptureMode *);
+} cs_driver;
+
+/* The table, loaded once (thread-safe). Entries the driver lacks are NULL. */
+const cs_driver *cs_driver_get(void);
+/* dlsym is called by sanitizer runtimes while they start, before instrumented code may run:
+ * what our dlsym reaches on its way to the real one is not instrumented. */
+#define CS_NO_SANITIZE __attribute__((no_sanitize("address", "undefined", "thread")))
+
+/* The real dlsym, found with dlvsym so it can never be our own. */
+typedef void *(*cs_dlsym_fn)(void *, const char *);
+CS_NO_SANITIZE cs_dlsym_fn cs_real_dlsym_fn(void);
+void *cs_real_dlsym(void *handle, const char *name);
+/* True while this thread is loading the driver: lookups it makes must not be wrapped. */
+CS_NO_SANITIZE int cs_driver_loading(void);
+
+#endif

@@ -1,0 +1,327 @@
+/* The interposed driver entry points. Thin: each one turns the call into a call on the cache
+ * (or a note to it) and forwards everything it does not handle to the real driver unchanged.
+ */
+#include "cs_exports.h"
+
+#include "cs_backend.h"
+#include "cs_shim.h"
+
+/* The real driver, or NOT_INITIALIZED from a wrapper when there is none (the program found
+ * the shim's symbol without a libcuda in the process). */
+#define REAL(d, name) \
+    const cs_driver *d = cs_driver_get(); \
+    if (!d->name) \
+        return CUDA_ERROR_NOT_INITIALIZED
+
+/* ---------------------------------------------------------------- memory */
+
+CS_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
+{
+    REAL(d, cuMemAlloc_v2);
+    cs_shim *s = cs_shim_get();
+    CUcontext ctx;
+    cs_heap *h;
+    /* NULL pointer, zero size, no context: the driver's own answer is the right one. */
+    if (s->disabled || !dptr || bytesize == 0 || !(h = cs_shim_current_heap(d, &ctx)))
+        return d->cuMemAlloc_v2(dptr, bytesize);
+    uint64_t addr;
+    int raw = CUDA_SUCCESS;
+    cs_alloc_failure failure;
+    switch (cs_cache_alloc(s->cache, h, bytesize, &addr, &raw, &failure)) {
+    case CS_OK:
+        *dptr = (CUdeviceptr)addr;
+        return CUDA_SUCCESS;
+    case CS_OOM:
+        cs_shim_report_failure(d, &failure);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    default:
+        return (CUresult)raw;
+    }
+}
+
+CS_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
+{
+    REAL(d, cuMemFree_v2);
+    cs_shim *s = cs_shim_get();
+    if (s->disabled)
+        return d->cuMemFree_v2(dptr);
+    switch (cs_cache_free(s->cache, (uint64_t)dptr)) {
+    case CS_OK:
+        return CUDA_SUCCESS;
+    case CS_NOT_IN_USE:
+        return CUDA_ERROR_INVALID_VALUE;  /* what the driver says to a double free */
+    default:
+        return d->cuMemFree_v2(dptr);     /* not ours: the driver decides */
+    }
+}
+
+CS_EXPORT CUresult cuMemGetInfo_v2(size_t *free, size_t *total)
+{
+    REAL(d, cuMemGetInfo_v2);
+    size_t f = 0, t = 0;
+    CUresult r = d->cuMemGetInfo_v2(&f, &t);
+    cs_shim *s = cs_shim_get();
+    CUdevice dev;
+    CUcontext ctx;
+    /* The heap is made here if need be: a program asks before its first allocation, and
+     * must see the cap from the start. */
+    if (r == CUDA_SUCCESS && !s->disabled && cs_shim_current_heap(d, &ctx) &&
+        d->cuCtxGetDevice(&dev) == CUDA_SUCCESS) {
+        uint64_t vf, vt;
+        cs_cache_mem_view(s->cache, (int)dev, f, t, &vf, &vt);
+        f = (size_t)vf;
+        t = (size_t)vt;
+    }
+    if (r == CUDA_SUCCESS) {
+        if (free)
+            *free = f;
+        if (total)
+            *total = t;
+    }
+    return r;
+}
+
+/* The driver knows the block by its class size; the program asked for less and must see
+ * its own size, as it would from a driver allocation of its own. */
+CS_EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr)
+{
+    REAL(d, cuMemGetAddressRange_v2);
+    cs_shim *s = cs_shim_get();
+    CUdeviceptr base = 0;
+    size_t size = 0;
+    CUresult r = d->cuMemGetAddressRange_v2(&base, &size, dptr);
+    if (r == CUDA_SUCCESS && !s->disabled) {
+        uint64_t requested;
+        switch (cs_cache_lookup(s->cache, (uint64_t)base, &requested)) {
+        case CS_BLOCK_IN_USE:
+            if (dptr >= base + requested)
+                return CUDA_ERROR_NOT_FOUND;  /* past the program's own allocation */
+            size = (size_t)requested;
+            break;
+        case CS_BLOCK_IDLE:
+            return CUDA_ERROR_NOT_FOUND;  /* the program freed it */
+        case CS_BLOCK_UNKNOWN:
+            break;
+        }
+    }
+    if (r == CUDA_SUCCESS) {
+        if (pbase)
+            *pbase = base;
+        if (psize)
+            *psize = size;
+    }
+    return r;
+}
+
+/* The v1 entry points take 32-bit pointers and sizes (CUDA before 3.2): forwarded as they are. */
+CS_EXPORT CUresult cuMemAlloc(unsigned int *dptr, unsigned int bytesize)
+{
+    REAL(d, cuMemAlloc);
+    return d->cuMemAlloc(dptr, bytesize);
+}
+
+CS_EXPORT CUresult cuMemFree(unsigned int dptr)
+{
+    REAL(d, cuMemFree);
+    return d->cuMemFree(dptr);
+}
+
+CS_EXPORT CUresult cuMemGetInfo(unsigned int *free, unsigned int *total)
+{
+    REAL(d, cuMemGetInfo);
+    return d->cuMemGetInfo(free, total);
+}
+
+/* ---------------------------------------------------------------- streams */
+
+CS_EXPORT CUresult cuStreamCreate(CUstream *phStream, unsigned int flags)
+{
+    REAL(d, cuStreamCreate);
+    CUresult r = d->cuStreamCreate(phStream, flags);
+    if (r == CUDA_SUCCESS && !cs_shim_get()->disabled)
+        cs_backend_stream_created(*phStream, flags);
+    return r;
+}
+
+CS_EXPORT CUresult cuStreamCreateWithPriority(CUstream *phStream, unsigned int flags, int priority)
+{
+    REAL(d, cuStreamCreateWithPriority);
+    CUresult r = d->cuStreamCreateWithPriority(phStream, flags, priority);
+    if (r == CUDA_SUCCESS && !cs_shim_get()->disabled)
+        cs_backend_stream_created(*phStream, flags);
+    return r;
+}
+
+CS_EXPORT CUresult cuStreamDestroy_v2(CUstream hStream)
+{
+    REAL(d, cuStreamDestroy_v2);
+    if (!cs_shim_get()->disabled)
+        cs_backend_stream_destroying(hStream);
+    return d->cuStreamDestroy_v2(hStream);
+}
+
+CS_EXPORT CUresult cuStreamDestroy(CUstream hStream)
+{
+    REAL(d, cuStreamDestroy);
+    if (!cs_shim_get()->disabled)
+        cs_backend_stream_destroying(hStream);
+    return d->cuStreamDestroy(hStream);
+}
+
+/* ---------------------------------------------------------------- contexts
+ *
+ * Destroying a context frees all its memory in the driver: the cache must forget the blocks
+ * of that context, or it would hand out dead pointers. */
+
+CS_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
+{
+    REAL(d, cuCtxDestroy_v2);
+    CUresult r = d->cuCtxDestroy_v2(ctx);
+    if (r == CUDA_SUCCESS && !cs_shim_get()->disabled)
+        cs_shim_context_gone(ctx);
+    return r;
+}
+
+CS_EXPORT CUresult cuCtxDestroy(CUcontext ctx)
+{
+    REAL(d, cuCtxDestroy);
+    CUresult r = d->cuCtxDestroy(ctx);
+    if (r == CUDA_SUCCESS && !cs_shim_get()->disabled)
+        cs_shim_context_gone(ctx);
+    return r;
+}
+
+/* The primary context's handle, if it is active (a retain and release leave its count as it
+ * was); NULL otherwise. */
+static CUcontext active_primary(const cs_driver *d, CUdevice dev)
+{
+    unsigned int flags;
+    int active = 0;
+    CUcontext ctx = NULL;
+    if (!d->cuDevicePrimaryCtxGetState || !d->cuDevicePrimaryCtxRetain ||
+        !d->cuDevicePrimaryCtxRelease_v2 ||
+        d->cuDevicePrimaryCtxGetState(dev, &flags, &active) != CUDA_SUCCESS || !active)
+        return NULL;
+    if (d->cuDevicePrimaryCtxRetain(&ctx, dev) != CUDA_SUCCESS)
+        return NULL;
+    d->cuDevicePrimaryCtxRelease_v2(dev);
+    return ctx;
+}
+
+/* Runs a primary-context release or reset and forgets the context if it is gone after. */
+static CUresult primary_op(const cs_driver *d, CUresult (*op)(CUdevice), CUdevice dev)
+{
+    if (cs_shim_get()->disabled)
+        return op(dev);
+    CUcontext ctx = active_primary(d, dev);
+    CUresult r = op(dev);
+    unsigned int flags;
+    int active = 1;
+    if (r == CUDA_SUCCESS && ctx &&
+        d->cuDevicePrimaryCtxGetState(dev, &flags, &active) == CUDA_SUCCESS && !active)
+        cs_shim_context_gone(ctx);
+    return r;
+}
+
+CS_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
+{
+    REAL(d, cuDevicePrimaryCtxRelease_v2);
+    return primary_op(d, d->cuDevicePrimaryCtxRelease_v2, dev);
+}
+
+CS_EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice dev)
+{
+    REAL(d, cuDevicePrimaryCtxRelease);
+    return primary_op(d, d->cuDevicePrimaryCtxRelease, dev);
+}
+
+CS_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
+{
+    REAL(d, cuDevicePrimaryCtxReset_v2);
+    return primary_op(d, d->cuDevicePrimaryCtxReset_v2, dev);
+}
+
+CS_EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice dev)
+{
+    REAL(d, cuDevicePrimaryCtxReset);
+    return primary_op(d, d->cuDevicePrimaryCtxReset, dev);
+}
+
+/* ---------------------------------------------------------------- stream capture
+ *
+ * While a stream captures, an event on the legacy stream would join or break the capture:
+ * the cache records no fences and releases nothing until every capture has ended. */
+
+static CUresult capture_begun(CUresult r)
+{
+    if (r == CUDA_SUCCESS && !cs_shim_get()->disabled)
+        cs_shim_capture_begun();
+    return r;
+}
+
+static CUresult capture_ended(CUresult r)
+{
+    /* An invalidated capture has ended as well. */
+    if ((r == CUDA_SUCCESS || r == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED) &&
+        !cs_shim_get()->disabled)
+        cs_shim_capture_ended();
+    return r;
+}
+
+CS_EXPORT CUresult cuStreamBeginCapture(CUstream hStream)
+{
+    REAL(d, cuStreamBeginCapture);
+    return capture_begun(d->cuStreamBeginCapture(hStream));
+}
+
+CS_EXPORT CUresult cuStreamBeginCapture_ptsz(CUstream hStream)
+{
+    REAL(d, cuStreamBeginCapture_ptsz);
+    return capture_begun(d->cuStreamBeginCapture_ptsz(hStream));
+}
+
+CS_EXPORT CUresult cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode)
+{
+    REAL(d, cuStreamBeginCapture_v2);
+    return capture_begun(d->cuStreamBeginCapture_v2(hStream, mode));
+}
+
+CS_EXPORT CUresult cuStreamBeginCapture_v2_ptsz(CUstream hStream, CUstreamCaptureMode mode)
+{
+    REAL(d, cuStreamBeginCapture_v2_ptsz);
+    return capture_begun(d->cuStreamBeginCapture_v2_ptsz(hStream, mode));
+}
+
+CS_EXPORT CUresult cuStreamBeginCaptureToGraph(CUstream hStream, CUgraph hGraph,
+                                               const CUgraphNode *dependencies,
+                                               const CUgraphEdgeData *dependencyData,
+                                               size_t numDependencies, CUstreamCaptureMode mode)
+{
+    REAL(d, cuStreamBeginCaptureToGraph);
+    return capture_begun(d->cuStreamBeginCaptureToGraph(hStream, hGraph, dependencies,
+                                                        dependencyData, numDependencies, mode));
+}
+
+CS_EXPORT CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream hStream, CUgraph hGraph,
+                                                    const CUgraphNode *dependencies,
+                                                    const CUgraphEdgeData *dependencyData,
+                                                    size_t numDependencies,
+                                                    CUstreamCaptureMode mode)
+{
+    REAL(d, cuStreamBeginCaptureToGraph_ptsz);
+    return capture_begun(d->cuStreamBeginCaptureToGraph_ptsz(hStream, hGraph, dependencies,
+                                                             dependencyData, numDependencies,
+                                                             mode));
+}
+
+CS_EXPORT CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph)
+{
+    REAL(d, cuStreamEndCapture);
+    return capture_ended(d->cuStreamEndCapture(hStream, phGraph));
+}
+
+CS_EXPORT CUresult cuStreamEndCapture_ptsz(CUstream hStream, CUgraph *phGraph)
+{
+    REAL(d, cuStreamEndCapture_ptsz);
+    return capture_ended(d->cuStreamEndCapture_ptsz(hStream, phGraph));
+}

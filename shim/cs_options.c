@@ -1,0 +1,505 @@
+/* Options: the one table of CACHESHIM_* environment variables, their parser and their
+ * formatting. Strings in, strings out through caller buffers: no printing, no CUDA, no
+ * global mutable state. docs/variables.md is checked against this table
+ * (tests/check_variables_doc.py). */
+#include "cs_options.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+/* ---- the table ------------------------------------------------------------------------ */
+
+enum { OPT_DISABLE, OPT_CAP, OPT_RELEASE_THRESHOLD, OPT_STATS, OPT_VERBOSE, OPT_COUNT };
+
+#define ACCEPT_BOOL "1, 0, true, false, yes, no, on or off"
+#define ACCEPT_SIZE \
+    "a size like 8G, 512MiB, 1.5GB, 4096, a percentage of device memory like 75%, or none"
+
+/* The fallback text is the only place a default lives: cs_options_load parses it to get the
+ * default value, so the documented default and the real one cannot drift apart. */
+static const cs_option_desc option_table[OPT_COUNT] = {
+    [OPT_DISABLE] = {"CACHESHIM_DISABLE", "bool", "0", ACCEPT_BOOL,
+                     "Forward every call to the driver untouched: no caching, no cap."},
+    [OPT_CAP] = {"CACHESHIM_CAP", "size", "unlimited", ACCEPT_SIZE,
+                 "Hard ceiling per device on the bytes held through the shim, in use plus "
+                 "cached."},
+    [OPT_RELEASE_THRESHOLD] = {"CACHESHIM_RELEASE_THRESHOLD", "size", "unlimited", ACCEPT_SIZE,
+                               "Idle cached bytes kept per device; above it, idle cached "
+                               "blocks go back to the driver."},
+    [OPT_STATS] = {"CACHESHIM_STATS", "bool", "0", ACCEPT_BOOL,
+                   "Print a statistics table per device to stderr at exit."},
+    [OPT_VERBOSE] = {"CACHESHIM_VERBOSE", "int", "0", "0, 1 or 2",
+                     "0: quiet; 1: print the effective configuration at start and one line "
+                     "for each failed allocation; 2: also one line for each release of cached "
+                     "memory to the driver."},
+};
+
+/* How each row is parsed and where its value goes; indexed like option_table. */
+typedef enum { VALUE_BOOL, VALUE_INT, VALUE_SIZE } value_type;
+
+typedef struct {
+    value_type type;
+    size_t offset;      /* of the field in cs_options */
+    int min, max;       /* VALUE_INT */
+    bool allow_percent; /* VALUE_SIZE */
+} option_slot;
+
+static const option_slot option_slots[OPT_COUNT] = {
+    [OPT_DISABLE] = {VALUE_BOOL, offsetof(cs_options, disable), 0, 0, false},
+    [OPT_CAP] = {VALUE_SIZE, offsetof(cs_options, cap), 0, 0, true},
+    [OPT_RELEASE_THRESHOLD] = {VALUE_SIZE, offsetof(cs_options, release_threshold), 0, 0, true},
+    [OPT_STATS] = {VALUE_BOOL, offsetof(cs_options, stats), 0, 0, false},
+    [OPT_VERBOSE] = {VALUE_INT, offsetof(cs_options, verbose), 0, 2, false},
+};
+
+const cs_option_desc *cs_option_table(size_t *count)
+{
+    if (count)
+        *count = OPT_COUNT;
+    return option_table;
+}
+
+/* ---- small text helpers (ASCII only: the program's locale must not change parsing) ---- */
+
+static bool is_blank(char c) { return c == ' ' || c == '\t'; }
+static bool is_digit(char c) { return c >= '0' && c <= '9'; }
+static char to_lower(char c) { return (c >= 'A' && c <= 'Z') ? (char)(c - 'A' + 'a') : c; }
+
+/* The n bytes at s equal the lower-case word w, ignoring case. */
+static bool word_is(const char *s, size_t n, const char *w)
+{
+    for (size_t i = 0; i < n; i++)
+        if (w[i] == '\0' || to_lower(s[i]) != w[i])
+            return false;
+    return w[n] == '\0';
+}
+
+/* text without surrounding spaces and tabs, as start and length. */
+static void trim(const char *text, const char **start, size_t *len)
+{
+    size_t n = strlen(text);
+    while (n > 0 && is_blank(*text))
+        text++, n--;
+    while (n > 0 && is_blank(text[n - 1]))
+        n--;
+    *start = text;
+    *len = n;
+}
+
+/* ---- parsers: each returns 0 and sets *out, or returns -1 and leaves *out alone -------- */
+
+static int parse_bool(const char *text, bool *out)
+{
+    static const char *const yes[] = {"1", "true", "yes", "on"};
+    static const char *const no[] = {"0", "false", "no", "off"};
+    const char *s;
+    size_t n;
+    trim(text, &s, &n);
+    for (size_t i = 0; i < sizeof yes / sizeof yes[0]; i++) {
+        if (word_is(s, n, yes[i])) {
+            *out = true;
+            return 0;
+        }
+        if (word_is(s, n, no[i])) {
+            *out = false;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+/* Decimal digits only (no sign), within [min, max]. */
+static int parse_int(const char *text, int min, int max, int *out)
+{
+    const char *s;
+    size_t n;
+    trim(text, &s, &n);
+    if (n == 0)
+        return -1;
+    long long v = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!is_digit(s[i]))
+            return -1;
+        if (v <= max) /* stop growing once out of range: no overflow on long inputs */
+            v = v * 10 + (s[i] - '0');
+    }
+    if (v < min || v > max)
+        return -1;
+    *out = (int)v;
+    return 0;
+}
+
+typedef struct {
+    const char *name; /* lower case */
+    uint64_t factor;
+} size_unit;
+
+static const size_unit size_units[] = {
+    {"", 1},
+    {"b", 1},
+    {"k", 1ull << 10},
+    {"kib", 1ull << 10},
+    {"kb", 1000ull},
+    {"m", 1ull << 20},
+    {"mib", 1ull << 20},
+    {"mb", 1000000ull},
+    {"g", 1ull << 30},
+    {"gib", 1ull << 30},
+    {"gb", 1000000000ull},
+    {"t", 1ull << 40},
+    {"tib", 1ull << 40},
+    {"tb", 1000000000000ull},
+};
+
+/* A percentage keeps at most this many decimals (more are dropped): N / 10^13 with
+ * N <= 100 * 10^13 < 2^53 is one exactly rounded division, so "33.3%" gives the double 33.3. */
+#define PERCENT_MAX_DECIMALS 13
+
+static int parse_percent(const char *whole, size_t whole_len, const char *frac, size_t frac_len,
+                         cs_size_spec *out)
+{
+    uint64_t ip = 0;
+    for (size_t i = 0; i < whole_len; i++) {
+        ip = ip * 10 + (uint64_t)(whole[i] - '0');
+        if (ip > 100)
+            return -1;
+    }
+    bool frac_nonzero = false;
+    for (size_t i = 0; i < frac_len; i++)
+        frac_nonzero |= frac[i] != '0';
+    if (ip == 100 && frac_nonzero)
+        return -1; /* over 100% */
+
+    uint64_t num = ip, den = 1;
+    for (size_t i = 0; i < frac_len && i < PERCENT_MAX_DECIMALS; i++) {
+        num = num * 10 + (uint64_t)(frac[i] - '0');
+        den *= 10;
+    }
+    if (num == 0)
+        return -1; /* 0% (or below what is kept) */
+    out->kind = CS_SIZE_PERCENT;
+    out->bytes = 0;
+    out->percent = (double)num / (double)den;
+    return 0;
+}
+
+/* number [blanks] unit, where number is digits[.digits]. */
+int cs_parse_size(const char *text, bool allow_percent, cs_size_spec *out)
+{
+    if (!text || !out)
+        return -1;
+    const char *s;
+    size_t n;
+    trim(text, &s, &n);
+    if (n == 0)
+        return -1;
+    if (word_is(s, n, "none") || word_is(s, n, "unlimited") || word_is(s, n, "off")) {
+        out->kind = CS_SIZE_UNLIMITED;
+        out->bytes = 0;
+        out->percent = 0.0;
+        return 0;
+    }
+
+    size_t i = 0;
+    const char *whole = s;
+    while (i < n && is_digit(s[i]))
+        i++;
+    size_t whole_len = i;
+    if (whole_len == 0)
+        return -1; /* "G8", "-5G", ".5G", "nan", "inf" */
+    const char *frac = s + i;
+    size_t frac_len = 0;
+    if (i < n && s[i] == '.') {
+        frac = s + ++i;
+        while (i < n && is_digit(s[i]))
+            i++, frac_len++;
+        if (frac_len == 0)
+            return -1; /* "5." */
+    }
+    while (i < n && is_blank(s[i]))
+        i++;
+    const char *unit = s + i;
+    size_t unit_len = n - i; /* the rest, up to the trimmed end */
+
+    if (unit_len == 1 && unit[0] == '%')
+        return allow_percent ? parse_percent(whole, whole_len, frac, frac_len, out) : -1;
+
+    uint64_t factor = 0;
+    for (size_t u = 0; u < sizeof size_units / sizeof size_units[0]; u++) {
+        if (word_is(unit, unit_len, size_units[u].name)) {
+            factor = size_units[u].factor;
+            break;
+        }
+    }
+    if (factor == 0)
+        return -1; /* "8X", "1e3", "8 G B", "8G%" */
+
+    uint64_t bytes = 0;
+    for (size_t k = 0; k < whole_len; k++) {
+        uint64_t d = (uint64_t)(whole[k] - '0');
+        if (bytes > (UINT64_MAX - d) / 10)
+            return -1;
+        bytes = bytes * 10 + d;
+    }
+    if (bytes > UINT64_MAX / factor)
+        return -1; /* "16777216T" */
+    bytes *= factor;
+
+    /* floor(0.d1d2...dn * factor), exactly: from the last digit, part = (d*factor + part)/10
+     * (floor(floor(x)/10) == floor(x/10), so no rounding error accumulates). */
+    uint64_t part = 0;
+    for (size_t k = frac_len; k > 0; k--) {
+        uint64_t d = (uint64_t)(frac[k - 1] - '0');
+        if (factor == 1 && d != 0)
+            return -1; /* "1.5" bytes */
+        part = (d * factor + part) / 10;
+    }
+    if (part > UINT64_MAX - bytes)
+        return -1;
+
+    out->kind = CS_SIZE_BYTES;
+    out->bytes = bytes + part;
+    out->percent = 0.0;
+    return 0;
+}
+
+/* ---- resolving and formatting ---------------------------------------------------------- */
+
+/* Percentages are applied in millionths of a percent, in integers: exact for every
+ * percentage written with up to 6 decimals, and no overflow for any device size. */
+#define PERCENT_SCALE 1000000ull            /* millionths per percent */
+#define PERCENT_WHOLE (100ull * PERCENT_SCALE) /* 100% */
+
+static uint64_t percent_millionths(double percent)
+{
+    if (!(percent > 0.0))
+        return 0;
+    if (percent >= 100.0)
+        return PERCENT_WHOLE;
+    return (uint64_t)(percent * (double)PERCENT_SCALE + 0.5);
+}
+
+uint64_t cs_size_resolve(const cs_size_spec *spec, uint64_t device_total)
+{
+    if (!spec)
+        return UINT64_MAX;
+    switch (spec->kind) {
+    case CS_SIZE_BYTES:
+        return spec->bytes;
+    case CS_SIZE_PERCENT: {
+        uint64_t m = percent_millionths(spec->percent);
+        /* floor(total * m / WHOLE) without overflow: split total = q * WHOLE + r. */
+        uint64_t q = device_total / PERCENT_WHOLE, r = device_total % PERCENT_WHOLE;
+        return q * m + r * m / PERCENT_WHOLE;
+    }
+    case CS_SIZE_UNLIMITED:
+    default:
+        return UINT64_MAX;
+    }
+}
+
+static void format_percent(double percent, char *buf, size_t len)
+{
+    uint64_t m = percent_millionths(percent);
+    uint64_t ip = m / PERCENT_SCALE, fp = m % PERCENT_SCALE;
+    if (fp == 0) {
+        snprintf(buf, len, "%" PRIu64, ip);
+        return;
+    }
+    int digits = 6;
+    while (fp % 10 == 0)
+        fp /= 10, digits--;
+    snprintf(buf, len, "%" PRIu64 ".%0*" PRIu64, ip, digits, fp);
+}
+
+void cs_size_format(const cs_size_spec *spec, char *buf, size_t len)
+{
+    static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    if (!buf || len == 0)
+        return;
+    if (!spec) {
+        snprintf(buf, len, "unlimited");
+        return;
+    }
+    switch (spec->kind) {
+    case CS_SIZE_BYTES: {
+        uint64_t v = spec->bytes;
+        size_t u = 0;
+        while (v != 0 && u + 1 < sizeof units / sizeof units[0] && v % 1024 == 0)
+            v /= 1024, u++;
+        snprintf(buf, len, "%" PRIu64 " %s", v, units[u]);
+        return;
+    }
+    case CS_SIZE_PERCENT: {
+        char p[32];
+        format_percent(spec->percent, p, sizeof p);
+        snprintf(buf, len, "%s%% of device memory", p);
+        return;
+    }
+    case CS_SIZE_UNLIMITED:
+    default:
+        snprintf(buf, len, "unlimited");
+        return;
+    }
+}
+
+/* Three significant digits: "512 B", "1.50 KiB", "37.2 MiB", "512 MiB", "8.00 GiB".
+ * Integer output only (no %f), so the program's LC_NUMERIC cannot turn '.' into ','. */
+void cs_bytes_format(uint64_t bytes, char *buf, size_t len)
+{
+    static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+    enum { LAST_UNIT = sizeof units / sizeof units[0] - 1 };
+    if (!buf || len == 0)
+        return;
+    if (bytes < 1024) {
+        snprintf(buf, len, "%" PRIu64 " B", bytes);
+        return;
+    }
+    size_t u = 0;
+    double v = (double)bytes;
+    while (v >= 1024.0 && u < LAST_UNIT)
+        v /= 1024.0, u++;
+    for (;;) {
+        int decimals = v < 10.0 ? 2 : v < 100.0 ? 1 : 0;
+        uint64_t scale = decimals == 2 ? 100 : decimals == 1 ? 10 : 1;
+        uint64_t n = (uint64_t)(v * (double)scale + 0.5);
+        if (decimals > 0 && n >= 1000) {
+            /* rounding carried into one more digit (9.996 -> 10.00): one decimal fewer */
+            v = (double)n / (double)scale;
+            continue;
+        }
+        if (decimals == 0 && n >= 1024 && u < LAST_UNIT) {
+            v = (double)n / 1024.0, u++; /* 1023.7 KiB -> 1.00 MiB */
+            continue;
+        }
+        if (decimals == 0)
+            snprintf(buf, len, "%" PRIu64 " %s", n, units[u]);
+        else
+            snprintf(buf, len, "%" PRIu64 ".%0*" PRIu64 " %s", n / scale, decimals, n % scale,
+                     units[u]);
+        return;
+    }
+}
+
+/* ---- loading and printing ---------------------------------------------------------------- */
+
+static void *slot_field(cs_options *opts, size_t i)
+{
+    return (char *)opts + option_slots[i].offset;
+}
+
+/* Parse text into row i's field; -1 leaves the field alone. */
+static int parse_into(size_t i, const char *text, cs_options *opts)
+{
+    const option_slot *slot = &option_slots[i];
+    switch (slot->type) {
+    case VALUE_BOOL:
+        return parse_bool(text, (bool *)slot_field(opts, i));
+    case VALUE_INT:
+        return parse_int(text, slot->min, slot->max, (int *)slot_field(opts, i));
+    case VALUE_SIZE:
+        return cs_parse_size(text, slot->allow_percent, (cs_size_spec *)slot_field(opts, i));
+    }
+    return -1;
+}
+
+static void load_defaults(cs_options *opts)
+{
+    memset(opts, 0, sizeof *opts);
+    for (size_t i = 0; i < OPT_COUNT; i++)
+        (void)parse_into(i, option_table[i].fallback, opts); /* tests check these parse */
+}
+
+/* The value as the user wrote it, made safe for a one-line message: control characters as
+ * \xNN, and only the first SHOWN_MAX bytes followed by "...". */
+#define SHOWN_MAX 64
+
+static void show_value(const char *value, char *buf, size_t len)
+{
+    size_t o = 0, i = 0;
+    for (; value[i] != '\0' && i < SHOWN_MAX; i++) {
+        unsigned char c = (unsigned char)value[i];
+        if (c < 0x20 || c == 0x7f)
+            o += (size_t)snprintf(buf + o, len - o, "\\x%02x", c);
+        else
+            buf[o++] = (char)c;
+    }
+    if (value[i] != '\0') {
+        memcpy(buf + o, "...", 3);
+        o += 3;
+    }
+    buf[o] = '\0';
+}
+
+int cs_options_load(cs_options *opts, cs_getenv_fn getenv_fn, cs_report_fn report, void *arg)
+{
+    if (!opts)
+        return 0;
+    load_defaults(opts);
+    if (!getenv_fn)
+        return 0;
+    int bad = 0;
+    for (size_t i = 0; i < OPT_COUNT; i++) {
+        const cs_option_desc *d = &option_table[i];
+        const char *value = getenv_fn(d->name);
+        if (!value || value[0] == '\0')
+            continue; /* unset, or set to nothing: the default */
+        if (parse_into(i, value, opts) == 0)
+            continue;
+        bad++;
+        if (report) {
+            char shown[SHOWN_MAX * 4 + 4];
+            char line[sizeof shown + 512];
+            show_value(value, shown, sizeof shown);
+            snprintf(line, sizeof line,
+                     "cacheshim: %s='%s' is not valid: expected %s; using the default (%s)",
+                     d->name, shown, d->accepted, d->fallback);
+            report(line, arg);
+        }
+    }
+    return bad;
+}
+
+static bool sizes_equal(const cs_size_spec *a, const cs_size_spec *b)
+{
+    if (a->kind != b->kind)
+        return false;
+    if (a->kind == CS_SIZE_BYTES)
+        return a->bytes == b->bytes;
+    if (a->kind == CS_SIZE_PERCENT)
+        return a->percent == b->percent;
+    return true;
+}
+
+void cs_options_print(const cs_options *opts, cs_report_fn report, void *arg)
+{
+    if (!opts || !report)
+        return;
+    cs_options defaults;
+    load_defaults(&defaults);
+    for (size_t i = 0; i < OPT_COUNT; i++) {
+        const size_t off = option_slots[i].offset;
+        const void *have = (const char *)opts + off, *dflt = (const char *)&defaults + off;
+        char value[64];
+        bool is_default = false;
+        switch (option_slots[i].type) {
+        case VALUE_BOOL:
+            snprintf(value, sizeof value, "%d", *(const bool *)have ? 1 : 0);
+            is_default = *(const bool *)have == *(const bool *)dflt;
+            break;
+        case VALUE_INT:
+            snprintf(value, sizeof value, "%d", *(const int *)have);
+            is_default = *(const int *)have == *(const int *)dflt;
+            break;
+        case VALUE_SIZE:
+            cs_size_format(have, value, sizeof value);
+            is_default = sizes_equal(have, dflt);
+            break;
+        }
+        char line[160];
+        snprintf(line, sizeof line, "cacheshim: %s = %s (%s)", option_table[i].name, value,
+                 is_default ? "default" : "set");
+        report(line, arg);
+    }
+}

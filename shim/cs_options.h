@@ -1,0 +1,63 @@
+/* Options: one table of every CACHESHIM_* environment variable and one parser for it. */
+#ifndef CS_OPTIONS_H
+#define CS_OPTIONS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum {
+    CS_SIZE_UNLIMITED = 0, /* no limit ("none", "unlimited", "off", or unset with that default) */
+    CS_SIZE_BYTES,         /* an absolute number of bytes */
+    CS_SIZE_PERCENT,       /* a percentage of the device's total memory */
+} cs_size_kind;
+
+typedef struct {
+    cs_size_kind kind;
+    uint64_t bytes;  /* CS_SIZE_BYTES */
+    double percent;  /* CS_SIZE_PERCENT: 0 < percent <= 100 */
+} cs_size_spec;
+
+typedef struct cs_options {
+    bool disable;                   /* CACHESHIM_DISABLE: forward every call untouched */
+    cs_size_spec cap;               /* CACHESHIM_CAP: hard ceiling on bytes held per device */
+    cs_size_spec release_threshold; /* CACHESHIM_RELEASE_THRESHOLD: idle cached bytes kept per device */
+    bool stats;                     /* CACHESHIM_STATS: statistics table on stderr at exit */
+    int verbose;                    /* CACHESHIM_VERBOSE: 0 quiet, 1 config + OOM reports, 2 also every release */
+} cs_options;
+
+/* How the parser reads a variable; the library passes secure_getenv, tests pass their own. */
+typedef const char *(*cs_getenv_fn)(const char *name);
+/* Where one-line messages about bad values go (without trailing newline). */
+typedef void (*cs_report_fn)(const char *line, void *arg);
+
+/* One row of the table: what docs/variables.md and the verbose print are made from. */
+typedef struct {
+    const char *name;       /* "CACHESHIM_CAP" */
+    const char *type;       /* "size", "bool", "int" */
+    const char *fallback;   /* default, as a user would write it */
+    const char *accepted;   /* what values are accepted, as printed in error messages */
+    const char *help;       /* one sentence */
+} cs_option_desc;
+
+const cs_option_desc *cs_option_table(size_t *count);
+
+/* Defaults, then every variable of the table read through getenv_fn. A bad value keeps the
+ * default and reports one line: variable, value, what is accepted, what is used instead.
+ * Returns the number of bad values. Never aborts. */
+int cs_options_load(cs_options *opts, cs_getenv_fn getenv_fn, cs_report_fn report, void *arg);
+
+/* Parse a size: "123", "8G", "512MiB", "1.5GB", "75%", "none". Returns 0 on success. */
+int cs_parse_size(const char *text, bool allow_percent, cs_size_spec *out);
+
+/* Bytes a spec stands for on a device of device_total bytes; UINT64_MAX when unlimited. */
+uint64_t cs_size_resolve(const cs_size_spec *spec, uint64_t device_total);
+
+/* "8 GiB", "75% of device memory", "unlimited": for the verbose print and messages. */
+void cs_size_format(const cs_size_spec *spec, char *buf, size_t len);
+void cs_bytes_format(uint64_t bytes, char *buf, size_t len);
+
+/* Every variable with its effective value, one line each, through report. */
+void cs_options_print(const cs_options *opts, cs_report_fn report, void *arg);
+
+#endif

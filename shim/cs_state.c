@@ -1,0 +1,221 @@
+/* The shim's state: options, the cache, the heap of each context, fork and exit. */
+#include "cs_shim.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cs_backend.h"
+
+static cs_shim shim;
+static pthread_once_t shim_once = PTHREAD_ONCE_INIT;
+static bool shim_ready;
+
+/* Heaps are found per thread without the cache lock: a thread's last (context, heap) pair,
+ * valid while no heap has been forgotten since (heap_generation). */
+static uint64_t heap_generation;
+static _Thread_local struct {
+    CUcontext ctx;
+    cs_heap *heap;
+    uint64_t generation;
+} last;
+
+static int captures;  /* stream captures in progress in the process */
+
+/* ---------------------------------------------------------------- options and limits */
+
+static void report_option(const char *line, void *arg)
+{
+    (void)arg;
+    static const char prefix[] = "cacheshim: ";
+    if (strncmp(line, prefix, sizeof prefix - 1) == 0)
+        line += sizeof prefix - 1;
+    cs_log("%s", line);
+}
+
+static const char *env(const char *name)
+{
+    return secure_getenv(name);
+}
+
+static uint64_t cap_for(void *arg, uint64_t total)
+{
+    (void)arg;
+    return cs_size_resolve(&shim.opts.cap, total);
+}
+
+static uint64_t threshold_for(void *arg, uint64_t total)
+{
+    (void)arg;
+    return cs_size_resolve(&shim.opts.release_threshold, total);
+}
+
+static const char *reason_name(cs_release_reason why)
+{
+    switch (why) {
+    case CS_RELEASE_THRESHOLD: return "above CACHESHIM_RELEASE_THRESHOLD";
+    case CS_RELEASE_CAP: return "to stay under CACHESHIM_CAP";
+    case CS_RELEASE_OOM: return "out-of-memory recovery";
+    case CS_RELEASE_TRIM: return "cacheshim_trim";
+    }
+    return "?";
+}
+
+static void on_release(void *arg, int device, uint64_t addr, uint64_t size, cs_release_reason why)
+{
+    (void)arg;
+    if (shim.opts.verbose < 2)
+        return;
+    char sz[32];
+    cs_bytes_format(size, sz, sizeof sz);
+    cs_log("released %s at 0x%llx on device %d (%s)", sz, (unsigned long long)addr, device,
+           reason_name(why));
+}
+
+/* ---------------------------------------------------------------- fork and exit */
+
+static void before_fork(void)
+{
+    if (shim.cache)
+        cs_cache_lock(shim.cache);
+    cs_backend_lock();
+}
+
+static void after_fork_parent(void)
+{
+    cs_backend_unlock();
+    if (shim.cache)
+        cs_cache_unlock(shim.cache);
+}
+
+static void after_fork_child(void)
+{
+    /* The child cannot use the parent's device memory; it starts with an empty cache. */
+    if (shim.cache)
+        cs_cache_reset_after_fork(shim.cache);
+    cs_backend_reset_after_fork();
+    __atomic_add_fetch(&heap_generation, 1, __ATOMIC_RELEASE);
+    captures = 0;
+}
+
+__attribute__((destructor)) static void at_exit(void)
+{
+    /* No driver calls here: the driver may already be torn down. */
+    if (shim_ready && shim.opts.stats && shim.cache)
+        cs_report_stats(shim.cache);
+}
+
+/* ---------------------------------------------------------------- init */
+
+static void init(void)
+{
+    cs_options_load(&shim.opts, env, report_option, NULL);
+    shim.disabled = shim.opts.disable;
+    if (shim.opts.verbose >= 1)
+        cs_options_print(&shim.opts, report_option, NULL);
+    if (!shim.disabled) {
+        cs_cache_config config = {
+            .cap_for = cap_for,
+            .threshold_for = threshold_for,
+            .on_release = on_release,
+        };
+        shim.cache = cs_cache_create(&config);
+        if (!shim.cache) {
+            cs_log("out of host memory at start; passing every call to the driver");
+            shim.disabled = true;
+        }
+    }
+    pthread_atfork(before_fork, after_fork_parent, after_fork_child);
+    shim_ready = true;
+}
+
+cs_shim *cs_shim_get(void)
+{
+    pthread_once(&shim_once, init);
+    return &shim;
+}
+
+/* ---------------------------------------------------------------- heaps */
+
+cs_heap *cs_shim_current_heap(const cs_driver *d, CUcontext *ctx_out)
+{
+    CUcontext ctx = NULL;
+    if (d->cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx)
+        return NULL;
+    *ctx_out = ctx;
+    uint64_t gen = __atomic_load_n(&heap_generation, __ATOMIC_ACQUIRE);
+    if (last.ctx == ctx && last.generation == gen && last.heap)
+        return last.heap;
+
+    cs_heap *h = cs_cache_heap(shim.cache, ctx);
+    if (!h) {
+        CUdevice dev;
+        size_t total = 0;
+        if (d->cuCtxGetDevice(&dev) != CUDA_SUCCESS ||
+            d->cuDeviceTotalMem_v2(&total, dev) != CUDA_SUCCESS)
+            return NULL;
+        cs_ctx_dev *be = cs_backend_for(ctx);
+        if (!be)
+            return NULL;
+        h = cs_cache_add_heap(shim.cache, ctx, (int)dev, total, &cs_cuda_ops, be);
+        if (!h)
+            return NULL;
+    }
+    last.ctx = ctx;
+    last.heap = h;
+    last.generation = gen;
+    return h;
+}
+
+void cs_shim_context_gone(CUcontext ctx)
+{
+    if (!shim.cache)
+        return;
+    /* Backend first: it marks the context dead, so the cache's cleanup calls no driver. */
+    cs_backend_forget(ctx);
+    __atomic_add_fetch(&heap_generation, 1, __ATOMIC_RELEASE);
+    cs_cache_forget_heap(shim.cache, ctx);
+}
+
+/* ---------------------------------------------------------------- capture */
+
+void cs_shim_capture_begun(void)
+{
+    if (shim.cache && __atomic_add_fetch(&captures, 1, __ATOMIC_ACQ_REL) == 1)
+        cs_cache_set_capturing(shim.cache, true);
+}
+
+void cs_shim_capture_ended(void)
+{
+    if (!shim.cache)
+        return;
+    int n = __atomic_load_n(&captures, __ATOMIC_ACQUIRE);
+    while (n > 0 && !__atomic_compare_exchange_n(&captures, &n, n - 1, false, __ATOMIC_ACQ_REL,
+                                                 __ATOMIC_ACQUIRE))
+        ;
+    if (n == 1)
+        cs_cache_set_capturing(shim.cache, false);
+}
+
+/* ---------------------------------------------------------------- failures */
+
+void cs_shim_report_failure(const cs_driver *d, const cs_alloc_failure *f)
+{
+    if (shim.opts.verbose < 1)
+        return;
+    char req[32], use[32], cached[32], cap[32], dfree[32] = "unknown";
+    size_t free_b = 0, total_b = 0;
+    cs_bytes_format(f->requested, req, sizeof req);
+    cs_bytes_format(f->in_use, use, sizeof use);
+    cs_bytes_format(f->cached, cached, sizeof cached);
+    if (f->cap == CS_UNLIMITED)
+        snprintf(cap, sizeof cap, "none");
+    else
+        cs_bytes_format(f->cap, cap, sizeof cap);
+    if (d->cuMemGetInfo_v2 && d->cuMemGetInfo_v2(&free_b, &total_b) == CUDA_SUCCESS)
+        cs_bytes_format(free_b, dfree, sizeof dfree);
+    cs_log("allocation of %s failed: %s; in use %s, cached %s, cap %s, device free %s", req,
+           f->by_cap ? "it would exceed CACHESHIM_CAP" : "the device is out of memory", use,
+           cached, cap, dfree);
+}

@@ -1,0 +1,79 @@
+/* Control API of the fake CUDA driver (tests/fake/libcuda.so.1).
+ *
+ * The fake driver implements the driver entry points the shim and the test programs use, on
+ * host memory. These extra functions let a test shape the "device" and read what happened.
+ * They are exported from the fake libcuda.so.1 itself, so a test links against it (-lcuda
+ * from the build dir) or finds them with dlsym on the libcuda handle. All are thread-safe.
+ */
+#ifndef FAKE_CONTROL_H
+#define FAKE_CONTROL_H
+
+#include <cuda.h>
+#include <stdint.h>
+
+/* --- the device ------------------------------------------------------------------------ */
+/* Number of devices (default 1, or FAKE_CUDA_DEVICES) and each one's memory size (default
+ * 16 GiB, or FAKE_CUDA_DEVICE_BYTES, which takes plain bytes). Set before cuInit. (Fake:
+ * count 0..16, device 0..15, else abort; both also take effect when set later; the
+ * environment, read at cuInit, never overrides a value set here; count 0 makes cuInit fail
+ * with CUDA_ERROR_NO_DEVICE.) */
+void fake_set_device_count(int count);
+void fake_set_device_bytes(int device, uint64_t bytes);
+/* Bytes currently allocated on a device through cuMemAlloc*, and live allocation count. */
+uint64_t fake_device_used(int device);
+long fake_live_allocations(void);
+
+/* --- work on streams --------------------------------------------------------------------- */
+/* Enqueue one unit of pending "kernel" work on a stream (NULL, CU_STREAM_LEGACY,
+ * CU_STREAM_PER_THREAD or a created stream), as a launch would. Work on a stream completes in
+ * order, only when the test says so. Returns 0, or -1 for an unknown stream. (Fake: NULL is
+ * the legacy stream; a destroyed stream is unknown; a launch into a capturing stream is
+ * captured, not run: it returns 0 and adds no pending work.) */
+int fake_stream_launch(CUstream stream);
+/* Complete the oldest n pending units of that stream (n < 0: all). Works on a stream that
+ * was already destroyed (its work outlives it, as on a real GPU). */
+void fake_stream_retire(CUstream stream, int n);
+/* Complete all pending work on every stream. */
+void fake_retire_all(void);
+/* Pending units on a stream. */
+int fake_stream_pending(CUstream stream);
+
+/* --- counters ----------------------------------------------------------------------------- */
+/* Calls of one entry point by exact name ("cuMemAlloc_v2"), and reset of all counters.
+ * (Fake: -1 for a name the fake does not export, so a typo cannot pass as "never called";
+ * reset also zeroes the after-teardown and capture-violation counters.) */
+long fake_calls(const char *name);
+void fake_reset_counters(void);
+/* Driver calls that arrived after the fake driver's destructor ran (must stay 0). */
+long fake_calls_after_teardown(void);
+/* Calls that broke the stream-capture rules: they failed with CUDA_ERROR_STREAM_CAPTURE_
+ * UNSUPPORTED or _IMPLICIT and invalidated the conflicting captures, as on the real driver.
+ * The rules: while a capture runs, a thread in GLOBAL mode (the default) may not call
+ * cuMemAlloc_v2, cuMemFree_v2, cuEventQuery, cuEventSynchronize, cuStreamQuery,
+ * cuStreamSynchronize or cuCtxSynchronize if any capture in the process is GLOBAL, and a
+ * GLOBAL or THREAD_LOCAL thread may not make them during its own non-RELAXED capture; nobody
+ * may use the legacy stream (cuEventRecord, query, synchronize) while a blocking stream of
+ * its context captures. A RELAXED thread (cuThreadExchangeStreamCaptureMode) is exempt from
+ * the first two. Reset by fake_reset_counters. (Addition to the original API.) */
+long fake_capture_violations(void);
+
+/* The fake's own function for an exported entry point name ("cuMemAlloc_v2"), or NULL: what
+ * dlsym on libcuda.so.1 returns when nothing interposes on dlsym. A test under a shim that
+ * wraps dlsym reaches the driver past it this way. (dlvsym(h, name, "ANY") does not work
+ * for that: glibc's dlvsym rejects unversioned definitions in any library that has symbol
+ * version data, which every glibc-linked library, the fake and the real libcuda included,
+ * has.) (Addition to the original API.) */
+void *fake_real_symbol(const char *name);
+
+/* --- injected failures -------------------------------------------------------------------- */
+/* The nth next call (1 = the very next) of entry point `name` returns `err` without doing
+ * anything. One pending injection per name; a new one replaces it. (Fake: for all three
+ * functions, a name the fake does not export aborts the test with a message; nth <= 0
+ * clears.) */
+void fake_fail_nth(const char *name, long nth, CUresult err);
+/* Every call of `name` fails with err until cleared (err = CUDA_SUCCESS clears). */
+void fake_fail_always(const char *name, CUresult err);
+/* Busy-wait this many nanoseconds inside every call of `name` (0 clears): a slow driver. */
+void fake_set_delay_ns(const char *name, uint64_t ns);
+
+#endif

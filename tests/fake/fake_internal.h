@@ -1,0 +1,273 @@
+/* Internals shared by the fake driver's source files. Nothing here is exported: the
+ * library's only exports are the cu* entry points and the fake_* control API. */
+#ifndef FAKE_INTERNAL_H
+#define FAKE_INTERNAL_H
+
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+/* Lets cuda.h declare the versioned names (cuMemAlloc_v2, v1 cuMemAlloc, *_ptsz) so that we
+ * can define each of them, as the real libcuda does. */
+#ifndef __CUDA_API_VERSION_INTERNAL
+#define __CUDA_API_VERSION_INTERNAL
+#endif
+#include <cuda.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "fake_control.h"
+
+/* The project builds with -fvisibility=hidden; the entry points and control API must leave
+ * the library whatever the flags, so each definition says so itself. */
+#define FAKE_API __attribute__((visibility("default")))
+#define FAKE_HIDDEN __attribute__((visibility("hidden")))
+
+/* Every entry point the fake exports, by exact exported name. NOINIT marks the ones the
+ * real driver answers before cuInit. The list gives each name a small integer id so the
+ * per-call bookkeeping is an array index, not a string lookup. */
+#define FAKE_ENTRIES(X)                                                                        \
+    X(cuInit, NOINIT)                                                                          \
+    X(cuDriverGetVersion, NOINIT)                                                              \
+    X(cuGetErrorName, NOINIT)                                                                  \
+    X(cuGetErrorString, NOINIT)                                                                \
+    X(cuGetProcAddress, NOINIT)                                                                \
+    X(cuGetProcAddress_v2, NOINIT)                                                             \
+    X(cuDeviceGet, INIT)                                                                       \
+    X(cuDeviceGetCount, INIT)                                                                  \
+    X(cuDeviceGetName, INIT)                                                                   \
+    X(cuDeviceTotalMem, INIT)                                                                  \
+    X(cuDeviceTotalMem_v2, INIT)                                                               \
+    X(cuDeviceGetAttribute, INIT)                                                              \
+    X(cuDevicePrimaryCtxRetain, INIT)                                                          \
+    X(cuDevicePrimaryCtxRelease, INIT)                                                         \
+    X(cuDevicePrimaryCtxRelease_v2, INIT)                                                      \
+    X(cuDevicePrimaryCtxReset, INIT)                                                           \
+    X(cuDevicePrimaryCtxReset_v2, INIT)                                                        \
+    X(cuDevicePrimaryCtxGetState, INIT)                                                        \
+    X(cuCtxCreate_v4, INIT)                                                                    \
+    X(cuCtxDestroy, INIT)                                                                      \
+    X(cuCtxDestroy_v2, INIT)                                                                   \
+    X(cuCtxSetCurrent, INIT)                                                                   \
+    X(cuCtxGetCurrent, INIT)                                                                   \
+    X(cuCtxPushCurrent, INIT)                                                                  \
+    X(cuCtxPushCurrent_v2, INIT)                                                               \
+    X(cuCtxPopCurrent, INIT)                                                                   \
+    X(cuCtxPopCurrent_v2, INIT)                                                                \
+    X(cuCtxGetDevice, INIT)                                                                    \
+    X(cuCtxSynchronize, INIT)                                                                  \
+    X(cuCtxGetApiVersion, INIT)                                                                \
+    X(cuMemAlloc, INIT)                                                                        \
+    X(cuMemAlloc_v2, INIT)                                                                     \
+    X(cuMemFree, INIT)                                                                         \
+    X(cuMemFree_v2, INIT)                                                                      \
+    X(cuMemGetInfo, INIT)                                                                      \
+    X(cuMemGetInfo_v2, INIT)                                                                   \
+    X(cuMemGetAddressRange, INIT)                                                              \
+    X(cuMemGetAddressRange_v2, INIT)                                                           \
+    X(cuMemsetD8, INIT)                                                                        \
+    X(cuMemsetD8_v2, INIT)                                                                     \
+    X(cuMemsetD8_v2_ptds, INIT)                                                                \
+    X(cuMemcpyHtoD, INIT)                                                                      \
+    X(cuMemcpyHtoD_v2, INIT)                                                                   \
+    X(cuMemcpyHtoD_v2_ptds, INIT)                                                              \
+    X(cuMemcpyDtoH, INIT)                                                                      \
+    X(cuMemcpyDtoH_v2, INIT)                                                                   \
+    X(cuMemcpyDtoH_v2_ptds, INIT)                                                              \
+    X(cuMemcpyDtoD, INIT)                                                                      \
+    X(cuMemcpyDtoD_v2, INIT)                                                                   \
+    X(cuMemcpyDtoD_v2_ptds, INIT)                                                              \
+    X(cuStreamCreate, INIT)                                                                    \
+    X(cuStreamCreateWithPriority, INIT)                                                        \
+    X(cuStreamDestroy, INIT)                                                                   \
+    X(cuStreamDestroy_v2, INIT)                                                                \
+    X(cuStreamQuery, INIT)                                                                     \
+    X(cuStreamQuery_ptsz, INIT)                                                                \
+    X(cuStreamSynchronize, INIT)                                                               \
+    X(cuStreamSynchronize_ptsz, INIT)                                                          \
+    X(cuStreamGetFlags, INIT)                                                                  \
+    X(cuStreamGetFlags_ptsz, INIT)                                                             \
+    X(cuStreamGetCtx, INIT)                                                                    \
+    X(cuStreamGetCtx_ptsz, INIT)                                                               \
+    X(cuEventCreate, INIT)                                                                     \
+    X(cuEventRecord, INIT)                                                                     \
+    X(cuEventRecord_ptsz, INIT)                                                                \
+    X(cuEventQuery, INIT)                                                                      \
+    X(cuEventSynchronize, INIT)                                                                \
+    X(cuEventDestroy, INIT)                                                                    \
+    X(cuEventDestroy_v2, INIT)                                                                 \
+    X(cuStreamBeginCapture, INIT)                                                              \
+    X(cuStreamBeginCapture_ptsz, INIT)                                                         \
+    X(cuStreamBeginCapture_v2, INIT)                                                           \
+    X(cuStreamBeginCapture_v2_ptsz, INIT)                                                      \
+    X(cuStreamBeginCaptureToGraph, INIT)                                                       \
+    X(cuStreamBeginCaptureToGraph_ptsz, INIT)                                                  \
+    X(cuStreamEndCapture, INIT)                                                                \
+    X(cuStreamEndCapture_ptsz, INIT)                                                           \
+    X(cuStreamIsCapturing, INIT)                                                               \
+    X(cuStreamIsCapturing_ptsz, INIT)                                                          \
+    X(cuThreadExchangeStreamCaptureMode, INIT)
+
+enum fake_entry_id {
+#define FAKE_ID(name, init) ID_##name,
+    FAKE_ENTRIES(FAKE_ID)
+#undef FAKE_ID
+        ID_COUNT
+};
+
+/* Count the call, apply injected delays and failures, refuse calls before cuInit and after
+ * teardown. Returns CUDA_SUCCESS when the entry point should go on. */
+FAKE_HIDDEN CUresult fake_enter(enum fake_entry_id id);
+
+#define ENTER(name)                                                                            \
+    do {                                                                                       \
+        CUresult enter_rc_ = fake_enter(ID_##name);                                            \
+        if (enter_rc_ != CUDA_SUCCESS)                                                         \
+            return enter_rc_;                                                                  \
+    } while (0)
+
+/* One mutex guards all driver state: simple, and plenty fast next to an mmap per alloc. */
+FAKE_HIDDEN void fake_lock(void);
+FAKE_HIDDEN void fake_unlock(void);
+
+#define LOCKED(expr)                                                                           \
+    do {                                                                                       \
+        fake_lock();                                                                           \
+        CUresult locked_rc_ = (expr);                                                          \
+        fake_unlock();                                                                         \
+        return locked_rc_;                                                                     \
+    } while (0)
+
+/* ---- objects -------------------------------------------------------------------------- */
+
+/* The first member of every handle object, checked after a registry lookup so a stream
+ * handle passed as an event is refused instead of misread. */
+enum fake_kind { KIND_CTX = 0x43547831, KIND_STREAM, KIND_EVENT };
+
+typedef struct fake_ctx fake_ctx;
+typedef struct fake_stream fake_stream;
+typedef struct fake_event fake_event;
+typedef struct fake_alloc fake_alloc;
+
+struct fake_stream {
+    enum fake_kind kind;
+    fake_ctx *ctx;
+    unsigned flags;
+    int priority;
+    bool legacy;     /* the context's NULL / CU_STREAM_LEGACY stream */
+    bool per_thread; /* some thread's CU_STREAM_PER_THREAD stream */
+    bool destroyed;
+    bool linked; /* on ctx->streams */
+    uint64_t submitted, completed;
+    /* Capture state; cap_status is a CUstreamCaptureStatus. */
+    int cap_status;
+    CUstreamCaptureMode cap_mode;
+    unsigned long cap_owner; /* fake thread id of the thread that began it */
+    CUgraph cap_graph;       /* cuStreamBeginCaptureToGraph's graph, else NULL */
+    fake_stream *prev, *next;
+};
+
+struct fake_ctx {
+    enum fake_kind kind;
+    int device;
+    bool primary;
+    bool destroyed;
+    fake_stream legacy;
+    fake_stream *streams; /* created and per-thread streams, plus destroyed ones with work */
+    fake_event *events;
+    fake_alloc *allocs;
+    fake_ctx *next_all;
+};
+
+struct fake_capture {
+    fake_stream *stream;
+    uint64_t count;
+};
+
+struct fake_event {
+    enum fake_kind kind;
+    fake_ctx *ctx;
+    unsigned flags;
+    bool in_graph; /* last recorded into a capturing stream */
+    size_t n, cap;
+    struct fake_capture *v;
+    fake_event *prev, *next;
+};
+
+struct fake_alloc {
+    CUdeviceptr base;
+    size_t size, maplen;
+    fake_ctx *ctx;
+    fake_alloc *prev, *next;
+};
+
+#define FAKE_MAX_DEVICES 16
+#define FAKE_MAX_CTX_DEPTH 64
+#define FAKE_MAX_PTDS 16
+
+struct fake_device {
+    uint64_t bytes, used;
+    bool bytes_set; /* set by fake_set_device_bytes: the environment does not override it */
+    fake_ctx *primary;
+    int primary_refs;
+    unsigned primary_flags;
+};
+
+/* Per-thread driver state: the context stack, capture interaction mode, per-thread default
+ * streams (one per context this thread used CU_STREAM_PER_THREAD in). */
+struct fake_thread {
+    unsigned long id;
+    enum fake_entry_id entry; /* the entry point this thread is in, for messages */
+    fake_ctx *stack[FAKE_MAX_CTX_DEPTH];
+    int depth;
+    CUstreamCaptureMode mode;
+    struct {
+        fake_ctx *ctx;
+        fake_stream *stream;
+    } ptds[FAKE_MAX_PTDS];
+    int nptds;
+};
+
+/* All of these are touched under fake_lock() only. */
+extern FAKE_HIDDEN struct fake_device fake_devices[FAKE_MAX_DEVICES];
+extern FAKE_HIDDEN int fake_device_count;
+extern FAKE_HIDDEN long fake_live_allocs;
+extern FAKE_HIDDEN fake_ctx *fake_all_ctxs;
+extern FAKE_HIDDEN atomic_long fake_violations;
+
+FAKE_HIDDEN struct fake_thread *fake_self(void);
+FAKE_HIDDEN const char *fake_entry_name(enum fake_entry_id id);
+/* Arrange for this thread's per-thread streams to be retired from use when it exits. */
+FAKE_HIDDEN void fake_watch_thread_exit(void);
+/* Memory size of a device: fake_set_device_bytes, else FAKE_CUDA_DEVICE_BYTES, else 16 GiB. */
+FAKE_HIDDEN uint64_t fake_budget(int device);
+
+/* Handle registry: contexts and streams stay in it forever (their handles are never reused),
+ * events leave it when destroyed. */
+FAKE_HIDDEN bool fake_reg_add(void *obj);
+FAKE_HIDDEN void fake_reg_del(void *obj);
+FAKE_HIDDEN void *fake_reg_find(const void *handle, enum fake_kind kind);
+
+/* Current context, or INVALID_CONTEXT (none) / CONTEXT_IS_DESTROYED. */
+FAKE_HIDDEN CUresult fake_current_ctx(fake_ctx **out);
+
+/* ---- streams (fake_stream.c) ------------------------------------------------------------ */
+FAKE_HIDDEN void fake_stream_init(fake_stream *s, fake_ctx *ctx, unsigned flags, bool legacy);
+/* Resolve an API stream handle; ptsz: a NULL handle means the per-thread stream. Refuses
+ * destroyed streams unless allow_destroyed. */
+FAKE_HIDDEN CUresult fake_resolve_stream(CUstream h, bool ptsz, bool allow_destroyed,
+                                         fake_stream **out);
+FAKE_HIDDEN void fake_complete_ctx(fake_ctx *ctx);
+FAKE_HIDDEN void fake_retire(fake_stream *s, int64_t n);
+/* Tear down what a dying context owns in streams, events and captures. */
+FAKE_HIDDEN void fake_streams_ctx_destroyed(fake_ctx *ctx);
+/* Capture rules: CUDA_SUCCESS, or the error (counted as a violation) for an unsafe call. */
+FAKE_HIDDEN CUresult fake_capture_guard_unsafe(void);
+FAKE_HIDDEN CUresult fake_capture_guard_ctx_sync(const fake_ctx *ctx);
+FAKE_HIDDEN void fake_thread_exit_streams(struct fake_thread *t);
+
+/* ---- memory (fake_mem.c) ---------------------------------------------------------------- */
+FAKE_HIDDEN void fake_mem_ctx_destroyed(fake_ctx *ctx);
+
+#endif

@@ -1,0 +1,817 @@
+/* Fake CUDA driver: streams, events and stream capture.
+ *
+ * The ordering model: each stream counts units of work submitted and completed; work
+ * completes in order, only when a test retires it or a synchronizing call waits for it. An
+ * event remembers (stream, submitted) pairs and is complete once every one of those streams
+ * has completed that much. Recording on the legacy stream also remembers every blocking
+ * stream of the context, because the legacy stream waits for them; non-blocking streams are
+ * left out, which is exactly the hazard a caching allocator must fence on its own. */
+#include "fake_internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_CAPTURES 64
+
+/* Streams with an ongoing capture sequence (active or invalidated), process-wide. */
+static fake_stream *g_captures[MAX_CAPTURES];
+static int g_ncaptures;
+/* cuStreamEndCapture hands this out; nothing in the fake consumes graphs. */
+static char g_dummy_graph;
+
+void fake_stream_init(fake_stream *s, fake_ctx *ctx, unsigned flags, bool legacy)
+{
+    memset(s, 0, sizeof *s);
+    s->kind = KIND_STREAM;
+    s->ctx = ctx;
+    s->flags = flags;
+    s->legacy = legacy;
+    s->cap_status = CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
+static uint64_t pending(const fake_stream *s) { return s->submitted - s->completed; }
+
+static bool blocking(const fake_stream *s)
+{
+    return !s->legacy && !(s->flags & CU_STREAM_NON_BLOCKING);
+}
+
+static void link_stream(fake_stream *s)
+{
+    fake_ctx *c = s->ctx;
+    s->prev = NULL;
+    s->next = c->streams;
+    if (c->streams)
+        c->streams->prev = s;
+    c->streams = s;
+    s->linked = true;
+}
+
+static void unlink_stream(fake_stream *s)
+{
+    if (!s->linked)
+        return;
+    if (s->prev)
+        s->prev->next = s->next;
+    else
+        s->ctx->streams = s->next;
+    if (s->next)
+        s->next->prev = s->prev;
+    s->prev = s->next = NULL;
+    s->linked = false;
+}
+
+/* A destroyed stream stays on its context's list only while it still has work, so that the
+ * legacy stream and context-wide waits still see that work; then it drops off. Its memory
+ * stays (registered) so the old handle and events that remember it keep working. */
+static void prune(fake_stream *s)
+{
+    if (s->destroyed && pending(s) == 0)
+        unlink_stream(s);
+}
+
+void fake_retire(fake_stream *s, int64_t n)
+{
+    if (n < 0 || (uint64_t)n > pending(s))
+        n = (int64_t)pending(s);
+    s->completed += (uint64_t)n;
+    prune(s);
+}
+
+void fake_complete_ctx(fake_ctx *ctx)
+{
+    fake_retire(&ctx->legacy, -1);
+    for (fake_stream *s = ctx->streams, *next; s; s = next) {
+        next = s->next;
+        fake_retire(s, -1);
+    }
+}
+
+static fake_stream *stream_new(fake_ctx *ctx, unsigned flags)
+{
+    fake_stream *s = malloc(sizeof *s);
+    if (!s)
+        return NULL;
+    fake_stream_init(s, ctx, flags, false);
+    if (!fake_reg_add(s)) {
+        free(s);
+        return NULL;
+    }
+    link_stream(s);
+    return s;
+}
+
+/* This thread's CU_STREAM_PER_THREAD stream in ctx, created on first use. */
+static fake_stream *per_thread_stream(fake_ctx *ctx)
+{
+    struct fake_thread *t = fake_self();
+    int slot = -1;
+    for (int i = 0; i < t->nptds; i++) {
+        if (t->ptds[i].ctx == ctx)
+            return t->ptds[i].stream;
+        if (slot < 0 && t->ptds[i].ctx->destroyed)
+            slot = i;
+    }
+    if (slot < 0 && t->nptds == FAKE_MAX_PTDS)
+        return NULL;
+    fake_stream *s = stream_new(ctx, 0);
+    if (!s)
+        return NULL;
+    s->per_thread = true;
+    if (slot < 0)
+        slot = t->nptds++;
+    t->ptds[slot].ctx = ctx;
+    t->ptds[slot].stream = s;
+    fake_watch_thread_exit();
+    return s;
+}
+
+CUresult fake_resolve_stream(CUstream h, bool ptsz, bool allow_destroyed, fake_stream **out)
+{
+    if (h == NULL || h == CU_STREAM_LEGACY || h == CU_STREAM_PER_THREAD) {
+        fake_ctx *c;
+        CUresult rc = fake_current_ctx(&c);
+        if (rc != CUDA_SUCCESS)
+            return rc;
+        if (h == CU_STREAM_LEGACY || (h == NULL && !ptsz)) {
+            *out = &c->legacy;
+            return CUDA_SUCCESS;
+        }
+        *out = per_thread_stream(c);
+        return *out ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    fake_stream *s = fake_reg_find(h, KIND_STREAM);
+    if (!s || (!allow_destroyed && (s->destroyed || s->ctx->destroyed)))
+        return CUDA_ERROR_INVALID_HANDLE;
+    *out = s;
+    return CUDA_SUCCESS;
+}
+
+/* ---- capture rules ----------------------------------------------------------------------- */
+
+static bool capturing(const fake_stream *s)
+{
+    return s->cap_status != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
+static void capture_add(fake_stream *s) { g_captures[g_ncaptures++] = s; }
+
+static void capture_remove(fake_stream *s)
+{
+    for (int i = 0; i < g_ncaptures; i++) {
+        if (g_captures[i] == s) {
+            g_captures[i] = g_captures[--g_ncaptures];
+            break;
+        }
+    }
+    s->cap_status = CU_STREAM_CAPTURE_STATUS_NONE;
+    s->cap_graph = NULL;
+}
+
+/* cuThreadExchangeStreamCaptureMode's rule for "potentially unsafe" calls: a GLOBAL-mode
+ * thread may not make them while any GLOBAL capture runs anywhere in the process, and a
+ * non-RELAXED thread may not make them during its own non-RELAXED capture. */
+static bool unsafe_conflict(const fake_stream *s, const struct fake_thread *t)
+{
+    if (t->mode == CU_STREAM_CAPTURE_MODE_RELAXED)
+        return false;
+    if (s->cap_mode == CU_STREAM_CAPTURE_MODE_GLOBAL && t->mode == CU_STREAM_CAPTURE_MODE_GLOBAL)
+        return true;
+    return s->cap_owner == t->id && s->cap_mode != CU_STREAM_CAPTURE_MODE_RELAXED;
+}
+
+/* Use of the legacy stream while a blocking stream of its context captures would make the
+ * legacy stream depend on the capture. */
+static bool legacy_conflict(const fake_stream *s, const fake_stream *target)
+{
+    return target && target->legacy && s->ctx == target->ctx && blocking(s);
+}
+
+enum {
+    RULE_UNSAFE = 1, /* the call is "potentially unsafe": thread capture modes apply */
+    RULE_LEGACY = 2, /* target is used as the legacy stream */
+    RULE_TARGET = 4, /* target itself must not be capturing (query, synchronize) */
+    RULE_CTX = 8,    /* no stream of ctx may be capturing (context-wide wait) */
+};
+
+/* Apply the capture rules for one call: each conflicting capture is invalidated, as the real
+ * driver does, and the call counts as one violation. */
+static CUresult guard(unsigned rules, const fake_stream *target, const fake_ctx *ctx,
+                      CUresult unsafe_err)
+{
+    if (g_ncaptures == 0)
+        return CUDA_SUCCESS;
+    const struct fake_thread *t = fake_self();
+    CUresult rc = CUDA_SUCCESS;
+    for (int i = 0; i < g_ncaptures; i++) {
+        fake_stream *s = g_captures[i];
+        CUresult e = CUDA_SUCCESS;
+        if ((rules & RULE_UNSAFE) && unsafe_conflict(s, t))
+            e = unsafe_err;
+        else if ((rules & RULE_LEGACY) && legacy_conflict(s, target))
+            e = CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+        else if ((rules & RULE_TARGET) && s == target)
+            e = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+        else if ((rules & RULE_CTX) && s->ctx == ctx)
+            e = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+        if (e == CUDA_SUCCESS)
+            continue;
+        s->cap_status = CU_STREAM_CAPTURE_STATUS_INVALIDATED;
+        if (rc == CUDA_SUCCESS)
+            rc = e;
+    }
+    if (rc != CUDA_SUCCESS) {
+        atomic_fetch_add(&fake_violations, 1);
+        /* Say which call, so a shim test that sees the counter move knows where to look. */
+        fprintf(stderr, "fake cuda: %s during stream capture: error %d, capture invalidated\n",
+                fake_entry_name(t->entry), (int)rc);
+    }
+    return rc;
+}
+
+CUresult fake_capture_guard_unsafe(void)
+{
+    return guard(RULE_UNSAFE, NULL, NULL, CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+}
+
+CUresult fake_capture_guard_ctx_sync(const fake_ctx *ctx)
+{
+    return guard(RULE_UNSAFE | RULE_CTX, NULL, ctx, CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+}
+
+/* ---- contexts and threads going away ----------------------------------------------------- */
+
+static void event_free(fake_event *e);
+
+void fake_streams_ctx_destroyed(fake_ctx *ctx)
+{
+    fake_complete_ctx(ctx);
+    for (int i = g_ncaptures - 1; i >= 0; i--)
+        if (g_captures[i]->ctx == ctx)
+            capture_remove(g_captures[i]);
+    while (ctx->streams) {
+        ctx->streams->destroyed = true;
+        unlink_stream(ctx->streams);
+    }
+    while (ctx->events)
+        event_free(ctx->events);
+}
+
+void fake_thread_exit_streams(struct fake_thread *t)
+{
+    for (int i = 0; i < t->nptds; i++) {
+        fake_stream *s = t->ptds[i].stream;
+        if (s->destroyed)
+            continue;
+        if (capturing(s))
+            capture_remove(s);
+        s->destroyed = true;
+        prune(s);
+    }
+    t->nptds = 0;
+}
+
+/* ---- streams ----------------------------------------------------------------------------- */
+
+static CUresult stream_create(CUstream *ph, unsigned int flags, int priority)
+{
+    if (!ph || (flags & ~(unsigned)CU_STREAM_NON_BLOCKING))
+        return CUDA_ERROR_INVALID_VALUE;
+    fake_ctx *c;
+    CUresult rc = fake_current_ctx(&c);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    fake_stream *s = stream_new(c, flags);
+    if (!s)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    s->priority = priority;
+    *ph = (CUstream)s;
+    return CUDA_SUCCESS;
+}
+
+FAKE_API CUresult cuStreamCreate(CUstream *phStream, unsigned int flags)
+{
+    ENTER(cuStreamCreate);
+    LOCKED(stream_create(phStream, flags, 0));
+}
+
+FAKE_API CUresult cuStreamCreateWithPriority(CUstream *phStream, unsigned int flags, int priority)
+{
+    ENTER(cuStreamCreateWithPriority);
+    LOCKED(stream_create(phStream, flags, priority));
+}
+
+/* Returns at once, as the real call does; the stream's work stays pending until retired. */
+static CUresult stream_destroy(CUstream h)
+{
+    if (h == NULL || h == CU_STREAM_LEGACY || h == CU_STREAM_PER_THREAD)
+        return CUDA_ERROR_INVALID_HANDLE;
+    fake_stream *s;
+    CUresult rc = fake_resolve_stream(h, false, false, &s);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (capturing(s))
+        capture_remove(s);
+    s->destroyed = true;
+    prune(s);
+    return CUDA_SUCCESS;
+}
+
+FAKE_API CUresult cuStreamDestroy_v2(CUstream hStream)
+{
+    ENTER(cuStreamDestroy_v2);
+    LOCKED(stream_destroy(hStream));
+}
+
+FAKE_API CUresult cuStreamDestroy(CUstream hStream)
+{
+    ENTER(cuStreamDestroy);
+    LOCKED(stream_destroy(hStream));
+}
+
+/* What waiting for a stream waits for: its own work, and for the legacy stream also the work
+ * of every blocking stream of the context. */
+static bool stream_done(const fake_stream *s)
+{
+    if (pending(s))
+        return false;
+    if (!s->legacy)
+        return true;
+    for (const fake_stream *b = s->ctx->streams; b; b = b->next)
+        if (blocking(b) && pending(b))
+            return false;
+    return true;
+}
+
+static void stream_complete(fake_stream *s)
+{
+    fake_retire(s, -1);
+    if (!s->legacy)
+        return;
+    for (fake_stream *b = s->ctx->streams, *next; b; b = next) {
+        next = b->next;
+        if (blocking(b))
+            fake_retire(b, -1);
+    }
+}
+
+static CUresult stream_wait(CUstream h, bool ptsz, bool block)
+{
+    fake_stream *s;
+    CUresult rc = fake_resolve_stream(h, ptsz, false, &s);
+    if (rc == CUDA_SUCCESS)
+        rc = guard(RULE_UNSAFE | RULE_LEGACY | RULE_TARGET, s, NULL,
+                   CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (block)
+        stream_complete(s);
+    return stream_done(s) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+}
+
+FAKE_API CUresult cuStreamQuery(CUstream hStream)
+{
+    ENTER(cuStreamQuery);
+    LOCKED(stream_wait(hStream, false, false));
+}
+
+FAKE_API CUresult cuStreamQuery_ptsz(CUstream hStream)
+{
+    ENTER(cuStreamQuery_ptsz);
+    LOCKED(stream_wait(hStream, true, false));
+}
+
+FAKE_API CUresult cuStreamSynchronize(CUstream hStream)
+{
+    ENTER(cuStreamSynchronize);
+    LOCKED(stream_wait(hStream, false, true));
+}
+
+FAKE_API CUresult cuStreamSynchronize_ptsz(CUstream hStream)
+{
+    ENTER(cuStreamSynchronize_ptsz);
+    LOCKED(stream_wait(hStream, true, true));
+}
+
+static CUresult stream_flags(CUstream h, unsigned int *flags, bool ptsz)
+{
+    if (!flags)
+        return CUDA_ERROR_INVALID_VALUE;
+    fake_stream *s;
+    CUresult rc = fake_resolve_stream(h, ptsz, false, &s);
+    if (rc == CUDA_SUCCESS)
+        *flags = s->flags;
+    return rc;
+}
+
+FAKE_API CUresult cuStreamGetFlags(CUstream hStream, unsigned int *flags)
+{
+    ENTER(cuStreamGetFlags);
+    LOCKED(stream_flags(hStream, flags, false));
+}
+
+FAKE_API CUresult cuStreamGetFlags_ptsz(CUstream hStream, unsigned int *flags)
+{
+    ENTER(cuStreamGetFlags_ptsz);
+    LOCKED(stream_flags(hStream, flags, true));
+}
+
+static CUresult stream_ctx(CUstream h, CUcontext *pctx, bool ptsz)
+{
+    if (!pctx)
+        return CUDA_ERROR_INVALID_VALUE;
+    fake_stream *s;
+    CUresult rc = fake_resolve_stream(h, ptsz, false, &s);
+    if (rc == CUDA_SUCCESS)
+        *pctx = (CUcontext)s->ctx;
+    return rc;
+}
+
+FAKE_API CUresult cuStreamGetCtx(CUstream hStream, CUcontext *pctx)
+{
+    ENTER(cuStreamGetCtx);
+    LOCKED(stream_ctx(hStream, pctx, false));
+}
+
+FAKE_API CUresult cuStreamGetCtx_ptsz(CUstream hStream, CUcontext *pctx)
+{
+    ENTER(cuStreamGetCtx_ptsz);
+    LOCKED(stream_ctx(hStream, pctx, true));
+}
+
+/* ---- events ------------------------------------------------------------------------------ */
+
+static void event_free(fake_event *e)
+{
+    fake_ctx *c = e->ctx;
+    if (e->prev)
+        e->prev->next = e->next;
+    else
+        c->events = e->next;
+    if (e->next)
+        e->next->prev = e->prev;
+    fake_reg_del(e);
+    free(e->v);
+    free(e);
+}
+
+static CUresult event_create(CUevent *ph, unsigned int flags)
+{
+    if (!ph || (flags & ~0xfu))
+        return CUDA_ERROR_INVALID_VALUE;
+    fake_ctx *c;
+    CUresult rc = fake_current_ctx(&c);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    fake_event *e = calloc(1, sizeof *e);
+    if (!e)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    e->kind = KIND_EVENT;
+    e->ctx = c;
+    e->flags = flags;
+    if (!fake_reg_add(e)) {
+        free(e);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    e->next = c->events;
+    if (c->events)
+        c->events->prev = e;
+    c->events = e;
+    *ph = (CUevent)e;
+    return CUDA_SUCCESS;
+}
+
+FAKE_API CUresult cuEventCreate(CUevent *phEvent, unsigned int flags)
+{
+    ENTER(cuEventCreate);
+    LOCKED(event_create(phEvent, flags));
+}
+
+static CUresult event_destroy(CUevent h)
+{
+    fake_event *e = fake_reg_find(h, KIND_EVENT);
+    if (!e)
+        return CUDA_ERROR_INVALID_HANDLE;
+    event_free(e);
+    return CUDA_SUCCESS;
+}
+
+FAKE_API CUresult cuEventDestroy_v2(CUevent hEvent)
+{
+    ENTER(cuEventDestroy_v2);
+    LOCKED(event_destroy(hEvent));
+}
+
+FAKE_API CUresult cuEventDestroy(CUevent hEvent)
+{
+    ENTER(cuEventDestroy);
+    LOCKED(event_destroy(hEvent));
+}
+
+/* Streams with nothing pending are left out: they are already past any count we would take. */
+static bool event_remember(fake_event *e, fake_stream *s)
+{
+    if (pending(s) == 0)
+        return true;
+    if (e->n == e->cap) {
+        size_t cap = e->cap ? 2 * e->cap : 4;
+        struct fake_capture *v = realloc(e->v, cap * sizeof *v);
+        if (!v)
+            return false;
+        e->v = v;
+        e->cap = cap;
+    }
+    e->v[e->n++] = (struct fake_capture){s, s->submitted};
+    return true;
+}
+
+static CUresult event_snapshot(fake_event *e, fake_stream *s)
+{
+    e->n = 0;
+    e->in_graph = false;
+    if (!event_remember(e, s))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    if (!s->legacy)
+        return CUDA_SUCCESS;
+    for (fake_stream *b = s->ctx->streams; b; b = b->next)
+        if (blocking(b) && !event_remember(e, b))
+            return CUDA_ERROR_OUT_OF_MEMORY;
+    return CUDA_SUCCESS;
+}
+
+static CUresult event_record(CUevent h, CUstream hs, bool ptsz)
+{
+    fake_event *e = fake_reg_find(h, KIND_EVENT);
+    if (!e)
+        return CUDA_ERROR_INVALID_HANDLE;
+    fake_stream *s;
+    CUresult rc = fake_resolve_stream(hs, ptsz, false, &s);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (s->ctx != e->ctx)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (capturing(s)) {
+        /* Becomes a node of the graph being captured, not a fence on real work. */
+        e->n = 0;
+        e->in_graph = true;
+        return CUDA_SUCCESS;
+    }
+    if (s->legacy) {
+        rc = guard(RULE_UNSAFE | RULE_LEGACY, s, NULL, CUDA_ERROR_STREAM_CAPTURE_IMPLICIT);
+        if (rc != CUDA_SUCCESS)
+            return rc;
+    }
+    return event_snapshot(e, s);
+}
+
+FAKE_API CUresult cuEventRecord(CUevent hEvent, CUstream hStream)
+{
+    ENTER(cuEventRecord);
+    LOCKED(event_record(hEvent, hStream, false));
+}
+
+FAKE_API CUresult cuEventRecord_ptsz(CUevent hEvent, CUstream hStream)
+{
+    ENTER(cuEventRecord_ptsz);
+    LOCKED(event_record(hEvent, hStream, true));
+}
+
+static CUresult event_wait(CUevent h, bool block)
+{
+    fake_event *e = fake_reg_find(h, KIND_EVENT);
+    if (!e)
+        return CUDA_ERROR_INVALID_HANDLE;
+    CUresult rc = fake_capture_guard_unsafe();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (e->in_graph)
+        return CUDA_ERROR_CAPTURED_EVENT;
+    bool done = true;
+    for (size_t i = 0; i < e->n; i++) {
+        fake_stream *s = e->v[i].stream;
+        if (s->completed >= e->v[i].count)
+            continue;
+        if (!block) {
+            done = false;
+            break;
+        }
+        fake_retire(s, (int64_t)(e->v[i].count - s->completed));
+    }
+    return done ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+}
+
+FAKE_API CUresult cuEventQuery(CUevent hEvent)
+{
+    ENTER(cuEventQuery);
+    LOCKED(event_wait(hEvent, false));
+}
+
+FAKE_API CUresult cuEventSynchronize(CUevent hEvent)
+{
+    ENTER(cuEventSynchronize);
+    LOCKED(event_wait(hEvent, true));
+}
+
+/* ---- stream capture ---------------------------------------------------------------------- */
+
+static bool valid_mode(CUstreamCaptureMode m)
+{
+    return m == CU_STREAM_CAPTURE_MODE_GLOBAL || m == CU_STREAM_CAPTURE_MODE_THREAD_LOCAL ||
+           m == CU_STREAM_CAPTURE_MODE_RELAXED;
+}
+
+static CUresult begin_capture(CUstream h, CUstreamCaptureMode mode, bool ptsz, CUgraph graph)
+{
+    if (!valid_mode(mode))
+        return CUDA_ERROR_INVALID_VALUE;
+    fake_stream *s;
+    CUresult rc = fake_resolve_stream(h, ptsz, false, &s);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (s->legacy)
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    if (capturing(s))
+        return CUDA_ERROR_ILLEGAL_STATE;
+    if (g_ncaptures == MAX_CAPTURES)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    s->cap_status = CU_STREAM_CAPTURE_STATUS_ACTIVE;
+    s->cap_mode = mode;
+    s->cap_owner = fake_self()->id;
+    s->cap_graph = graph;
+    capture_add(s);
+    return CUDA_SUCCESS;
+}
+
+FAKE_API CUresult cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode)
+{
+    ENTER(cuStreamBeginCapture_v2);
+    LOCKED(begin_capture(hStream, mode, false, NULL));
+}
+
+FAKE_API CUresult cuStreamBeginCapture_v2_ptsz(CUstream hStream, CUstreamCaptureMode mode)
+{
+    ENTER(cuStreamBeginCapture_v2_ptsz);
+    LOCKED(begin_capture(hStream, mode, true, NULL));
+}
+
+/* The CUDA 10.0 call had no mode argument; its captures behave as GLOBAL ones. */
+FAKE_API CUresult cuStreamBeginCapture(CUstream hStream)
+{
+    ENTER(cuStreamBeginCapture);
+    LOCKED(begin_capture(hStream, CU_STREAM_CAPTURE_MODE_GLOBAL, false, NULL));
+}
+
+FAKE_API CUresult cuStreamBeginCapture_ptsz(CUstream hStream)
+{
+    ENTER(cuStreamBeginCapture_ptsz);
+    LOCKED(begin_capture(hStream, CU_STREAM_CAPTURE_MODE_GLOBAL, true, NULL));
+}
+
+/* Capture into an existing graph: the same rules; the nodes (ignored here) are dependencies. */
+static CUresult begin_capture_to_graph(CUstream h, CUgraph graph, CUstreamCaptureMode mode,
+                                       bool ptsz)
+{
+    if (!graph)
+        return CUDA_ERROR_INVALID_VALUE;
+    return begin_capture(h, mode, ptsz, graph);
+}
+
+FAKE_API CUresult cuStreamBeginCaptureToGraph(CUstream hStream, CUgraph hGraph,
+                                              const CUgraphNode *dependencies,
+                                              const CUgraphEdgeData *dependencyData,
+                                              size_t numDependencies, CUstreamCaptureMode mode)
+{
+    ENTER(cuStreamBeginCaptureToGraph);
+    (void)dependencies;
+    (void)dependencyData;
+    (void)numDependencies;
+    LOCKED(begin_capture_to_graph(hStream, hGraph, mode, false));
+}
+
+FAKE_API CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream hStream, CUgraph hGraph,
+                                                   const CUgraphNode *dependencies,
+                                                   const CUgraphEdgeData *dependencyData,
+                                                   size_t numDependencies,
+                                                   CUstreamCaptureMode mode)
+{
+    ENTER(cuStreamBeginCaptureToGraph_ptsz);
+    (void)dependencies;
+    (void)dependencyData;
+    (void)numDependencies;
+    LOCKED(begin_capture_to_graph(hStream, hGraph, mode, true));
+}
+
+static CUresult end_capture(CUstream h, CUgraph *graph, bool ptsz)
+{
+    if (!graph)
+        return CUDA_ERROR_INVALID_VALUE;
+    fake_stream *s;
+    CUresult rc = fake_resolve_stream(h, ptsz, false, &s);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!capturing(s))
+        return CUDA_ERROR_ILLEGAL_STATE;
+    if (s->cap_mode != CU_STREAM_CAPTURE_MODE_RELAXED && s->cap_owner != fake_self()->id)
+        return CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD;
+    bool invalidated = s->cap_status == CU_STREAM_CAPTURE_STATUS_INVALIDATED;
+    CUgraph into = s->cap_graph;
+    capture_remove(s);
+    *graph = invalidated ? NULL : into ? into : (CUgraph)(void *)&g_dummy_graph;
+    return invalidated ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED : CUDA_SUCCESS;
+}
+
+FAKE_API CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph)
+{
+    ENTER(cuStreamEndCapture);
+    LOCKED(end_capture(hStream, phGraph, false));
+}
+
+FAKE_API CUresult cuStreamEndCapture_ptsz(CUstream hStream, CUgraph *phGraph)
+{
+    ENTER(cuStreamEndCapture_ptsz);
+    LOCKED(end_capture(hStream, phGraph, true));
+}
+
+static CUresult is_capturing(CUstream h, CUstreamCaptureStatus *status, bool ptsz)
+{
+    if (!status)
+        return CUDA_ERROR_INVALID_VALUE;
+    fake_stream *s;
+    CUresult rc = fake_resolve_stream(h, ptsz, false, &s);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    /* Asking about the legacy stream is refused but harmless: no violation, no invalidation. */
+    for (int i = 0; i < g_ncaptures; i++)
+        if (legacy_conflict(g_captures[i], s))
+            return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+    *status = (CUstreamCaptureStatus)s->cap_status;
+    return CUDA_SUCCESS;
+}
+
+FAKE_API CUresult cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus *captureStatus)
+{
+    ENTER(cuStreamIsCapturing);
+    LOCKED(is_capturing(hStream, captureStatus, false));
+}
+
+FAKE_API CUresult cuStreamIsCapturing_ptsz(CUstream hStream, CUstreamCaptureStatus *captureStatus)
+{
+    ENTER(cuStreamIsCapturing_ptsz);
+    LOCKED(is_capturing(hStream, captureStatus, true));
+}
+
+FAKE_API CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode)
+{
+    ENTER(cuThreadExchangeStreamCaptureMode);
+    if (!mode || !valid_mode(*mode))
+        return CUDA_ERROR_INVALID_VALUE;
+    /* Only this thread reads or writes its own mode, so no lock. */
+    struct fake_thread *t = fake_self();
+    CUstreamCaptureMode old = t->mode;
+    t->mode = *mode;
+    *mode = old;
+    return CUDA_SUCCESS;
+}
+
+/* ---- control API: work on streams ---------------------------------------------------------- */
+
+FAKE_API int fake_stream_launch(CUstream stream)
+{
+    fake_lock();
+    fake_stream *s;
+    int rc = fake_resolve_stream(stream, false, false, &s) == CUDA_SUCCESS ? 0 : -1;
+    /* A launch into a capturing stream is recorded into the graph, not run. */
+    if (rc == 0 && !capturing(s))
+        s->submitted++;
+    fake_unlock();
+    return rc;
+}
+
+FAKE_API void fake_stream_retire(CUstream stream, int n)
+{
+    fake_lock();
+    fake_stream *s;
+    if (fake_resolve_stream(stream, false, true, &s) == CUDA_SUCCESS)
+        fake_retire(s, n);
+    fake_unlock();
+}
+
+FAKE_API void fake_retire_all(void)
+{
+    fake_lock();
+    for (fake_ctx *c = fake_all_ctxs; c; c = c->next_all)
+        fake_complete_ctx(c);
+    fake_unlock();
+}
+
+FAKE_API int fake_stream_pending(CUstream stream)
+{
+    fake_lock();
+    fake_stream *s;
+    int n = -1;
+    if (fake_resolve_stream(stream, false, true, &s) == CUDA_SUCCESS)
+        n = (int)pending(s);
+    fake_unlock();
+    return n;
+}

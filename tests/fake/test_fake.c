@@ -1,0 +1,1031 @@
+/* Tests of the fake CUDA driver itself, linked directly against it. */
+#include <dlfcn.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "fake_control.h"
+
+/* The per-thread-default-stream twins; cuda.h declares them only for code built with
+ * CUDA_API_PER_THREAD_DEFAULT_STREAM, which would rename every other call too. */
+CUresult cuEventRecord_ptsz(CUevent hEvent, CUstream hStream);
+CUresult cuStreamQuery_ptsz(CUstream hStream);
+
+#define MiB (1024ull * 1024)
+#define GiB (1024ull * MiB)
+#define DEFAULT_BYTES (16 * GiB)
+
+static CUcontext g_ctx; /* device 0's primary context, current in every test */
+
+/* ---- fixtures --------------------------------------------------------------------------- */
+
+static int setup(void **state)
+{
+    (void)state;
+    if (cuDevicePrimaryCtxRetain(&g_ctx, 0) != CUDA_SUCCESS)
+        return -1;
+    if (cuCtxSetCurrent(g_ctx) != CUDA_SUCCESS)
+        return -1;
+    fake_reset_counters();
+    return 0;
+}
+
+/* Leave nothing behind: every context gone, the stack empty, the devices as at start. */
+static int teardown(void **state)
+{
+    (void)state;
+    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+    cuThreadExchangeStreamCaptureMode(&mode);
+    fake_retire_all();
+    int n = 0;
+    cuDeviceGetCount(&n);
+    for (int d = 0; d < n; d++)
+        cuDevicePrimaryCtxReset(d);
+    while (cuCtxPopCurrent(NULL) == CUDA_SUCCESS)
+        ;
+    fake_set_device_count(1);
+    fake_set_device_bytes(0, DEFAULT_BYTES);
+    return fake_live_allocations() == 0 && fake_device_used(0) == 0 ? 0 : -1;
+}
+
+static int group_setup(void **state)
+{
+    (void)state;
+    return cuInit(0) == CUDA_SUCCESS ? 0 : -1;
+}
+
+/* Runs fn in a child process and returns its exit status: for what can only happen once per
+ * process (the first cuInit, the driver's teardown). */
+static int in_child(void (*fn)(void))
+{
+    pid_t pid = fork();
+    if (pid == 0) {
+        fn();
+        _exit(99);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+}
+
+/* ---- before cuInit ----------------------------------------------------------------------- */
+
+static void test_before_init(void **state)
+{
+    (void)state;
+    CUdeviceptr p;
+    int v = 0;
+    const char *s = NULL;
+    void *fn = NULL;
+    assert_int_equal(cuMemAlloc(&p, 16), CUDA_ERROR_NOT_INITIALIZED);
+    assert_int_equal(cuDeviceGetCount(&v), CUDA_ERROR_NOT_INITIALIZED);
+    assert_int_equal(cuDriverGetVersion(&v), CUDA_SUCCESS);
+    assert_int_equal(v, 13000);
+    assert_int_equal(cuGetErrorName(CUDA_ERROR_OUT_OF_MEMORY, &s), CUDA_SUCCESS);
+    assert_string_equal(s, "CUDA_ERROR_OUT_OF_MEMORY");
+    assert_int_equal(cuGetProcAddress("cuInit", &fn, 13000, 0, NULL), CUDA_SUCCESS);
+    assert_ptr_equal(fn, (void *)(uintptr_t)cuInit);
+    assert_int_equal(fake_calls("cuMemAlloc_v2"), 1);
+}
+
+static void child_env(void)
+{
+    setenv("FAKE_CUDA_DEVICES", "3", 1);
+    setenv("FAKE_CUDA_DEVICE_BYTES", "1048576", 1);
+    int n = 0;
+    size_t total = 0;
+    if (cuInit(0) || cuDeviceGetCount(&n) || n != 3 || cuDeviceTotalMem(&total, 2) ||
+        total != MiB)
+        _exit(1);
+    _exit(0);
+}
+
+static void child_no_device(void)
+{
+    fake_set_device_count(0);
+    _exit(cuInit(0) == CUDA_ERROR_NO_DEVICE ? 0 : 1);
+}
+
+static void test_environment(void **state)
+{
+    (void)state;
+    assert_int_equal(in_child(child_env), 0);
+    assert_int_equal(in_child(child_no_device), 0);
+}
+
+/* ---- memory ------------------------------------------------------------------------------ */
+
+static void test_alloc_free(void **state)
+{
+    (void)state;
+    CUdeviceptr p = 0, base = 0;
+    size_t size = 0, free_b = 0, total = 0;
+    assert_int_equal(cuMemAlloc(&p, MiB + 3), CUDA_SUCCESS);
+    assert_true(p != 0);
+    assert_int_equal(fake_device_used(0), MiB + 3);
+    assert_int_equal(fake_live_allocations(), 1);
+    assert_int_equal(cuMemGetInfo(&free_b, &total), CUDA_SUCCESS);
+    assert_int_equal(total, DEFAULT_BYTES);
+    assert_int_equal(free_b, DEFAULT_BYTES - MiB - 3);
+
+    assert_int_equal(cuMemGetAddressRange(&base, &size, p + 100), CUDA_SUCCESS);
+    assert_true(base == p);
+    assert_int_equal(size, MiB + 3);
+
+    char in[64], out[64];
+    memset(in, 0x5a, sizeof in);
+    assert_int_equal(cuMemsetD8(p, 0x11, MiB + 3), CUDA_SUCCESS);
+    assert_int_equal(cuMemcpyHtoD(p + MiB + 3 - 64, in, 64), CUDA_SUCCESS);
+    assert_int_equal(cuMemcpyDtoD(p, p + MiB + 3 - 64, 64), CUDA_SUCCESS);
+    assert_int_equal(cuMemcpyDtoH(out, p, 64), CUDA_SUCCESS);
+    assert_memory_equal(in, out, 64);
+    assert_int_equal(cuMemcpyDtoH(out, p + 64, 1), CUDA_SUCCESS);
+    assert_int_equal(out[0], 0x11);
+    /* One byte past the end of the allocation is out of bounds, page slack or not. */
+    assert_int_equal(cuMemcpyHtoD(p + MiB + 3 - 63, in, 64), CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(cuMemsetD8(p, 0, MiB + 4), CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(cuMemcpyDtoH(out, p + MiB + 3, 1), CUDA_ERROR_INVALID_VALUE);
+
+    assert_int_equal(cuMemFree(p + 1), CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(cuMemFree(p), CUDA_SUCCESS);
+    assert_int_equal(cuMemFree(p), CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(cuMemFree(0), CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(cuMemFree((CUdeviceptr)(uintptr_t)&base), CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(cuMemGetAddressRange(&base, &size, p), CUDA_ERROR_NOT_FOUND);
+    assert_int_equal(cuMemAlloc(&p, 0), CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(fake_device_used(0), 0);
+    assert_int_equal(fake_live_allocations(), 0);
+    assert_int_equal(fake_calls("cuMemAlloc_v2"), 2);
+    assert_int_equal(fake_calls("cuMemFree_v2"), 5);
+}
+
+static void test_oom_at_budget(void **state)
+{
+    (void)state;
+    CUdeviceptr a, b, c;
+    fake_set_device_bytes(0, MiB);
+    assert_int_equal(cuMemAlloc(&a, MiB), CUDA_SUCCESS);
+    assert_int_equal(cuMemAlloc(&b, 1), CUDA_ERROR_OUT_OF_MEMORY);
+    assert_int_equal(cuMemFree(a), CUDA_SUCCESS);
+    assert_int_equal(cuMemAlloc(&a, MiB / 2), CUDA_SUCCESS);
+    assert_int_equal(cuMemAlloc(&b, MiB / 2), CUDA_SUCCESS);
+    assert_int_equal(cuMemAlloc(&c, 1), CUDA_ERROR_OUT_OF_MEMORY);
+    size_t free_b, total;
+    assert_int_equal(cuMemGetInfo(&free_b, &total), CUDA_SUCCESS);
+    assert_int_equal(free_b, 0);
+    assert_int_equal(total, MiB);
+    assert_int_equal(cuMemFree(a), CUDA_SUCCESS);
+    assert_int_equal(cuMemFree(b), CUDA_SUCCESS);
+}
+
+static void test_huge_device_costs_nothing(void **state)
+{
+    (void)state;
+    CUdeviceptr p;
+    assert_int_equal(cuMemAlloc(&p, 12 * GiB), CUDA_SUCCESS);
+    assert_int_equal(cuMemsetD8(p + 6 * GiB, 1, 4096), CUDA_SUCCESS);
+    assert_int_equal(cuMemFree(p), CUDA_SUCCESS);
+}
+
+static void test_no_context(void **state)
+{
+    (void)state;
+    CUdeviceptr p;
+    CUcontext c = NULL;
+    assert_int_equal(cuCtxPopCurrent(&c), CUDA_SUCCESS);
+    assert_ptr_equal(c, g_ctx);
+    assert_int_equal(cuMemAlloc(&p, 16), CUDA_ERROR_INVALID_CONTEXT);
+    assert_int_equal(cuMemFree(16), CUDA_ERROR_INVALID_CONTEXT);
+    assert_int_equal(cuCtxSynchronize(), CUDA_ERROR_INVALID_CONTEXT);
+    assert_int_equal(cuCtxGetCurrent(&c), CUDA_SUCCESS);
+    assert_null(c);
+    assert_int_equal(cuCtxPopCurrent(&c), CUDA_ERROR_INVALID_CONTEXT);
+}
+
+static void test_v1_entry_points(void **state)
+{
+    (void)state;
+    void *h = dlopen("libcuda.so.1", RTLD_NOW);
+    assert_non_null(h);
+    CUresult (*alloc_v1)(unsigned int *, unsigned int) =
+        (CUresult(*)(unsigned int *, unsigned int))(uintptr_t)dlsym(h, "cuMemAlloc");
+    CUresult (*info_v1)(unsigned int *, unsigned int *) =
+        (CUresult(*)(unsigned int *, unsigned int *))(uintptr_t)dlsym(h, "cuMemGetInfo");
+    assert_non_null(alloc_v1);
+    assert_non_null(info_v1);
+    unsigned int p = 0, f = 0, t = 0;
+    assert_int_equal(alloc_v1(&p, 16), CUDA_ERROR_NOT_SUPPORTED);
+    assert_int_equal(info_v1(&f, &t), CUDA_SUCCESS);
+    assert_int_equal(t, 0xffffffffu);
+    assert_int_equal(fake_calls("cuMemAlloc"), 1);
+    assert_int_equal(fake_calls("cuMemAlloc_v2"), 0);
+    dlclose(h);
+}
+
+/* ---- discovery paths ---------------------------------------------------------------------- */
+
+struct lookup {
+    const char *base;
+    int version;
+    cuuint64_t flags;
+    const char *expect; /* exported name, NULL: not found */
+};
+
+static const struct lookup g_lookups[] = {
+    {"cuMemAlloc", 13000, 0, "cuMemAlloc_v2"},
+    {"cuMemAlloc", 3020, 0, "cuMemAlloc_v2"},
+    {"cuMemAlloc", 3010, 0, "cuMemAlloc"},
+    {"cuMemFree", 12000, 0, "cuMemFree_v2"},
+    {"cuMemFree", 3000, 0, "cuMemFree"},
+    {"cuMemGetInfo", 12000, 0, "cuMemGetInfo_v2"},
+    {"cuMemGetInfo", 2000, 0, "cuMemGetInfo"},
+    {"cuMemGetAddressRange", 12000, 0, "cuMemGetAddressRange_v2"},
+    {"cuMemcpyHtoD", 12000, 0, "cuMemcpyHtoD_v2"},
+    {"cuMemcpyHtoD", 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, "cuMemcpyHtoD_v2_ptds"},
+    {"cuMemcpyDtoH", 3000, 0, "cuMemcpyDtoH"},
+    {"cuMemcpyDtoD", 12000, 0, "cuMemcpyDtoD_v2"},
+    {"cuMemsetD8", 12000, 0, "cuMemsetD8_v2"},
+    {"cuDeviceTotalMem", 12000, 0, "cuDeviceTotalMem_v2"},
+    {"cuDeviceTotalMem", 3000, 0, "cuDeviceTotalMem"},
+    {"cuStreamDestroy", 4000, 0, "cuStreamDestroy_v2"},
+    {"cuStreamDestroy", 3020, 0, "cuStreamDestroy"},
+    {"cuEventDestroy", 12000, 0, "cuEventDestroy_v2"},
+    {"cuEventDestroy", 3020, 0, "cuEventDestroy"},
+    {"cuCtxDestroy", 12000, 0, "cuCtxDestroy_v2"},
+    {"cuCtxDestroy", 3020, 0, "cuCtxDestroy"},
+    {"cuCtxPushCurrent", 12000, 0, "cuCtxPushCurrent_v2"},
+    {"cuCtxPopCurrent", 3020, 0, "cuCtxPopCurrent"},
+    {"cuDevicePrimaryCtxRelease", 11000, 0, "cuDevicePrimaryCtxRelease_v2"},
+    {"cuDevicePrimaryCtxRelease", 10020, 0, "cuDevicePrimaryCtxRelease"},
+    {"cuDevicePrimaryCtxReset", 12000, 0, "cuDevicePrimaryCtxReset_v2"},
+    {"cuDevicePrimaryCtxReset", 10000, 0, "cuDevicePrimaryCtxReset"},
+    {"cuStreamBeginCapture", 10010, 0, "cuStreamBeginCapture_v2"},
+    {"cuStreamBeginCapture", 10000, 0, "cuStreamBeginCapture"},
+    {"cuStreamBeginCapture", 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM,
+     "cuStreamBeginCapture_v2_ptsz"},
+    {"cuStreamBeginCapture", 10000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM,
+     "cuStreamBeginCapture_ptsz"},
+    {"cuCtxCreate", 12050, 0, "cuCtxCreate_v4"},
+    {"cuCtxCreate", 12000, 0, NULL},
+    {"cuGetProcAddress", 12000, 0, "cuGetProcAddress_v2"},
+    {"cuGetProcAddress", 11030, 0, "cuGetProcAddress"},
+    {"cuEventRecord", 12000, 0, "cuEventRecord"},
+    {"cuEventRecord", 12000, CU_GET_PROC_ADDRESS_LEGACY_STREAM, "cuEventRecord"},
+    {"cuEventRecord", 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, "cuEventRecord_ptsz"},
+    {"cuStreamEndCapture", 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM,
+     "cuStreamEndCapture_ptsz"},
+    {"cuStreamIsCapturing", 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM,
+     "cuStreamIsCapturing_ptsz"},
+    {"cuStreamIsCapturing", 12000, 0, "cuStreamIsCapturing"},
+    {"cuStreamQuery", 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, "cuStreamQuery_ptsz"},
+    {"cuStreamGetCtx", 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, "cuStreamGetCtx_ptsz"},
+    {"cuStreamBeginCaptureToGraph", 12030, 0, "cuStreamBeginCaptureToGraph"},
+    {"cuStreamBeginCaptureToGraph", 12030, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM,
+     "cuStreamBeginCaptureToGraph_ptsz"},
+    {"cuCtxGetApiVersion", 12000, 0, "cuCtxGetApiVersion"},
+    /* No _ptsz variant: the plain one, flag or not. */
+    {"cuStreamCreate", 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, "cuStreamCreate"},
+    {"cuInit", 2000, 0, "cuInit"},
+    {"cuThreadExchangeStreamCaptureMode", 13000, 0, "cuThreadExchangeStreamCaptureMode"},
+    /* Versioned names are not base names. */
+    {"cuMemAlloc_v2", 13000, 0, NULL},
+    {"cuNoSuchThing", 13000, 0, NULL},
+};
+
+static void test_get_proc_address(void **state)
+{
+    (void)state;
+    void *h = dlopen("libcuda.so.1", RTLD_NOW);
+    assert_non_null(h);
+    for (size_t i = 0; i < sizeof g_lookups / sizeof g_lookups[0]; i++) {
+        const struct lookup *l = &g_lookups[i];
+        void *fn = (void *)1;
+        CUdriverProcAddressQueryResult st = (CUdriverProcAddressQueryResult)-1;
+        CUresult rc = cuGetProcAddress(l->base, &fn, l->version, l->flags, &st);
+        if (!l->expect) {
+            assert_int_equal(rc, CUDA_ERROR_NOT_FOUND);
+            assert_int_equal(st, CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND);
+            assert_null(fn);
+            continue;
+        }
+        void *want = dlsym(h, l->expect);
+        assert_ptr_equal(want, fake_real_symbol(l->expect));
+        if (rc != CUDA_SUCCESS || fn != want || !want)
+            fail_msg("%s @%d flags %llu: want %s", l->base, l->version,
+                     (unsigned long long)l->flags, l->expect);
+        assert_int_equal(st, CU_GET_PROC_ADDRESS_SUCCESS);
+    }
+    dlclose(h);
+}
+
+/* cudart's path: dlsym the _v2 entry, ask it for "cuGetProcAddress", use what comes back. */
+static void test_get_proc_address_through_itself(void **state)
+{
+    (void)state;
+    typedef CUresult (*gpa_v2_t)(const char *, void **, int, cuuint64_t,
+                                 CUdriverProcAddressQueryResult *);
+    typedef CUresult (*gpa_v1_t)(const char *, void **, int, cuuint64_t);
+    void *h = dlopen("libcuda.so.1", RTLD_NOW);
+    gpa_v2_t gpa = (gpa_v2_t)(uintptr_t)dlsym(h, "cuGetProcAddress_v2");
+    assert_non_null(gpa);
+    void *fn = NULL;
+    assert_int_equal(gpa("cuGetProcAddress", &fn, 13000, 0, NULL), CUDA_SUCCESS);
+    assert_ptr_equal(fn, (void *)(uintptr_t)gpa);
+    assert_int_equal(gpa("cuGetProcAddress", &fn, 11030, 0, NULL), CUDA_SUCCESS);
+    gpa_v1_t v1 = (gpa_v1_t)(uintptr_t)fn;
+    assert_ptr_equal(fn, dlsym(h, "cuGetProcAddress"));
+    void *alloc = NULL;
+    assert_int_equal(v1("cuMemAlloc", &alloc, 12000, 0), CUDA_SUCCESS);
+    assert_ptr_equal(alloc, dlsym(h, "cuMemAlloc_v2"));
+    assert_int_equal(v1("nope", &alloc, 12000, 0), CUDA_ERROR_NOT_FOUND);
+    assert_null(alloc);
+
+    /* The pointer works like the symbol, and is counted under the versioned name. */
+    CUresult (*alloc_fn)(CUdeviceptr *, size_t) =
+        (CUresult(*)(CUdeviceptr *, size_t))(uintptr_t)dlsym(h, "cuMemAlloc_v2");
+    CUdeviceptr p;
+    assert_int_equal(alloc_fn(&p, 64), CUDA_SUCCESS);
+    assert_int_equal(cuMemFree(p), CUDA_SUCCESS);
+    assert_int_equal(fake_calls("cuMemAlloc_v2"), 1);
+    assert_int_equal(fake_calls("cuGetProcAddress"), 2);
+    assert_int_equal(fake_calls("cuGetProcAddress_v2"), 2);
+    dlclose(h);
+}
+
+static void test_error_strings(void **state)
+{
+    (void)state;
+    const char *s = NULL;
+    assert_int_equal(cuGetErrorString(CUDA_ERROR_OUT_OF_MEMORY, &s), CUDA_SUCCESS);
+    assert_string_equal(s, "out of memory");
+    assert_int_equal(cuGetErrorName(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, &s), CUDA_SUCCESS);
+    assert_string_equal(s, "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED");
+    assert_int_equal(cuGetErrorName((CUresult)12345, &s), CUDA_ERROR_INVALID_VALUE);
+    assert_null(s);
+}
+
+/* ---- devices and contexts ------------------------------------------------------------------- */
+
+static void test_device_queries(void **state)
+{
+    (void)state;
+    CUdevice d = -1;
+    int v = 0;
+    char name[64];
+    size_t bytes = 0;
+    assert_int_equal(cuDeviceGet(&d, 0), CUDA_SUCCESS);
+    assert_int_equal(d, 0);
+    assert_int_equal(cuDeviceGet(&d, 1), CUDA_ERROR_INVALID_DEVICE);
+    assert_int_equal(cuDeviceGetName(name, sizeof name, 0), CUDA_SUCCESS);
+    assert_string_equal(name, "Fake CUDA Device 0");
+    assert_int_equal(cuDeviceTotalMem(&bytes, 0), CUDA_SUCCESS);
+    assert_int_equal(bytes, DEFAULT_BYTES);
+    assert_int_equal(cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING, 0),
+                     CUDA_SUCCESS);
+    assert_int_equal(v, 1);
+    assert_int_equal(cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED, 0),
+                     CUDA_SUCCESS);
+    assert_int_equal(v, 0);
+    assert_int_equal(cuCtxGetDevice(&d), CUDA_SUCCESS);
+    assert_int_equal(d, 0);
+}
+
+static void test_context_stack(void **state)
+{
+    (void)state;
+    CUcontext c2 = NULL, cur = NULL;
+    CUdeviceptr p;
+    assert_int_equal(cuCtxCreate(&c2, NULL, 0, 0), CUDA_SUCCESS);
+    assert_true(c2 != g_ctx);
+    assert_int_equal(cuCtxGetCurrent(&cur), CUDA_SUCCESS);
+    assert_ptr_equal(cur, c2);
+    assert_int_equal(cuMemAlloc(&p, 4096), CUDA_SUCCESS);
+    assert_int_equal(cuCtxPopCurrent(&cur), CUDA_SUCCESS);
+    assert_ptr_equal(cur, c2);
+    assert_int_equal(cuCtxGetCurrent(&cur), CUDA_SUCCESS);
+    assert_ptr_equal(cur, g_ctx);
+    assert_int_equal(cuCtxPushCurrent(c2), CUDA_SUCCESS);
+    assert_int_equal(cuCtxSetCurrent(g_ctx), CUDA_SUCCESS); /* replaces the top */
+    assert_int_equal(cuCtxPopCurrent(&cur), CUDA_SUCCESS);
+    assert_ptr_equal(cur, g_ctx);
+    assert_int_equal(cuCtxGetCurrent(&cur), CUDA_SUCCESS);
+    assert_ptr_equal(cur, g_ctx);
+    assert_int_equal(cuCtxDestroy(g_ctx), CUDA_ERROR_INVALID_CONTEXT); /* primary */
+
+    /* Destroying a context unmaps its memory; the handle never comes back. */
+    assert_int_equal(fake_live_allocations(), 1);
+    assert_int_equal(cuCtxDestroy(c2), CUDA_SUCCESS);
+    assert_int_equal(fake_live_allocations(), 0);
+    assert_int_equal(cuCtxDestroy(c2), CUDA_ERROR_INVALID_CONTEXT);
+    assert_int_equal(cuCtxPushCurrent(c2), CUDA_ERROR_INVALID_CONTEXT);
+    CUcontext c3 = NULL;
+    assert_int_equal(cuCtxCreate(&c3, NULL, 0, 0), CUDA_SUCCESS);
+    assert_true(c3 != c2);
+    assert_int_equal(cuCtxDestroy(c3), CUDA_SUCCESS); /* current: popped */
+    assert_int_equal(cuCtxGetCurrent(&cur), CUDA_SUCCESS);
+    assert_ptr_equal(cur, g_ctx);
+}
+
+static void test_primary_release_and_reset(void **state)
+{
+    (void)state;
+    CUcontext again = NULL, old = g_ctx;
+    CUdeviceptr p;
+    CUstream s;
+    unsigned flags = 1;
+    int active = 0;
+    assert_int_equal(cuDevicePrimaryCtxRetain(&again, 0), CUDA_SUCCESS);
+    assert_ptr_equal(again, g_ctx);
+    assert_int_equal(cuMemAlloc(&p, 4096), CUDA_SUCCESS);
+    assert_int_equal(cuStreamCreate(&s, 0), CUDA_SUCCESS);
+    assert_int_equal(fake_stream_launch(s), 0);
+
+    assert_int_equal(cuDevicePrimaryCtxRelease(0), CUDA_SUCCESS); /* 2 -> 1 */
+    assert_int_equal(fake_live_allocations(), 1);
+    assert_int_equal(cuDevicePrimaryCtxRelease(0), CUDA_SUCCESS); /* 1 -> 0: gone */
+    assert_int_equal(fake_live_allocations(), 0);
+    assert_int_equal(fake_device_used(0), 0);
+    assert_int_equal(cuDevicePrimaryCtxGetState(0, &flags, &active), CUDA_SUCCESS);
+    assert_int_equal(active, 0);
+    assert_int_equal(cuDevicePrimaryCtxRelease(0), CUDA_ERROR_INVALID_CONTEXT);
+
+    /* The stale context stays current, unusable; its objects are invalid. */
+    CUcontext cur = NULL;
+    assert_int_equal(cuCtxGetCurrent(&cur), CUDA_SUCCESS);
+    assert_ptr_equal(cur, old);
+    assert_int_equal(cuMemAlloc(&p, 16), CUDA_ERROR_CONTEXT_IS_DESTROYED);
+    assert_int_equal(cuStreamQuery(s), CUDA_ERROR_INVALID_HANDLE);
+    assert_int_equal(fake_stream_pending(s), 0); /* its work was completed */
+
+    assert_int_equal(cuDevicePrimaryCtxRetain(&g_ctx, 0), CUDA_SUCCESS);
+    assert_true(g_ctx != old);
+    assert_int_equal(cuCtxSetCurrent(g_ctx), CUDA_SUCCESS);
+    assert_int_equal(cuDevicePrimaryCtxGetState(0, &flags, &active), CUDA_SUCCESS);
+    assert_int_equal(active, 1);
+
+    /* Reset destroys at once, whatever the count. */
+    assert_int_equal(cuDevicePrimaryCtxRetain(&again, 0), CUDA_SUCCESS);
+    assert_int_equal(cuMemAlloc(&p, 4096), CUDA_SUCCESS);
+    assert_int_equal(cuDevicePrimaryCtxReset(0), CUDA_SUCCESS);
+    assert_int_equal(fake_live_allocations(), 0);
+    assert_int_equal(cuMemFree(p), CUDA_ERROR_CONTEXT_IS_DESTROYED);
+    assert_int_equal(cuDevicePrimaryCtxRetain(&g_ctx, 0), CUDA_SUCCESS);
+    assert_int_equal(cuCtxSetCurrent(g_ctx), CUDA_SUCCESS);
+    assert_int_equal(cuMemFree(p), CUDA_ERROR_INVALID_VALUE); /* vanished with its context */
+}
+
+static void test_multiple_devices(void **state)
+{
+    (void)state;
+    fake_set_device_count(3);
+    fake_set_device_bytes(1, MiB);
+    int n = 0;
+    CUdevice d = -1;
+    CUcontext c1 = NULL;
+    CUdeviceptr p, q;
+    assert_int_equal(cuDeviceGetCount(&n), CUDA_SUCCESS);
+    assert_int_equal(n, 3);
+    assert_int_equal(cuDeviceGet(&d, 3), CUDA_ERROR_INVALID_DEVICE);
+    assert_int_equal(cuDevicePrimaryCtxRetain(&c1, 1), CUDA_SUCCESS);
+    assert_true(c1 != g_ctx);
+    assert_int_equal(cuCtxPushCurrent(c1), CUDA_SUCCESS);
+    assert_int_equal(cuCtxGetDevice(&d), CUDA_SUCCESS);
+    assert_int_equal(d, 1);
+    assert_int_equal(cuMemAlloc(&p, MiB), CUDA_SUCCESS);
+    assert_int_equal(cuMemAlloc(&q, 1), CUDA_ERROR_OUT_OF_MEMORY);
+    assert_int_equal(fake_device_used(1), MiB);
+    assert_int_equal(fake_device_used(0), 0);
+    assert_int_equal(cuCtxPopCurrent(NULL), CUDA_SUCCESS);
+    assert_int_equal(cuMemAlloc(&q, MiB), CUDA_SUCCESS); /* device 0 has room */
+    assert_int_equal(fake_device_used(0), MiB);
+    /* A free from another context's thread works; the memory knows its device. */
+    assert_int_equal(cuMemFree(p), CUDA_SUCCESS);
+    assert_int_equal(fake_device_used(1), 0);
+    assert_int_equal(cuMemFree(q), CUDA_SUCCESS);
+    assert_int_equal(cuDevicePrimaryCtxReset(1), CUDA_SUCCESS);
+    fake_set_device_bytes(1, DEFAULT_BYTES);
+}
+
+/* ---- ordering ----------------------------------------------------------------------------- */
+
+static void test_legacy_event_waits_for_blocking_streams(void **state)
+{
+    (void)state;
+    CUstream blk, nb;
+    CUevent ev;
+    assert_int_equal(cuStreamCreate(&blk, 0), CUDA_SUCCESS);
+    assert_int_equal(cuStreamCreate(&nb, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    assert_int_equal(cuEventCreate(&ev, 0), CUDA_SUCCESS);
+    assert_int_equal(cuEventQuery(ev), CUDA_SUCCESS); /* never recorded */
+
+    assert_int_equal(fake_stream_launch(blk), 0);
+    assert_int_equal(cuEventRecord(ev, NULL), CUDA_SUCCESS);
+    assert_int_equal(cuEventQuery(ev), CUDA_ERROR_NOT_READY);
+    assert_int_equal(cuStreamQuery(NULL), CUDA_ERROR_NOT_READY);
+    assert_int_equal(cuStreamQuery(blk), CUDA_ERROR_NOT_READY);
+    fake_stream_retire(blk, 1);
+    assert_int_equal(cuEventQuery(ev), CUDA_SUCCESS);
+    assert_int_equal(cuStreamQuery(CU_STREAM_LEGACY), CUDA_SUCCESS);
+
+    /* The legacy stream does not wait for non-blocking streams. */
+    assert_int_equal(fake_stream_launch(nb), 0);
+    assert_int_equal(cuEventRecord(ev, CU_STREAM_LEGACY), CUDA_SUCCESS);
+    assert_int_equal(cuEventQuery(ev), CUDA_SUCCESS);
+    assert_int_equal(cuStreamQuery(NULL), CUDA_SUCCESS);
+    /* An event on the non-blocking stream waits for its work. */
+    assert_int_equal(cuEventRecord(ev, nb), CUDA_SUCCESS);
+    assert_int_equal(cuEventQuery(ev), CUDA_ERROR_NOT_READY);
+    fake_stream_retire(nb, -1);
+    assert_int_equal(cuEventQuery(ev), CUDA_SUCCESS);
+
+    /* Legacy work itself. */
+    assert_int_equal(fake_stream_launch(NULL), 0);
+    assert_int_equal(cuEventRecord(ev, NULL), CUDA_SUCCESS);
+    assert_int_equal(fake_stream_pending(CU_STREAM_LEGACY), 1);
+    assert_int_equal(cuEventQuery(ev), CUDA_ERROR_NOT_READY);
+    fake_stream_retire(NULL, 1);
+    assert_int_equal(cuEventQuery(ev), CUDA_SUCCESS);
+
+    assert_int_equal(cuEventDestroy(ev), CUDA_SUCCESS);
+    assert_int_equal(cuEventQuery(ev), CUDA_ERROR_INVALID_HANDLE);
+    assert_int_equal(cuStreamDestroy(blk), CUDA_SUCCESS);
+    assert_int_equal(cuStreamDestroy(nb), CUDA_SUCCESS);
+}
+
+static void test_fifo_and_partial_retire(void **state)
+{
+    (void)state;
+    CUstream s;
+    CUevent e1, e2;
+    assert_int_equal(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    assert_int_equal(cuEventCreate(&e1, 0), CUDA_SUCCESS);
+    assert_int_equal(cuEventCreate(&e2, 0), CUDA_SUCCESS);
+    for (int i = 0; i < 3; i++)
+        fake_stream_launch(s);
+    assert_int_equal(cuEventRecord(e1, s), CUDA_SUCCESS);
+    fake_stream_launch(s);
+    assert_int_equal(cuEventRecord(e2, s), CUDA_SUCCESS);
+    assert_int_equal(fake_stream_pending(s), 4);
+    fake_stream_retire(s, 2);
+    assert_int_equal(cuEventQuery(e1), CUDA_ERROR_NOT_READY);
+    fake_stream_retire(s, 1);
+    assert_int_equal(cuEventQuery(e1), CUDA_SUCCESS);
+    assert_int_equal(cuEventQuery(e2), CUDA_ERROR_NOT_READY);
+    /* Synchronizing on an event completes just the work it captured. */
+    fake_stream_launch(s);
+    assert_int_equal(cuEventSynchronize(e2), CUDA_SUCCESS);
+    assert_int_equal(fake_stream_pending(s), 1);
+    assert_int_equal(cuStreamSynchronize(s), CUDA_SUCCESS);
+    assert_int_equal(fake_stream_pending(s), 0);
+    unsigned flags = 0;
+    assert_int_equal(cuStreamGetFlags(s, &flags), CUDA_SUCCESS);
+    assert_int_equal(flags, CU_STREAM_NON_BLOCKING);
+    cuEventDestroy(e1);
+    cuEventDestroy(e2);
+    cuStreamDestroy(s);
+}
+
+static void test_destroyed_stream_work_outlives_it(void **state)
+{
+    (void)state;
+    CUstream s, b;
+    CUevent ev, leg;
+    assert_int_equal(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    assert_int_equal(cuStreamCreate(&b, 0), CUDA_SUCCESS);
+    assert_int_equal(cuEventCreate(&ev, 0), CUDA_SUCCESS);
+    assert_int_equal(cuEventCreate(&leg, 0), CUDA_SUCCESS);
+    fake_stream_launch(s);
+    assert_int_equal(cuEventRecord(ev, s), CUDA_SUCCESS);
+    assert_int_equal(cuStreamDestroy(s), CUDA_SUCCESS);
+    assert_int_equal(cuStreamDestroy(s), CUDA_ERROR_INVALID_HANDLE);
+    assert_int_equal(cuStreamQuery(s), CUDA_ERROR_INVALID_HANDLE);
+    assert_int_equal(fake_stream_launch(s), -1);
+    assert_int_equal(cuEventQuery(ev), CUDA_ERROR_NOT_READY);
+    assert_int_equal(fake_stream_pending(s), 1);
+    fake_stream_retire(s, -1);
+    assert_int_equal(cuEventQuery(ev), CUDA_SUCCESS);
+
+    /* A destroyed blocking stream's leftover work still holds the legacy stream back. */
+    fake_stream_launch(b);
+    assert_int_equal(cuStreamDestroy(b), CUDA_SUCCESS);
+    assert_int_equal(cuEventRecord(leg, NULL), CUDA_SUCCESS);
+    assert_int_equal(cuEventQuery(leg), CUDA_ERROR_NOT_READY);
+    fake_retire_all();
+    assert_int_equal(cuEventQuery(leg), CUDA_SUCCESS);
+    cuEventDestroy(ev);
+    cuEventDestroy(leg);
+}
+
+static void test_per_thread_stream_is_blocking(void **state)
+{
+    (void)state;
+    CUevent ev;
+    assert_int_equal(cuEventCreate(&ev, 0), CUDA_SUCCESS);
+    assert_int_equal(fake_stream_launch(CU_STREAM_PER_THREAD), 0);
+    assert_int_equal(cuEventRecord(ev, NULL), CUDA_SUCCESS);
+    assert_int_equal(cuEventQuery(ev), CUDA_ERROR_NOT_READY);
+    /* The _ptsz entry takes NULL as the per-thread stream. */
+    assert_int_equal(cuEventRecord_ptsz(ev, NULL), CUDA_SUCCESS);
+    assert_int_equal(cuEventQuery(ev), CUDA_ERROR_NOT_READY);
+    assert_int_equal(cuStreamQuery_ptsz(NULL), CUDA_ERROR_NOT_READY);
+    assert_int_equal(cuStreamQuery(CU_STREAM_LEGACY), CUDA_ERROR_NOT_READY);
+    assert_int_equal(cuStreamSynchronize(CU_STREAM_PER_THREAD), CUDA_SUCCESS);
+    assert_int_equal(cuEventQuery(ev), CUDA_SUCCESS);
+    cuEventDestroy(ev);
+}
+
+static void test_synchronizing_calls(void **state)
+{
+    (void)state;
+    CUstream nb, blk;
+    CUdeviceptr p;
+    assert_int_equal(cuStreamCreate(&nb, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    assert_int_equal(cuStreamCreateWithPriority(&blk, 0, -1), CUDA_SUCCESS);
+    assert_int_equal(cuMemAlloc(&p, 256), CUDA_SUCCESS);
+    fake_stream_launch(nb);
+    fake_stream_launch(blk);
+    fake_stream_launch(NULL);
+    /* cuStreamSynchronize on the legacy stream waits for blocking streams only. */
+    assert_int_equal(cuStreamSynchronize(NULL), CUDA_SUCCESS);
+    assert_int_equal(fake_stream_pending(blk), 0);
+    assert_int_equal(fake_stream_pending(nb), 1);
+    /* cuMemFree waits for everything in the context, non-blocking streams included. */
+    fake_stream_launch(blk);
+    assert_int_equal(cuMemFree(p), CUDA_SUCCESS);
+    assert_int_equal(fake_stream_pending(nb), 0);
+    assert_int_equal(fake_stream_pending(blk), 0);
+    fake_stream_launch(nb);
+    fake_stream_launch(NULL);
+    assert_int_equal(cuCtxSynchronize(), CUDA_SUCCESS);
+    assert_int_equal(fake_stream_pending(nb), 0);
+    assert_int_equal(fake_stream_pending(NULL), 0);
+    cuStreamDestroy(nb);
+    cuStreamDestroy(blk);
+}
+
+static void test_event_on_other_context(void **state)
+{
+    (void)state;
+    CUevent ev;
+    CUstream s2;
+    CUcontext c2;
+    assert_int_equal(cuEventCreate(&ev, 0), CUDA_SUCCESS);
+    assert_int_equal(cuCtxCreate(&c2, NULL, 0, 0), CUDA_SUCCESS);
+    assert_int_equal(cuStreamCreate(&s2, 0), CUDA_SUCCESS);
+    assert_int_equal(cuEventRecord(ev, s2), CUDA_ERROR_INVALID_HANDLE);
+    assert_int_equal(cuEventRecord(ev, NULL), CUDA_ERROR_INVALID_HANDLE); /* c2's legacy */
+    assert_int_equal(cuCtxDestroy(c2), CUDA_SUCCESS);
+    assert_int_equal(cuEventRecord(ev, NULL), CUDA_SUCCESS);
+    assert_int_equal(cuStreamQuery(s2), CUDA_ERROR_INVALID_HANDLE);
+    assert_int_equal(cuEventRecord(ev, (CUstream)&ev), CUDA_ERROR_INVALID_HANDLE); /* garbage */
+    cuEventDestroy(ev);
+}
+
+/* ---- stream capture ------------------------------------------------------------------------ */
+
+static void test_capture_global_violations(void **state)
+{
+    (void)state;
+    CUstream s;
+    CUevent ev;
+    CUdeviceptr p, keep;
+    CUgraph g = (CUgraph)1;
+    CUstreamCaptureStatus st;
+    assert_int_equal(cuMemAlloc(&keep, 64), CUDA_SUCCESS);
+    assert_int_equal(cuStreamCreate(&s, 0), CUDA_SUCCESS);
+    assert_int_equal(cuEventCreate(&ev, 0), CUDA_SUCCESS);
+    assert_int_equal(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+    assert_int_equal(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL),
+                     CUDA_ERROR_ILLEGAL_STATE);
+    assert_int_equal(cuStreamIsCapturing(s, &st), CUDA_SUCCESS);
+    assert_int_equal(st, CU_STREAM_CAPTURE_STATUS_ACTIVE);
+    assert_int_equal(cuStreamIsCapturing(NULL, &st), CUDA_ERROR_STREAM_CAPTURE_IMPLICIT);
+    assert_int_equal(fake_capture_violations(), 0);
+
+    /* Launches into the capture are not work. */
+    assert_int_equal(fake_stream_launch(s), 0);
+    assert_int_equal(fake_stream_pending(s), 0);
+    /* Recording into the capturing stream is allowed, but is no fence. */
+    assert_int_equal(cuEventRecord(ev, s), CUDA_SUCCESS);
+
+    assert_int_equal(cuMemAlloc(&p, 64), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    assert_int_equal(fake_capture_violations(), 1);
+    assert_int_equal(cuMemFree(keep), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    assert_int_equal(cuEventRecord(ev, NULL), CUDA_ERROR_STREAM_CAPTURE_IMPLICIT);
+    assert_int_equal(cuEventQuery(ev), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    assert_int_equal(cuStreamSynchronize(s), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    assert_int_equal(cuCtxSynchronize(), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    assert_int_equal(fake_capture_violations(), 6);
+    assert_int_equal(cuStreamIsCapturing(s, &st), CUDA_SUCCESS);
+    assert_int_equal(st, CU_STREAM_CAPTURE_STATUS_INVALIDATED);
+    assert_int_equal(cuStreamEndCapture(s, &g), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+    assert_null(g);
+    assert_int_equal(cuStreamEndCapture(s, &g), CUDA_ERROR_ILLEGAL_STATE);
+    assert_int_equal(cuStreamIsCapturing(s, &st), CUDA_SUCCESS);
+    assert_int_equal(st, CU_STREAM_CAPTURE_STATUS_NONE);
+
+    /* After the capture all is allowed again. */
+    assert_int_equal(cuMemFree(keep), CUDA_SUCCESS);
+    assert_int_equal(cuEventRecord(ev, NULL), CUDA_SUCCESS);
+    assert_int_equal(fake_capture_violations(), 6);
+    assert_int_equal(cuStreamBeginCapture(NULL, CU_STREAM_CAPTURE_MODE_GLOBAL),
+                     CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    cuEventDestroy(ev);
+    cuStreamDestroy(s);
+}
+
+static void test_capture_relaxed_and_nonblocking(void **state)
+{
+    (void)state;
+    CUstream nb;
+    CUevent ev;
+    CUdeviceptr p;
+    CUgraph g = NULL;
+    assert_int_equal(cuStreamCreate(&nb, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    assert_int_equal(cuEventCreate(&ev, 0), CUDA_SUCCESS);
+    assert_int_equal(cuStreamBeginCapture(nb, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+
+    /* A RELAXED thread may make the calls a capture forbids, as a caching allocator must. */
+    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+    assert_int_equal(cuThreadExchangeStreamCaptureMode(&mode), CUDA_SUCCESS);
+    assert_int_equal(mode, CU_STREAM_CAPTURE_MODE_GLOBAL);
+    assert_int_equal(cuMemAlloc(&p, 64), CUDA_SUCCESS);
+    assert_int_equal(cuEventRecord(ev, NULL), CUDA_SUCCESS); /* nb is not blocking */
+    assert_int_equal(cuEventQuery(ev), CUDA_SUCCESS);
+    assert_int_equal(cuMemFree(p), CUDA_SUCCESS);
+    assert_int_equal(cuEventRecord(ev, nb), CUDA_SUCCESS);
+    assert_int_equal(cuEventQuery(ev), CUDA_ERROR_CAPTURED_EVENT);
+    assert_int_equal(cuThreadExchangeStreamCaptureMode(&mode), CUDA_SUCCESS);
+    assert_int_equal(mode, CU_STREAM_CAPTURE_MODE_RELAXED);
+
+    assert_int_equal(fake_capture_violations(), 0);
+    assert_int_equal(cuStreamEndCapture(nb, &g), CUDA_SUCCESS);
+    assert_non_null(g);
+    cuEventDestroy(ev);
+    cuStreamDestroy(nb);
+}
+
+static void test_capture_to_graph_and_stream_ctx(void **state)
+{
+    (void)state;
+    CUstream s;
+    CUcontext c = NULL;
+    CUgraph mine = (CUgraph)(uintptr_t)0x1000, g = NULL;
+    unsigned v = 0;
+    assert_int_equal(cuStreamCreate(&s, 0), CUDA_SUCCESS);
+    assert_int_equal(cuStreamGetCtx(s, &c), CUDA_SUCCESS);
+    assert_ptr_equal(c, g_ctx);
+    assert_int_equal(cuStreamGetCtx(NULL, &c), CUDA_SUCCESS);
+    assert_ptr_equal(c, g_ctx);
+    assert_int_equal(cuCtxGetApiVersion(NULL, &v), CUDA_SUCCESS);
+    assert_int_equal(v, 3020);
+    assert_int_equal(cuStreamBeginCaptureToGraph(s, NULL, NULL, NULL, 0,
+                                                 CU_STREAM_CAPTURE_MODE_RELAXED),
+                     CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(cuStreamBeginCaptureToGraph(s, mine, NULL, NULL, 0,
+                                                 CU_STREAM_CAPTURE_MODE_RELAXED),
+                     CUDA_SUCCESS);
+    CUdeviceptr p;
+    assert_int_equal(cuMemAlloc(&p, 64), CUDA_SUCCESS); /* a RELAXED capture forbids nothing */
+    assert_int_equal(cuMemFree(p), CUDA_SUCCESS);
+    assert_int_equal(cuStreamEndCapture(s, &g), CUDA_SUCCESS);
+    assert_ptr_equal(g, mine);
+    assert_int_equal(fake_capture_violations(), 0);
+    cuStreamDestroy(s);
+}
+
+struct capturer {
+    CUcontext ctx;
+    CUstream s;
+    pthread_barrier_t begun, done;
+    CUresult begin_rc, end_rc;
+};
+
+static void *capture_thread_local(void *arg)
+{
+    struct capturer *c = arg;
+    CUgraph g;
+    cuCtxSetCurrent(c->ctx);
+    c->begin_rc = cuStreamBeginCapture(c->s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL);
+    pthread_barrier_wait(&c->begun);
+    pthread_barrier_wait(&c->done);
+    c->end_rc = cuStreamEndCapture(c->s, &g);
+    return NULL;
+}
+
+/* Another thread's THREAD_LOCAL capture does not restrict this thread. */
+static void test_capture_thread_local_elsewhere(void **state)
+{
+    (void)state;
+    struct capturer c = {.ctx = g_ctx};
+    CUdeviceptr p;
+    CUgraph g;
+    pthread_t t;
+    assert_int_equal(cuStreamCreate(&c.s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    pthread_barrier_init(&c.begun, NULL, 2);
+    pthread_barrier_init(&c.done, NULL, 2);
+    pthread_create(&t, NULL, capture_thread_local, &c);
+    pthread_barrier_wait(&c.begun);
+    assert_int_equal(cuMemAlloc(&p, 64), CUDA_SUCCESS);
+    assert_int_equal(cuMemFree(p), CUDA_SUCCESS);
+    assert_int_equal(cuStreamEndCapture(c.s, &g), CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD);
+    pthread_barrier_wait(&c.done);
+    pthread_join(t, NULL);
+    assert_int_equal(c.begin_rc, CUDA_SUCCESS);
+    assert_int_equal(c.end_rc, CUDA_SUCCESS);
+    assert_int_equal(fake_capture_violations(), 0);
+    pthread_barrier_destroy(&c.begun);
+    pthread_barrier_destroy(&c.done);
+    cuStreamDestroy(c.s);
+}
+
+/* ---- injected failures and delays ---------------------------------------------------------- */
+
+static void test_fail_nth_and_always(void **state)
+{
+    (void)state;
+    CUdeviceptr p[4];
+    fake_fail_nth("cuMemAlloc_v2", 3, CUDA_ERROR_OUT_OF_MEMORY);
+    assert_int_equal(cuMemAlloc(&p[0], 64), CUDA_SUCCESS);
+    assert_int_equal(cuMemAlloc(&p[1], 64), CUDA_SUCCESS);
+    assert_int_equal(cuMemAlloc(&p[2], 64), CUDA_ERROR_OUT_OF_MEMORY);
+    assert_int_equal(cuMemAlloc(&p[2], 64), CUDA_SUCCESS);
+    assert_int_equal(fake_live_allocations(), 3); /* the failed call did nothing */
+    assert_int_equal(fake_calls("cuMemAlloc_v2"), 4);
+
+    fake_fail_always("cuMemFree_v2", CUDA_ERROR_LAUNCH_FAILED);
+    assert_int_equal(cuMemFree(p[0]), CUDA_ERROR_LAUNCH_FAILED);
+    assert_int_equal(cuMemFree(p[0]), CUDA_ERROR_LAUNCH_FAILED);
+    /* Keyed by exact name: the v1 entry point and other names are untouched. */
+    assert_int_equal(cuMemAlloc(&p[3], 64), CUDA_SUCCESS);
+    fake_fail_always("cuMemFree_v2", CUDA_SUCCESS);
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(cuMemFree(p[i]), CUDA_SUCCESS);
+    assert_int_equal(fake_calls("cuMemFree_v2"), 6);
+
+    /* A newer injection replaces the pending one. */
+    fake_fail_nth("cuStreamCreate", 1, CUDA_ERROR_INVALID_VALUE);
+    fake_fail_nth("cuStreamCreate", 2, CUDA_ERROR_NOT_SUPPORTED);
+    CUstream s;
+    assert_int_equal(cuStreamCreate(&s, 0), CUDA_SUCCESS);
+    cuStreamDestroy(s);
+    assert_int_equal(cuStreamCreate(&s, 0), CUDA_ERROR_NOT_SUPPORTED);
+    assert_int_equal(cuStreamCreate(&s, 0), CUDA_SUCCESS);
+    cuStreamDestroy(s);
+
+    /* Works before cuInit's check too: cuInit itself can be made to fail. */
+    fake_fail_nth("cuInit", 1, CUDA_ERROR_NO_DEVICE);
+    assert_int_equal(cuInit(0), CUDA_ERROR_NO_DEVICE);
+    assert_int_equal(cuInit(0), CUDA_SUCCESS);
+
+    assert_int_equal(fake_calls("cuNoSuchEntry"), -1);
+    assert_null(fake_real_symbol("cuNoSuchEntry"));
+    fake_reset_counters();
+    assert_int_equal(fake_calls("cuMemAlloc_v2"), 0);
+}
+
+static uint64_t now_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
+
+static void test_delay(void **state)
+{
+    (void)state;
+    int v;
+    fake_set_delay_ns("cuDriverGetVersion", 3000000);
+    uint64_t t0 = now_ns();
+    assert_int_equal(cuDriverGetVersion(&v), CUDA_SUCCESS);
+    assert_true(now_ns() - t0 >= 3000000);
+    fake_set_delay_ns("cuDriverGetVersion", 0);
+    assert_int_equal(cuDriverGetVersion(&v), CUDA_SUCCESS);
+}
+
+/* ---- threads ------------------------------------------------------------------------------- */
+
+#define THREADS 8
+#define ROUNDS 2000
+
+struct worker {
+    int failures;
+};
+
+static void *alloc_free_loop(void *arg)
+{
+    struct worker *w = arg;
+    if (cuCtxSetCurrent(g_ctx) != CUDA_SUCCESS)
+        w->failures++;
+    CUdeviceptr live[4] = {0};
+    for (int i = 0; i < ROUNDS; i++) {
+        int k = i % 4;
+        if (live[k] && cuMemFree(live[k]) != CUDA_SUCCESS)
+            w->failures++;
+        if (cuMemAlloc(&live[k], (size_t)(k + 1) * 4096 + (size_t)i) != CUDA_SUCCESS)
+            w->failures++;
+        fake_stream_launch(CU_STREAM_PER_THREAD);
+    }
+    for (int k = 0; k < 4; k++)
+        if (cuMemFree(live[k]) != CUDA_SUCCESS)
+            w->failures++;
+    return NULL;
+}
+
+static void test_threads_exact_counts(void **state)
+{
+    (void)state;
+    pthread_t t[THREADS];
+    struct worker w[THREADS] = {{0}};
+    for (int i = 0; i < THREADS; i++)
+        pthread_create(&t[i], NULL, alloc_free_loop, &w[i]);
+    for (int i = 0; i < THREADS; i++)
+        pthread_join(t[i], NULL);
+    for (int i = 0; i < THREADS; i++)
+        assert_int_equal(w[i].failures, 0);
+    assert_int_equal(fake_calls("cuMemAlloc_v2"), THREADS * ROUNDS);
+    assert_int_equal(fake_calls("cuMemFree_v2"), THREADS * ROUNDS);
+    assert_int_equal(fake_calls("cuCtxSetCurrent"), THREADS);
+    assert_int_equal(fake_live_allocations(), 0);
+    assert_int_equal(fake_device_used(0), 0);
+}
+
+/* ---- teardown ------------------------------------------------------------------------------ */
+
+/* Runs after the fake's destructor (see fake_teardown_probe.c). */
+static void late_exit_handler(void)
+{
+    int v;
+    CUresult rc = cuDriverGetVersion(&v);
+    _exit(rc == CUDA_ERROR_DEINITIALIZED && fake_calls_after_teardown() == 1 ? 0 : 1);
+}
+
+static void child_teardown(void)
+{
+    int v;
+    if (cuDriverGetVersion(&v) != CUDA_SUCCESS || fake_calls_after_teardown() != 0)
+        _exit(2);
+    void *probe = dlopen(FAKE_PROBE_PATH, RTLD_NOW);
+    void (*arm)(void (*)(void)) =
+        probe ? (void (*)(void (*)(void)))(uintptr_t)dlsym(probe, "fake_probe_arm") : NULL;
+    if (!arm)
+        _exit(4);
+    arm(late_exit_handler);
+    exit(3); /* the late handler replaces this status */
+}
+
+static void test_after_teardown(void **state)
+{
+    (void)state;
+    assert_int_equal(in_child(child_teardown), 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest before_init[] = {
+        cmocka_unit_test(test_environment),
+        cmocka_unit_test(test_after_teardown),
+        cmocka_unit_test(test_before_init),
+    };
+#define T(name) cmocka_unit_test_setup_teardown(name, setup, teardown)
+    const struct CMUnitTest tests[] = {
+        T(test_alloc_free),
+        T(test_oom_at_budget),
+        T(test_huge_device_costs_nothing),
+        T(test_no_context),
+        T(test_v1_entry_points),
+        T(test_get_proc_address),
+        T(test_get_proc_address_through_itself),
+        T(test_error_strings),
+        T(test_device_queries),
+        T(test_context_stack),
+        T(test_primary_release_and_reset),
+        T(test_multiple_devices),
+        T(test_legacy_event_waits_for_blocking_streams),
+        T(test_fifo_and_partial_retire),
+        T(test_destroyed_stream_work_outlives_it),
+        T(test_per_thread_stream_is_blocking),
+        T(test_synchronizing_calls),
+        T(test_event_on_other_context),
+        T(test_capture_global_violations),
+        T(test_capture_relaxed_and_nonblocking),
+        T(test_capture_thread_local_elsewhere),
+        T(test_capture_to_graph_and_stream_ctx),
+        T(test_fail_nth_and_always),
+        T(test_delay),
+        T(test_threads_exact_counts),
+    };
+#undef T
+    int failed = cmocka_run_group_tests_name("before cuInit", before_init, NULL, NULL);
+    failed += cmocka_run_group_tests_name("fake driver", tests, group_setup, NULL);
+    return failed ? 1 : 0;
+}

@@ -1,0 +1,285 @@
+// stream_torture: is a freed block ever handed out while the GPU may still touch it?
+//
+//     stream_torture [CYCLES] [--unsafe-reuse] [--require-shim] [--spin-us MIN:MAX]
+//
+// Four non-blocking streams (cudaStreamNonBlocking), one blocking stream, and the legacy
+// default stream. Each cycle c:
+//   1. B = cudaMalloc(size_c)                                    (sizes rotate 4 KiB ... 4 MiB)
+//   2. on stream s_c (rotating over the 5 streams) launch spin_check: write pattern_c into all
+//      of B, spin 100-500 us (globaltimer + __nanosleep), re-read B (volatile: from L2, not a
+//      stale L1 line) and add the number of words that changed to results[c].spin_changed
+//   3. cudaFree(B) right away, without synchronizing
+//   4. B2 = cudaMalloc(size_c) (a cache may hand back B's memory) and overwrite all of B2 at
+//      once, rotating over: cudaMemset on the legacy stream; a kernel on a non-blocking stream
+//      other than s_c; cudaMemsetAsync on such a stream
+//   5. B2 joins a ring of 8; when the ring is full its oldest member is verified on the stream
+//      that overwrote it (every word still holds what that stream wrote: catches the other
+//      direction, a late kernel clobbering the new owner) and freed at once, without syncing
+// results lives in one block allocated before the loop and freed after it. At the end: one
+// synchronize, then the sum of changed words over all cycles must be 0, and every kernel must
+// have run (its blocks counted).
+//
+//   PASS stream_torture cycles=N corruptions=0
+//
+// Without the shim cudaFree synchronizes the device, so this passes trivially; with the shim,
+// only its fences keep it at 0.
+//
+// --unsafe-reuse is the negative control: the program overwrites B itself (no free/malloc in
+// between), which is what an allocator that ignored pending work would do. It must see the race:
+//
+//   CONTROL corruptions=N         (N > 0)
+//   PASS stream_torture_control cycles=N corruptions=N
+//
+// and fails (exit 1) if it saw none: then the test could not have caught a bad allocator.
+#include <cuda_runtime.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "shim_probe.h"
+
+#define CK(call)                                                                              \
+    do {                                                                                      \
+        cudaError_t err_ = (call);                                                            \
+        if (err_ != cudaSuccess) {                                                            \
+            printf("FAIL stream_torture: %s:%d: %s -> %s (%s)\n", __FILE__, __LINE__, #call,  \
+                   cudaGetErrorName(err_), cudaGetErrorString(err_));                         \
+            exit(1);                                                                          \
+        }                                                                                     \
+    } while (0)
+
+enum { kBlocks = 16, kThreads = 256, kRing = 8, kNonBlocking = 4 };
+
+// Per-cycle result slots (in one long-lived device buffer).
+struct Slot {
+    unsigned spin_changed; // words of B that changed while spin_check spun
+    unsigned spin_ran;     // blocks of spin_check that finished
+    unsigned b2_bad;       // words of B2 that no longer held the overwrite value
+    unsigned b2_ran;       // blocks of the B2 verification that finished
+};
+
+__device__ static inline uint64_t globaltimer()
+{
+    uint64_t t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+__global__ void spin_check(uint32_t *buf, size_t words, uint32_t pat, uint64_t spin_ns, Slot *slot)
+{
+    size_t stride = (size_t)gridDim.x * blockDim.x;
+    size_t first = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    for (size_t i = first; i < words; i += stride)
+        buf[i] = pat;
+    uint64_t t0 = globaltimer();
+    while (globaltimer() - t0 < spin_ns)
+        __nanosleep(2000);
+    const volatile uint32_t *vbuf = buf;
+    unsigned changed = 0;
+    for (size_t i = first; i < words; i += stride)
+        changed += vbuf[i] != pat;
+    if (changed)
+        atomicAdd(&slot->spin_changed, changed);
+    __syncthreads();
+    if (threadIdx.x == 0)
+        atomicAdd(&slot->spin_ran, 1u);
+}
+
+__global__ void scribble(uint32_t *buf, size_t words, uint32_t val)
+{
+    size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < words; i += stride)
+        buf[i] = val;
+}
+
+__global__ void verify_fill(const uint32_t *buf, size_t words, uint32_t val, Slot *slot)
+{
+    size_t stride = (size_t)gridDim.x * blockDim.x;
+    unsigned bad = 0;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < words; i += stride)
+        bad += __ldcg(&buf[i]) != val;
+    if (bad)
+        atomicAdd(&slot->b2_bad, bad);
+    __syncthreads();
+    if (threadIdx.x == 0)
+        atomicAdd(&slot->b2_ran, 1u);
+}
+
+struct Pending {
+    uint32_t *ptr;
+    size_t words;
+    uint32_t expect;
+    cudaStream_t stream; // the stream that overwrote it (0: legacy)
+    long cycle;
+};
+
+static const size_t kSizes[] = {4096, 65536, 1u << 20, (4u << 20) + 256, 256u << 10};
+static const int kNumSizes = sizeof kSizes / sizeof kSizes[0];
+static const char *kMethod[] = {"legacy_memset", "kernel_other_stream", "memsetasync_other_stream"};
+
+int main(int argc, char **argv)
+{
+    long cycles = 2000;
+    bool unsafe = false;
+    int require_shim = 0;
+    unsigned spin_min_us = 100, spin_max_us = 500;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--unsafe-reuse"))
+            unsafe = true;
+        else if (!strcmp(argv[i], "--require-shim"))
+            require_shim = 1;
+        else if (!strcmp(argv[i], "--spin-us") && i + 1 < argc) {
+            if (sscanf(argv[++i], "%u:%u", &spin_min_us, &spin_max_us) != 2 ||
+                spin_max_us <= spin_min_us) {
+                printf("stream_torture: --spin-us wants MIN:MAX with MIN < MAX\n");
+                return 2;
+            }
+        } else if ((cycles = strtol(argv[i], NULL, 10)) <= 0) {
+            printf("usage: stream_torture [CYCLES] [--unsafe-reuse] [--require-shim] "
+                   "[--spin-us MIN:MAX]\n");
+            return 2;
+        }
+    }
+    const char *name = unsafe ? "stream_torture_control" : "stream_torture";
+
+    CK(cudaFree(0));
+    cudaStream_t streams[kNonBlocking + 1];
+    for (int i = 0; i < kNonBlocking; i++)
+        CK(cudaStreamCreateWithFlags(&streams[i], cudaStreamNonBlocking));
+    CK(cudaStreamCreate(&streams[kNonBlocking])); // blocking: ordered with the legacy stream
+
+    Slot *results;
+    CK(cudaMalloc(&results, sizeof(Slot) * cycles));
+    CK(cudaMemset(results, 0, sizeof(Slot) * cycles));
+    CK(cudaDeviceSynchronize());
+
+    std::vector<int> method_of(cycles), stream_of(cycles);
+    std::vector<Pending> ring;
+    long same_block = 0;
+
+    auto retire = [&](const Pending &p) {
+        verify_fill<<<kBlocks, kThreads, 0, p.stream>>>(p.ptr, p.words, p.expect,
+                                                        &results[p.cycle]);
+        CK(cudaGetLastError());
+        CK(cudaFree(p.ptr)); // no sync: the verification may still be reading it
+    };
+
+    auto t0 = std::chrono::steady_clock::now();
+    for (long c = 0; c < cycles; c++) {
+        size_t size = kSizes[c % kNumSizes], words = size / 4;
+        int si = (int)(c % (kNonBlocking + 1));
+        cudaStream_t s = streams[si];
+        // A non-blocking stream other than s for the overwrite.
+        int oi = (int)((c + 1 + c / 7) % kNonBlocking);
+        if (oi == si)
+            oi = (oi + 1) % kNonBlocking;
+        cudaStream_t other = streams[oi];
+        uint64_t spin_ns =
+            1000ull * (spin_min_us + (unsigned)((c * 7919) % (spin_max_us - spin_min_us)));
+        uint32_t pat = 0x10000000u + (uint32_t)c;
+
+        uint32_t *b;
+        CK(cudaMalloc(&b, size));
+        spin_check<<<kBlocks, kThreads, 0, s>>>(b, words, pat, spin_ns, &results[c]);
+        CK(cudaGetLastError());
+
+        uint32_t *b2;
+        if (unsafe) {
+            b2 = b;
+        } else {
+            CK(cudaFree(b)); // no synchronization: spin_check is still running
+            CK(cudaMalloc(&b2, size));
+            same_block += b2 == b;
+        }
+
+        Pending p = {b2, words, 0, 0, c};
+        int m = (int)(c % 3);
+        method_of[c] = m;
+        stream_of[c] = si;
+        switch (m) {
+        case 0:
+            CK(cudaMemset(b2, 0xAB, size)); // legacy default stream
+            p.expect = 0xABABABABu;
+            p.stream = 0;
+            break;
+        case 1:
+            p.expect = 0xDEAD0000u | (uint32_t)(c & 0xffff);
+            scribble<<<kBlocks, kThreads, 0, other>>>(b2, words, p.expect);
+            CK(cudaGetLastError());
+            p.stream = other;
+            break;
+        default:
+            CK(cudaMemsetAsync(b2, 0xCD, size, other));
+            p.expect = 0xCDCDCDCDu;
+            p.stream = other;
+            break;
+        }
+        ring.push_back(p);
+        if ((int)ring.size() > kRing) {
+            retire(ring.front());
+            ring.erase(ring.begin());
+        }
+    }
+    for (const Pending &p : ring)
+        retire(p);
+    ring.clear();
+    CK(cudaDeviceSynchronize());
+    double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+                    .count();
+
+    std::vector<Slot> h(cycles);
+    CK(cudaMemcpy(h.data(), results, sizeof(Slot) * cycles, cudaMemcpyDeviceToHost));
+    CK(cudaFree(results));
+    for (int i = 0; i <= kNonBlocking; i++)
+        CK(cudaStreamDestroy(streams[i]));
+
+    unsigned long long spin_bad = 0, b2_bad = 0;
+    long not_ran = 0, bad_cycles = 0;
+    long by_method[3] = {0, 0, 0}, on_blocking = 0;
+    for (long c = 0; c < cycles; c++) {
+        spin_bad += h[c].spin_changed;
+        b2_bad += h[c].b2_bad;
+        if (h[c].spin_ran != kBlocks || h[c].b2_ran != kBlocks)
+            not_ran++;
+        if (h[c].spin_changed || h[c].b2_bad) {
+            bad_cycles++;
+            by_method[method_of[c]]++;
+            on_blocking += stream_of[c] == kNonBlocking;
+        }
+    }
+    unsigned long long corruptions = spin_bad + b2_bad;
+
+    printf("%s: cycles=%ld streams=%d non-blocking + 1 blocking + legacy spin_us=%u-%u "
+           "wall_ms=%.1f same_block_reuse=%ld\n",
+           name, cycles, kNonBlocking, spin_min_us, spin_max_us, ms, same_block);
+    printf("%s: corrupted words: while spinning=%llu in the new owner's block=%llu; corrupted "
+           "cycles=%ld (%s=%ld %s=%ld %s=%ld; kernel on the blocking stream=%ld)\n",
+           name, spin_bad, b2_bad, bad_cycles, kMethod[0], by_method[0], kMethod[1], by_method[1],
+           kMethod[2], by_method[2], on_blocking);
+    if (shim_require(name, require_shim))
+        return 1;
+    if (not_ran) {
+        printf("FAIL %s: %ld cycles where a kernel did not run all its blocks\n", name, not_ran);
+        return 1;
+    }
+    if (unsafe) {
+        printf("CONTROL corruptions=%llu\n", corruptions);
+        if (!corruptions) {
+            printf("FAIL %s cycles=%ld corruptions=0: the unsafe reuse went unseen, so the test "
+                   "could not catch an unsafe allocator\n", name, cycles);
+            return 1;
+        }
+        printf("PASS %s cycles=%ld corruptions=%llu\n", name, cycles, corruptions);
+        return 0;
+    }
+    if (corruptions) {
+        printf("FAIL %s cycles=%ld corruptions=%llu\n", name, cycles, corruptions);
+        return 1;
+    }
+    printf("PASS %s cycles=%ld corruptions=0\n", name, cycles);
+    return 0;
+}

@@ -1,0 +1,601 @@
+/* Unit tests of the cache core, driven through a fake backend whose "GPU" completes fences
+ * only when the test says so. */
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "cs_cache.h"
+
+#define MiB (1024ull * 1024)
+
+/* ---------------------------------------------------------------- fake backend */
+
+typedef struct {
+    uint64_t epoch;  /* a fence recorded at epoch e is done once completed > e */
+} test_fence;
+
+static struct {
+    uint64_t next_addr, used, budget;
+    uint64_t epoch, completed;
+    int allocs, frees, records, queries, waits, destroys, live_fences;
+    int fail_alloc_raw;  /* non-zero: the next alloc fails with this raw code */
+    int fail_record;
+} be;
+
+static int fb_alloc(void *dev, uint64_t size, uint64_t *addr, int *raw)
+{
+    (void)dev;
+    be.allocs++;
+    if (be.fail_alloc_raw) {
+        *raw = be.fail_alloc_raw;
+        be.fail_alloc_raw = 0;
+        return CS_BE_ERROR;
+    }
+    if (be.used + size > be.budget) {
+        *raw = 2;
+        return CS_BE_OOM;
+    }
+    be.used += size;
+    *addr = be.next_addr;
+    be.next_addr += (size + MiB - 1) / MiB * MiB + MiB;
+    return CS_BE_OK;
+}
+
+static int fb_free(void *dev, uint64_t addr, int *raw)
+{
+    (void)dev;
+    (void)addr;
+    (void)raw;
+    be.frees++;
+    return CS_BE_OK;
+}
+
+static int fb_record(void *dev, void **out)
+{
+    (void)dev;
+    if (be.fail_record)
+        return -1;
+    test_fence *f = malloc(sizeof *f);
+    f->epoch = be.epoch;
+    *out = f;
+    be.records++;
+    be.live_fences++;
+    return 0;
+}
+
+static int fb_query(void *dev, void *f)
+{
+    (void)dev;
+    be.queries++;
+    return be.completed > ((test_fence *)f)->epoch ? 1 : 0;
+}
+
+static int fb_wait(void *dev, void *f)
+{
+    (void)dev;
+    be.waits++;
+    if (be.completed <= ((test_fence *)f)->epoch)
+        be.completed = ((test_fence *)f)->epoch + 1;
+    return 0;
+}
+
+static void fb_destroy(void *dev, void *f)
+{
+    (void)dev;
+    be.destroys++;
+    be.live_fences--;
+    free(f);
+}
+
+static const cs_backend_ops ops = {fb_alloc, fb_free, fb_record, fb_query, fb_wait, fb_destroy};
+
+/* Work is issued (the GPU is busy from now) / everything issued so far completes. */
+static void gpu_busy(void) { be.epoch++; }
+static void gpu_idle(void) { be.completed = be.epoch + 1; }
+
+/* ---------------------------------------------------------------- fixtures */
+
+static uint64_t cap_limit = CS_UNLIMITED, threshold_limit = CS_UNLIMITED;
+static uint64_t cap_for(void *a, uint64_t t) { (void)a; (void)t; return cap_limit; }
+static uint64_t thr_for(void *a, uint64_t t) { (void)a; (void)t; return threshold_limit; }
+static int released_count;
+static void on_release(void *a, int d, uint64_t addr, uint64_t s, cs_release_reason w)
+{
+    (void)a; (void)d; (void)addr; (void)s; (void)w;
+    released_count++;
+}
+
+typedef struct {
+    cs_cache *cache;
+    cs_heap *heap;
+} fx;
+
+static int setup_with(void **state, uint64_t cap, uint64_t threshold, uint64_t budget)
+{
+    memset(&be, 0, sizeof be);
+    be.next_addr = 0x100000000ull;
+    be.budget = budget;
+    be.completed = 1;  /* idle GPU: fences complete at once */
+    cap_limit = cap;
+    threshold_limit = threshold;
+    released_count = 0;
+    cs_cache_config cfg = {cap_for, thr_for, NULL, on_release, NULL};
+    fx *f = calloc(1, sizeof *f);
+    f->cache = cs_cache_create(&cfg);
+    f->heap = cs_cache_add_heap(f->cache, (void *)0x1, 0, 80 * 1024 * MiB, &ops, NULL);
+    *state = f;
+    return 0;
+}
+
+static int setup(void **state) { return setup_with(state, CS_UNLIMITED, CS_UNLIMITED, 1ull << 40); }
+
+static int teardown(void **state)
+{
+    fx *f = *state;
+    /* Forgetting the heaps hands pending fences back to the backend; destroy alone would not
+     * (it must not call a driver that may be gone). */
+    cs_cache_forget_heap(f->cache, (void *)0x1);
+    cs_cache_forget_heap(f->cache, (void *)0x2);
+    assert_int_equal(be.live_fences, 0);
+    cs_cache_destroy(f->cache);
+    free(f);
+    return 0;
+}
+
+static uint64_t must_alloc(fx *f, uint64_t size)
+{
+    uint64_t a = 0;
+    int raw = 0;
+    assert_int_equal(cs_cache_alloc(f->cache, f->heap, size, &a, &raw, NULL), CS_OK);
+    assert_true(a != 0);
+    return a;
+}
+
+static cacheshim_stats stats(fx *f)
+{
+    cacheshim_stats s;
+    assert_true(cs_cache_stats(f->cache, 0, &s));
+    return s;
+}
+
+/* ---------------------------------------------------------------- tests */
+
+static void test_size_classes(void **state)
+{
+    (void)state;
+    uint64_t b;
+    assert_int_equal(cs_size_class(1, &b), 0);
+    assert_int_equal(b, 512);
+    assert_int_equal(cs_size_class(512, &b), 0);
+    assert_int_equal(cs_size_class(513, &b), 1);
+    assert_int_equal(b, 1024);
+    assert_int_equal(cs_size_class(8192, &b), 15);
+    assert_int_equal(b, 8192);
+    assert_int_equal(cs_size_class(8193, &b), 16);
+    assert_int_equal(b, 8704);
+    assert_int_equal(cs_size_class(16384, &b), 31);
+    assert_int_equal(b, 16384);
+    assert_int_equal(cs_size_class(1 * MiB, &b), cs_size_class(1 * MiB - 1, &b));
+    assert_int_equal(b, 1 * MiB);
+    cs_size_class(1 * MiB + 1, &b);
+    assert_int_equal(b, 1 * MiB + 64 * 1024);
+    /* Rounding never exceeds 1/16 above 8 KiB, and classes are monotonic. */
+    int prev = -1;
+    for (uint64_t s = 1; s < (1ull << 40); s = s * 9 / 8 + 1) {
+        int c = cs_size_class(s, &b);
+        assert_true(c >= prev);
+        assert_true(b >= s);
+        if (s > 8192)
+            assert_true(b - s <= s / 15);
+        prev = c;
+    }
+    assert_int_equal(cs_size_class(1ull << 60, &b), -1);
+}
+
+static void test_hit_and_miss(void **state)
+{
+    fx *f = *state;
+    uint64_t a = must_alloc(f, 1000000);
+    assert_int_equal(cs_cache_free(f->cache, a), CS_OK);
+    uint64_t b = must_alloc(f, 1000000 - 100); /* same class */
+    assert_int_equal(a, b);
+    cacheshim_stats s = stats(f);
+    assert_int_equal(s.requests, 2);
+    assert_int_equal(s.hits, 1);
+    assert_int_equal(s.misses, 1);
+    assert_int_equal(s.driver_allocs, 1);
+    assert_int_equal(s.bytes_requested, 1000000 - 100);
+    uint64_t c = must_alloc(f, 4 * MiB); /* other class: miss */
+    assert_true(c != a);
+    assert_int_equal(stats(f).misses, 2);
+}
+
+static void test_block_not_reused_while_gpu_busy(void **state)
+{
+    fx *f = *state;
+    uint64_t a = must_alloc(f, 2 * MiB);
+    gpu_busy();  /* a kernel still uses a */
+    assert_int_equal(cs_cache_free(f->cache, a), CS_OK);
+    uint64_t b = must_alloc(f, 2 * MiB);
+    assert_true(b != a);          /* the fence has not completed: a new block */
+    assert_int_equal(be.records, 1);
+    gpu_idle();
+    assert_int_equal(cs_cache_free(f->cache, b), CS_OK);
+    uint64_t c = must_alloc(f, 2 * MiB);
+    assert_int_equal(c, a);       /* oldest first, now complete */
+    cacheshim_stats s = stats(f);
+    assert_int_equal(s.hits, 1);
+    assert_int_equal(s.fences, 1);  /* the first fence covers a; b is not needed yet */
+}
+
+static void test_fence_recorded_after_free(void **state)
+{
+    fx *f = *state;
+    uint64_t a = must_alloc(f, 1 * MiB);
+    uint64_t b = must_alloc(f, 1 * MiB);
+    assert_int_equal(cs_cache_free(f->cache, a), CS_OK);
+    gpu_busy();
+    /* A fence now covers a only. */
+    uint64_t c = must_alloc(f, 1 * MiB);
+    assert_true(c != a);
+    gpu_idle();
+    gpu_busy();  /* new work, possibly on b */
+    assert_int_equal(cs_cache_free(f->cache, b), CS_OK);
+    /* a is covered by the completed fence; b needs a new one, still pending. */
+    assert_int_equal(must_alloc(f, 1 * MiB), a);
+    uint64_t d = must_alloc(f, 1 * MiB);
+    assert_true(d != b);
+}
+
+static void test_no_fences_during_capture(void **state)
+{
+    fx *f = *state;
+    uint64_t a = must_alloc(f, 1 * MiB);
+    uint64_t b = must_alloc(f, 1 * MiB);
+    assert_int_equal(cs_cache_free(f->cache, a), CS_OK);
+    assert_int_equal(must_alloc(f, 1 * MiB), a);  /* fence recorded, complete */
+    assert_int_equal(cs_cache_free(f->cache, a), CS_OK);
+    cs_cache_set_capturing(f->cache, true);
+    int records = be.records;
+    uint64_t c = must_alloc(f, 1 * MiB);
+    assert_true(c != a);
+    assert_int_equal(be.records, records);
+    cs_cache_set_capturing(f->cache, false);
+    assert_int_equal(must_alloc(f, 1 * MiB), a);
+    (void)b;
+}
+
+static void test_fence_record_failure_is_a_miss(void **state)
+{
+    fx *f = *state;
+    uint64_t a = must_alloc(f, 1 * MiB);
+    assert_int_equal(cs_cache_free(f->cache, a), CS_OK);
+    be.fail_record = 1;
+    assert_true(must_alloc(f, 1 * MiB) != a);
+}
+
+static void test_foreign_double_and_null_free(void **state)
+{
+    fx *f = *state;
+    assert_int_equal(cs_cache_free(f->cache, 0), CS_FOREIGN);
+    assert_int_equal(cs_cache_free(f->cache, 0xdead000), CS_FOREIGN);
+    uint64_t a = must_alloc(f, 4096);
+    assert_int_equal(cs_cache_free(f->cache, a + 512), CS_FOREIGN); /* interior */
+    assert_int_equal(cs_cache_free(f->cache, a), CS_OK);
+    assert_int_equal(cs_cache_free(f->cache, a), CS_NOT_IN_USE);
+    cacheshim_stats all;
+    cs_cache_stats(f->cache, -1, &all);
+    assert_int_equal(all.foreign_frees, 3);
+    assert_int_equal(all.frees, 1);
+}
+
+static void test_lookup(void **state)
+{
+    fx *f = *state;
+    uint64_t req = 0;
+    uint64_t a = must_alloc(f, 1000);
+    assert_int_equal(cs_cache_lookup(f->cache, a, &req), CS_BLOCK_IN_USE);
+    assert_int_equal(req, 1000);
+    assert_int_equal(cs_cache_lookup(f->cache, a + 1, &req), CS_BLOCK_UNKNOWN);
+    cs_cache_free(f->cache, a);
+    assert_int_equal(cs_cache_lookup(f->cache, a, &req), CS_BLOCK_IDLE);
+}
+
+static int setup_cap(void **state) { return setup_with(state, 10 * MiB, CS_UNLIMITED, 1ull << 40); }
+
+static void test_cap_never_exceeded(void **state)
+{
+    fx *f = *state;
+    uint64_t a = must_alloc(f, 4 * MiB);
+    uint64_t b = must_alloc(f, 4 * MiB);
+    uint64_t x;
+    int raw;
+    cs_alloc_failure fail;
+    assert_int_equal(cs_cache_alloc(f->cache, f->heap, 4 * MiB, &x, &raw, &fail), CS_OOM);
+    assert_true(fail.by_cap);
+    assert_int_equal(fail.requested, 4 * MiB);
+    assert_int_equal(fail.in_use, 8 * MiB);
+    assert_int_equal(fail.cap, 10 * MiB);
+    assert_int_equal(stats(f).cap_refusals, 1);
+    /* Freed blocks are cached: a different class must make room by releasing them. */
+    cs_cache_free(f->cache, a);
+    cs_cache_free(f->cache, b);
+    uint64_t c = must_alloc(f, 6 * MiB);
+    cacheshim_stats s = stats(f);
+    assert_true(s.bytes_in_use + s.bytes_cached <= 10 * MiB);
+    assert_true(s.peak_reserved <= 10 * MiB);
+    assert_true(s.releases >= 1);
+    (void)c;
+}
+
+static void test_cap_random_never_exceeded(void **state)
+{
+    fx *f = *state;
+    uint64_t live[16] = {0};
+    srand(7);
+    for (int i = 0; i < 5000; i++) {
+        int k = rand() % 16;
+        if (live[k]) {
+            assert_int_equal(cs_cache_free(f->cache, live[k]), CS_OK);
+            live[k] = 0;
+        } else {
+            uint64_t a;
+            int raw;
+            uint64_t size = (uint64_t)(rand() % 3000 + 1) * 1024;
+            if (cs_cache_alloc(f->cache, f->heap, size, &a, &raw, NULL) == CS_OK)
+                live[k] = a;
+        }
+        if (i % 7 == 0)
+            gpu_busy();
+        if (i % 13 == 0)
+            gpu_idle();
+        cacheshim_stats s = stats(f);
+        assert_true(s.bytes_in_use + s.bytes_cached <= 10 * MiB);
+    }
+    assert_true(stats(f).peak_reserved <= 10 * MiB);
+}
+
+static void test_mem_view(void **state)
+{
+    fx *f = *state;
+    uint64_t free_b, total_b;
+    uint64_t a = must_alloc(f, 4 * MiB);
+    cs_cache_free(f->cache, a);  /* 4 MiB cached */
+    must_alloc(f, 2 * MiB);      /* 2 MiB in use */
+    /* cap 10 MiB: total = cap, free = cap - in use (cached counts as free) */
+    cs_cache_mem_view(f->cache, 0, 1000 * MiB, 80000 * MiB, &free_b, &total_b);
+    assert_int_equal(total_b, 10 * MiB);
+    assert_int_equal(free_b, 8 * MiB);
+    /* The device itself is nearly full: driver free + cached is the bound. */
+    cs_cache_mem_view(f->cache, 0, 1 * MiB, 80000 * MiB, &free_b, &total_b);
+    assert_int_equal(free_b, 5 * MiB);
+}
+
+static void test_mem_view_uncapped(void **state)
+{
+    fx *f = *state;
+    uint64_t free_b, total_b;
+    uint64_t a = must_alloc(f, 4 * MiB);
+    cs_cache_free(f->cache, a);
+    cs_cache_mem_view(f->cache, 0, 100 * MiB, 80000 * MiB, &free_b, &total_b);
+    assert_int_equal(total_b, 80000 * MiB);
+    assert_int_equal(free_b, 104 * MiB);
+    /* A device the cache never saw: the driver's numbers. */
+    cs_cache_mem_view(f->cache, 3, 100 * MiB, 200 * MiB, &free_b, &total_b);
+    assert_int_equal(free_b, 100 * MiB);
+    assert_int_equal(total_b, 200 * MiB);
+}
+
+static int setup_threshold(void **state) { return setup_with(state, CS_UNLIMITED, 2 * MiB, 1ull << 40); }
+
+static void test_threshold_honoured(void **state)
+{
+    fx *f = *state;
+    uint64_t a = must_alloc(f, 1 * MiB), b = must_alloc(f, 1 * MiB), c = must_alloc(f, 1 * MiB);
+    cs_cache_free(f->cache, a);
+    cs_cache_free(f->cache, b);
+    assert_int_equal(stats(f).bytes_cached, 2 * MiB);
+    assert_int_equal(be.frees, 0);
+    cs_cache_free(f->cache, c);
+    assert_int_equal(stats(f).bytes_cached, 2 * MiB);
+    assert_int_equal(be.frees, 1);
+    assert_int_equal(released_count, 1);
+    /* Oldest went back: a is gone, b and c remain. */
+    uint64_t req;
+    assert_int_equal(cs_cache_lookup(f->cache, a, &req), CS_BLOCK_UNKNOWN);
+    assert_int_equal(cs_cache_lookup(f->cache, b, &req), CS_BLOCK_IDLE);
+}
+
+static int setup_small_device(void **state) { return setup_with(state, CS_UNLIMITED, CS_UNLIMITED, 8 * MiB); }
+
+static void test_driver_error_passes_through(void **state)
+{
+    fx *f = *state;
+    be.fail_alloc_raw = 999;
+    uint64_t a;
+    int raw = 0;
+    assert_int_equal(cs_cache_alloc(f->cache, f->heap, 1 * MiB, &a, &raw, NULL), CS_ERROR);
+    assert_int_equal(raw, 999);
+    assert_int_equal(stats(f).bytes_in_use, 0);
+}
+
+static void test_forget_heap(void **state)
+{
+    fx *f = *state;
+    uint64_t a = must_alloc(f, 1 * MiB), b = must_alloc(f, 1 * MiB);
+    gpu_busy();
+    cs_cache_free(f->cache, a);
+    must_alloc(f, 1 * MiB); /* records a pending fence */
+    int frees = be.frees;
+    cs_cache_forget_heap(f->cache, (void *)0x1);
+    assert_int_equal(be.frees, frees);  /* no driver frees for a dead context */
+    assert_int_equal(be.live_fences, 0);
+    assert_int_equal(cs_cache_free(f->cache, b), CS_FOREIGN);
+    cacheshim_stats s = stats(f);
+    assert_int_equal(s.bytes_in_use, 0);
+    assert_int_equal(s.bytes_cached, 0);
+    assert_null(cs_cache_heap(f->cache, (void *)0x1));
+}
+
+static void test_trim(void **state)
+{
+    fx *f = *state;
+    uint64_t a = must_alloc(f, 1 * MiB), b = must_alloc(f, 2 * MiB);
+    cs_cache_free(f->cache, a);
+    gpu_busy();
+    cs_cache_free(f->cache, b);
+    /* Fences are recorded when needed, so the one that would cover a is recorded now, after
+     * the work: nothing is known complete, and trim releases nothing. */
+    assert_int_equal(cs_cache_trim(f->cache), 0);
+    gpu_idle();
+    assert_int_equal(cs_cache_trim(f->cache), 3 * MiB);
+    assert_int_equal(stats(f).bytes_cached, 0);
+}
+
+static void test_reset_after_fork(void **state)
+{
+    fx *f = *state;
+    must_alloc(f, 1 * MiB);
+    cs_cache_lock(f->cache);  /* as the prepare hook does */
+    cs_cache_reset_after_fork(f->cache);
+    assert_null(cs_cache_heap(f->cache, (void *)0x1));
+    cacheshim_stats s;
+    assert_false(cs_cache_stats(f->cache, 0, &s));
+    f->heap = cs_cache_add_heap(f->cache, (void *)0x1, 0, 80 * 1024 * MiB, &ops, NULL);
+    must_alloc(f, 1 * MiB);
+}
+
+/* ---------------------------------------------------------------- OOM sequence, exactly */
+
+static uint64_t oom_used;
+static int oom_alloc(void *dev, uint64_t size, uint64_t *addr, int *raw)
+{
+    (void)dev;
+    be.allocs++;
+    if (oom_used + size > be.budget) {
+        *raw = 2;
+        return CS_BE_OOM;
+    }
+    oom_used += size;
+    *addr = be.next_addr;
+    be.next_addr += 64 * MiB;
+    return CS_BE_OK;
+}
+static uint64_t oom_sizes[1 << 12];
+static int oom_free(void *dev, uint64_t addr, int *raw)
+{
+    (void)dev;
+    (void)raw;
+    be.frees++;
+    oom_used -= oom_sizes[(addr - 0x100000000ull) / (64 * MiB)];
+    return CS_BE_OK;
+}
+static const cs_backend_ops oom_ops = {oom_alloc, oom_free, fb_record, fb_query, fb_wait, fb_destroy};
+
+static uint64_t oom_must(fx *f, uint64_t size)
+{
+    uint64_t a = must_alloc(f, size), b;
+    cs_size_class(size, &b);
+    oom_sizes[(a - 0x100000000ull) / (64 * MiB)] = b;
+    return a;
+}
+
+static void test_oom_sequence(void **state)
+{
+    fx *f = *state;
+    oom_used = 0;
+    cs_cache_forget_heap(f->cache, (void *)0x1);
+    f->heap = cs_cache_add_heap(f->cache, (void *)0x2, 0, 8 * MiB, &oom_ops, NULL);
+    uint64_t a = oom_must(f, 3 * MiB), b = oom_must(f, 3 * MiB);
+    cs_cache_free(f->cache, a);            /* ready once a fence is recorded and done */
+    assert_int_equal(oom_must(f, 3 * MiB), a);
+    cs_cache_free(f->cache, a);
+    /* Step 1: a is ready (covered by a completed fence); 4 MiB needs it gone. */
+    uint64_t c = oom_must(f, 4 * MiB);
+    cacheshim_stats s = stats(f);
+    assert_int_equal(s.oom_recoveries, 1);
+    assert_int_equal(be.waits, 0);
+    /* Step 2: b freed while the GPU is busy: nothing ready, so wait, then release. */
+    gpu_busy();
+    cs_cache_free(f->cache, b);
+    cs_cache_free(f->cache, c);
+    uint64_t d = oom_must(f, 7 * MiB);
+    s = stats(f);
+    assert_int_equal(s.oom_recoveries, 2);
+    assert_true(be.waits >= 1);
+    assert_true(s.fence_waits >= 1);
+    /* Step 3: nothing cached, the device is full: the failure remains, with numbers. */
+    uint64_t x;
+    int raw;
+    cs_alloc_failure fail;
+    assert_int_equal(cs_cache_alloc(f->cache, f->heap, 2 * MiB, &x, &raw, &fail), CS_OOM);
+    assert_false(fail.by_cap);
+    assert_int_equal(fail.requested, 2 * MiB);
+    assert_int_equal(fail.in_use, 7 * MiB);
+    assert_int_equal(fail.cached, 0);
+    assert_int_equal(stats(f).oom_failures, 1);
+    (void)d;
+}
+
+/* ---------------------------------------------------------------- threads */
+
+static void *hammer(void *arg)
+{
+    fx *f = arg;
+    for (int i = 0; i < 20000; i++) {
+        uint64_t a;
+        int raw;
+        uint64_t size = (uint64_t)(i % 7 + 1) * 4096;
+        if (cs_cache_alloc(f->cache, f->heap, size, &a, &raw, NULL) == CS_OK)
+            assert_int_equal(cs_cache_free(f->cache, a), CS_OK);
+    }
+    return NULL;
+}
+
+static void test_threads(void **state)
+{
+    fx *f = *state;
+    pthread_t t[8];
+    for (int i = 0; i < 8; i++)
+        pthread_create(&t[i], NULL, hammer, f);
+    for (int i = 0; i < 8; i++)
+        pthread_join(t[i], NULL);
+    cacheshim_stats s = stats(f);
+    assert_int_equal(s.requests, 8 * 20000);
+    assert_int_equal(s.frees, 8 * 20000);
+    assert_int_equal(s.hits + s.misses, s.requests);
+    assert_int_equal(s.bytes_in_use, 0);
+    assert_true(s.misses <= 8 * 7 * 2);  /* at most a few blocks per class and thread */
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_size_classes),
+        cmocka_unit_test_setup_teardown(test_hit_and_miss, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_block_not_reused_while_gpu_busy, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_fence_recorded_after_free, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_no_fences_during_capture, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_fence_record_failure_is_a_miss, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_foreign_double_and_null_free, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_lookup, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_cap_never_exceeded, setup_cap, teardown),
+        cmocka_unit_test_setup_teardown(test_cap_random_never_exceeded, setup_cap, teardown),
+        cmocka_unit_test_setup_teardown(test_mem_view, setup_cap, teardown),
+        cmocka_unit_test_setup_teardown(test_mem_view_uncapped, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_threshold_honoured, setup_threshold, teardown),
+        cmocka_unit_test_setup_teardown(test_driver_error_passes_through, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_forget_heap, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_trim, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_reset_after_fork, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_oom_sequence, setup_small_device, teardown),
+        cmocka_unit_test_setup_teardown(test_threads, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

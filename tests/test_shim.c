@@ -1,0 +1,789 @@
+/* Integration tests: this program runs under LD_PRELOAD=libcacheshim.so against the fake
+ * driver (tests/fake), and reaches the driver the ways real programs do. argv[1] picks the
+ * group; meson runs each group in its own process with its own CACHESHIM_* variables. */
+#include <cuda.h>
+#include <dlfcn.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "cacheshim.h"
+#include "fake_control.h"
+
+#define MiB (1024ull * 1024)
+
+typedef CUresult (*alloc_fn)(CUdeviceptr *, size_t);
+typedef CUresult (*free_fn)(CUdeviceptr);
+typedef CUresult (*gpa2_fn)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
+typedef CUresult (*gpa1_fn)(const char *, void **, int, cuuint64_t);
+
+int cs_next_from_a(void);
+int cs_next_b_present(void);
+
+static CUcontext primary;
+static void *libcuda;
+
+static int setup(void **state)
+{
+    (void)state;
+    CUdevice dev;
+    assert_int_equal(cuInit(0), CUDA_SUCCESS);
+    assert_int_equal(cuDeviceGet(&dev, 0), CUDA_SUCCESS);
+    assert_int_equal(cuDevicePrimaryCtxRetain(&primary, dev), CUDA_SUCCESS);
+    assert_int_equal(cuCtxSetCurrent(primary), CUDA_SUCCESS);
+    libcuda = dlopen("libcuda.so.1", RTLD_NOW);
+    assert_non_null(libcuda);
+    return 0;
+}
+
+/* Found at run time, as the header recommends: the shim is preloaded, not linked. */
+static int get_stats(int device, cacheshim_stats *out, size_t size)
+{
+    int (*fn)(int, cacheshim_stats *, size_t) =
+        (int (*)(int, cacheshim_stats *, size_t))dlsym(RTLD_DEFAULT, "cacheshim_get_stats");
+    return fn ? fn(device, out, size) : -2;
+}
+
+static cacheshim_stats stats(int device)
+{
+    cacheshim_stats s;
+    assert_int_equal(get_stats(device, &s, sizeof s), 0);
+    return s;
+}
+
+static CUdeviceptr must_alloc(size_t size)
+{
+    CUdeviceptr p = 0;
+    assert_int_equal(cuMemAlloc(&p, size), CUDA_SUCCESS);
+    assert_true(p != 0);
+    return p;
+}
+
+static void must_free(CUdeviceptr p)
+{
+    assert_int_equal(cuMemFree(p), CUDA_SUCCESS);
+}
+
+/* The fake driver's own function, past the shim. */
+static void *real_fn(const char *name)
+{
+    return fake_real_symbol(name);
+}
+
+/* ================================================================ paths */
+
+static void test_direct_binding_is_cached(void **state)
+{
+    (void)state;
+    fake_reset_counters();
+    for (int i = 0; i < 100; i++)
+        must_free(must_alloc(1 * MiB));
+    assert_int_equal(fake_calls("cuMemAlloc_v2"), 1);
+    assert_int_equal(fake_calls("cuMemFree_v2"), 0);
+}
+
+static void test_dlsym_path_gets_wrapper(void **state)
+{
+    (void)state;
+    alloc_fn a = (alloc_fn)dlsym(libcuda, "cuMemAlloc_v2");
+    free_fn f = (free_fn)dlsym(libcuda, "cuMemFree_v2");
+    assert_non_null(a);
+    assert_ptr_equal((void *)a, dlsym(RTLD_DEFAULT, "cuMemAlloc_v2")); /* the shim's */
+    assert_ptr_not_equal((void *)a, real_fn("cuMemAlloc_v2"));
+    fake_reset_counters();
+    for (int i = 0; i < 50; i++) {
+        CUdeviceptr p;
+        assert_int_equal(a(&p, 3000), CUDA_SUCCESS);
+        assert_int_equal(f(p), CUDA_SUCCESS);
+    }
+    assert_true(fake_calls("cuMemAlloc_v2") <= 1);
+    /* Unwrapped names come back as the driver's own. */
+    assert_ptr_equal(dlsym(libcuda, "cuMemsetD8_v2"), real_fn("cuMemsetD8_v2"));
+}
+
+static void test_get_proc_address_paths(void **state)
+{
+    (void)state;
+    /* What cudart does: dlsym cuGetProcAddress_v2, ask it for "cuGetProcAddress", use that. */
+    gpa2_fn gpa = (gpa2_fn)dlsym(libcuda, "cuGetProcAddress_v2");
+    assert_non_null(gpa);
+    CUdriverProcAddressQueryResult st;
+    void *self = NULL;
+    assert_int_equal(gpa("cuGetProcAddress", &self, 13000, 0, &st), CUDA_SUCCESS);
+    assert_ptr_equal(self, dlsym(RTLD_DEFAULT, "cuGetProcAddress_v2"));
+    gpa2_fn gpa2 = (gpa2_fn)self;
+
+    void *p = NULL;
+    assert_int_equal(gpa2("cuMemAlloc", &p, 13000, 0, &st), CUDA_SUCCESS);
+    assert_int_equal(st, CU_GET_PROC_ADDRESS_SUCCESS);
+    assert_ptr_equal(p, (void *)dlsym(libcuda, "cuMemAlloc_v2")); /* one wrapper per entry */
+    assert_int_equal(gpa2("cuMemFree", &p, 12000, CU_GET_PROC_ADDRESS_DEFAULT, &st), CUDA_SUCCESS);
+    assert_ptr_equal(p, (void *)dlsym(libcuda, "cuMemFree_v2"));
+    assert_int_equal(gpa2("cuMemGetInfo", &p, 13000, 0, &st), CUDA_SUCCESS);
+    assert_ptr_equal(p, dlsym(RTLD_DEFAULT, "cuMemGetInfo_v2"));
+    assert_int_equal(gpa2("cuStreamDestroy", &p, 13000, 0, &st), CUDA_SUCCESS);
+    assert_ptr_equal(p, dlsym(RTLD_DEFAULT, "cuStreamDestroy_v2"));
+    /* Per-thread default stream variants. */
+    assert_int_equal(gpa2("cuStreamBeginCapture", &p, 13000,
+                          CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &st), CUDA_SUCCESS);
+    assert_ptr_equal(p, dlsym(RTLD_DEFAULT, "cuStreamBeginCapture_v2_ptsz"));
+    assert_int_equal(gpa2("cuStreamBeginCapture", &p, 13000,
+                          CU_GET_PROC_ADDRESS_LEGACY_STREAM, &st), CUDA_SUCCESS);
+    assert_ptr_equal(p, dlsym(RTLD_DEFAULT, "cuStreamBeginCapture_v2"));
+    /* A per-thread request for an entry point without such a variant: the plain wrapper. */
+    assert_int_equal(gpa2("cuStreamCreate", &p, 13000,
+                          CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &st), CUDA_SUCCESS);
+    assert_ptr_equal(p, dlsym(RTLD_DEFAULT, "cuStreamCreate"));
+    /* Unwrapped and unknown names. */
+    assert_int_equal(gpa2("cuMemsetD8", &p, 13000, 0, &st), CUDA_SUCCESS);
+    assert_ptr_equal(p, real_fn("cuMemsetD8_v2"));
+    p = (void *)1;
+    assert_int_equal(gpa2("cuNoSuchThing", &p, 13000, 0, &st), CUDA_ERROR_NOT_FOUND);
+    assert_int_equal(st, CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND);
+    assert_null(p);
+    /* The v1 cuGetProcAddress reaches the same wrappers. */
+    gpa1_fn gpa1 = (gpa1_fn)dlsym(libcuda, "cuGetProcAddress");
+    assert_non_null(gpa1);
+    assert_int_equal(gpa1("cuMemAlloc", &p, 11000, 0), CUDA_SUCCESS);
+    assert_ptr_equal(p, dlsym(RTLD_DEFAULT, "cuMemAlloc_v2"));
+
+    /* And the pointer from the table caches. */
+    alloc_fn a = NULL;
+    free_fn f = NULL;
+    gpa2("cuMemAlloc", (void **)&a, 13000, 0, &st);
+    gpa2("cuMemFree", (void **)&f, 13000, 0, &st);
+    fake_reset_counters();
+    for (int i = 0; i < 20; i++) {
+        CUdeviceptr d;
+        assert_int_equal(a(&d, 777), CUDA_SUCCESS);
+        assert_int_equal(f(d), CUDA_SUCCESS);
+    }
+    assert_true(fake_calls("cuMemAlloc_v2") <= 1);
+}
+
+static void test_dlsym_rtld_next_semantics(void **state)
+{
+    (void)state;
+    /* next_a asks for the next cs_next_value after itself: next_b's (2). Were the shim's
+     * dlsym not a tail call, glibc would search after the shim and find next_a's own (1). */
+    assert_int_equal(cs_next_b_present(), 1);
+    assert_int_equal(cs_next_from_a(), 2);
+}
+
+/* ================================================================ streams */
+
+static void test_nonblocking_stream_fence(void **state)
+{
+    (void)state;
+    CUstream s;
+    assert_int_equal(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CUdeviceptr a = must_alloc(5 * MiB);
+    assert_int_equal(fake_stream_launch(s), 0);  /* a kernel using a */
+    must_free(a);
+    CUdeviceptr b = must_alloc(5 * MiB);
+    assert_true(b != a);                          /* not reused while the kernel runs */
+    fake_stream_retire(s, -1);
+    must_free(b);
+    assert_int_equal(must_alloc(5 * MiB), a);     /* now it is */
+    assert_int_equal(cuStreamDestroy(s), CUDA_SUCCESS);
+}
+
+static void test_blocking_stream_fence(void **state)
+{
+    (void)state;
+    CUstream s;
+    assert_int_equal(cuStreamCreate(&s, CU_STREAM_DEFAULT), CUDA_SUCCESS);
+    CUdeviceptr a = must_alloc(6 * MiB);
+    fake_stream_launch(s);
+    must_free(a);
+    CUdeviceptr b = must_alloc(6 * MiB);
+    assert_true(b != a);
+    fake_stream_retire(s, -1);
+    must_free(b);
+    assert_int_equal(must_alloc(6 * MiB), a);
+    cuStreamDestroy(s);
+}
+
+static void test_legacy_and_per_thread_stream_fence(void **state)
+{
+    (void)state;
+    CUstream specials[] = {NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD};
+    for (int i = 0; i < 3; i++) {
+        size_t sz = (size_t)(7 + i) * MiB;
+        CUdeviceptr a = must_alloc(sz);
+        fake_stream_launch(specials[i]);
+        must_free(a);
+        CUdeviceptr b = must_alloc(sz);
+        assert_true(b != a);
+        fake_stream_retire(specials[i], -1);
+        must_free(b);
+        assert_int_equal(must_alloc(sz), a);
+    }
+}
+
+static void test_destroyed_busy_stream_fence(void **state)
+{
+    (void)state;
+    CUstream s;
+    assert_int_equal(cuStreamCreateWithPriority(&s, CU_STREAM_NON_BLOCKING, 0), CUDA_SUCCESS);
+    CUdeviceptr a = must_alloc(11 * MiB);
+    fake_stream_launch(s);
+    assert_int_equal(cuStreamDestroy(s), CUDA_SUCCESS);  /* its work still runs */
+    must_free(a);
+    CUdeviceptr b = must_alloc(11 * MiB);
+    assert_true(b != a);
+    fake_stream_retire(s, -1);
+    must_free(b);
+    assert_int_equal(must_alloc(11 * MiB), a);
+}
+
+static void test_many_streams_torture(void **state)
+{
+    (void)state;
+    /* Random launches, frees and retires: a block is never handed out while any work that
+     * was pending at its free is still pending. */
+    enum { NS = 6, NB = 32 };
+    CUstream s[NS];
+    for (int i = 0; i < NS; i++)
+        assert_int_equal(cuStreamCreate(&s[i], i % 2 ? CU_STREAM_NON_BLOCKING : 0), CUDA_SUCCESS);
+    struct { CUdeviceptr p; int stream; int pending_at_free; } blocks[NB];
+    memset(blocks, 0, sizeof blocks);
+    /* The pending work of a stream at the time of a free, as (stream, launches so far). */
+    int launched[NS] = {0}, retired[NS] = {0};
+    typedef struct { CUdeviceptr p; int stream; int upto; } freed_block;
+    static freed_block freed[4096];
+    int nfreed = 0;
+    srand(11);
+    for (int it = 0; it < 3000; it++) {
+        int k = rand() % NB, st = rand() % NS;
+        if (blocks[k].p) {
+            fake_stream_launch(s[blocks[k].stream]);
+            launched[blocks[k].stream]++;
+            if (nfreed < 4096)
+                freed[nfreed++] = (freed_block){blocks[k].p, blocks[k].stream,
+                                                launched[blocks[k].stream]};
+            must_free(blocks[k].p);
+            blocks[k].p = 0;
+        } else {
+            CUdeviceptr p = must_alloc((size_t)(rand() % 4 + 1) * 256 * 1024);
+            for (int j = nfreed - 1; j >= 0; j--) {
+                if (freed[j].p != p)
+                    continue;
+                /* The last free of this pointer: its work must have completed. */
+                assert_true(retired[freed[j].stream] >= freed[j].upto);
+                break;
+            }
+            blocks[k].p = p;
+            blocks[k].stream = st;
+        }
+        if (rand() % 5 == 0) {
+            int r = rand() % NS;
+            int n = rand() % 3;
+            fake_stream_retire(s[r], n);
+            retired[r] = launched[r] - fake_stream_pending(s[r]);
+        }
+    }
+    fake_retire_all();
+    for (int i = 0; i < NB; i++)
+        if (blocks[i].p)
+            must_free(blocks[i].p);
+    for (int i = 0; i < NS; i++)
+        cuStreamDestroy(s[i]);
+}
+
+/* ================================================================ frees and queries */
+
+static void test_foreign_double_null_frees(void **state)
+{
+    (void)state;
+    alloc_fn real_alloc = (alloc_fn)real_fn("cuMemAlloc_v2");
+    assert_non_null(real_alloc);
+    CUdeviceptr foreign;
+    assert_int_equal(real_alloc(&foreign, 4096), CUDA_SUCCESS);
+    fake_reset_counters();
+    assert_int_equal(cuMemFree(foreign), CUDA_SUCCESS);        /* the driver frees it */
+    assert_int_equal(fake_calls("cuMemFree_v2"), 1);
+    assert_int_equal(cuMemFree(foreign), CUDA_ERROR_INVALID_VALUE); /* driver's answer */
+    assert_int_equal(cuMemFree(0), CUDA_ERROR_INVALID_VALUE);
+    CUdeviceptr p = must_alloc(4096);
+    must_free(p);
+    assert_int_equal(cuMemFree(p), CUDA_ERROR_INVALID_VALUE);  /* double free of a cached block */
+    assert_int_equal(cuMemFree(p + 512), CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(cuMemAlloc(NULL, 16), CUDA_ERROR_INVALID_VALUE);
+    CUdeviceptr z;
+    assert_int_equal(cuMemAlloc(&z, 0), CUDA_ERROR_INVALID_VALUE);
+    /* The cache still works after all that. */
+    must_free(must_alloc(4096));
+}
+
+static void test_address_range_is_honest(void **state)
+{
+    (void)state;
+    CUdeviceptr p = must_alloc(1000000);
+    CUdeviceptr base;
+    size_t size;
+    assert_int_equal(cuMemGetAddressRange(&base, &size, p + 100), CUDA_SUCCESS);
+    assert_int_equal(base, p);
+    assert_int_equal(size, 1000000);  /* what was asked for, not the class size */
+    must_free(p);
+    assert_int_equal(cuMemGetAddressRange(&base, &size, p), CUDA_ERROR_NOT_FOUND);
+    /* Memory works end to end: write and read back. */
+    CUdeviceptr q = must_alloc(4096);
+    char in[4096], out[4096];
+    memset(in, 0x5a, sizeof in);
+    assert_int_equal(cuMemcpyHtoD(q, in, sizeof in), CUDA_SUCCESS);
+    assert_int_equal(cuMemcpyDtoH(out, q, sizeof out), CUDA_SUCCESS);
+    assert_memory_equal(in, out, sizeof in);
+    must_free(q);
+}
+
+static void test_mem_get_info_uncapped(void **state)
+{
+    (void)state;
+    size_t f0, t0, f1, t1;
+    assert_int_equal(cuMemGetInfo(&f0, &t0), CUDA_SUCCESS);
+    CUdeviceptr p = must_alloc(64 * MiB);
+    assert_int_equal(cuMemGetInfo(&f1, &t1), CUDA_SUCCESS);
+    assert_int_equal(t1, t0);
+    assert_int_equal(f1, f0 - 64 * MiB);
+    must_free(p);  /* cached: the program sees it as free again */
+    assert_int_equal(cuMemGetInfo(&f1, &t1), CUDA_SUCCESS);
+    assert_int_equal(f1, f0);
+}
+
+/* ================================================================ contexts */
+
+static void test_context_destroy_forgets_blocks(void **state)
+{
+    (void)state;
+    CUcontext ctx;
+    CUdevice dev;
+    cuDeviceGet(&dev, 0);
+    assert_int_equal(cuCtxCreate(&ctx, NULL, 0, dev), CUDA_SUCCESS);
+    CUdeviceptr a = must_alloc(2 * MiB);
+    must_free(a);  /* cached in ctx */
+    assert_int_equal(cuCtxDestroy(ctx), CUDA_SUCCESS);
+    assert_int_equal(cuCtxSetCurrent(primary), CUDA_SUCCESS);
+    CUdeviceptr b = must_alloc(2 * MiB);
+    assert_int_equal(cuMemsetD8(b, 1, 2 * MiB), CUDA_SUCCESS);  /* a live pointer */
+    must_free(b);
+    assert_int_equal(fake_calls_after_teardown(), 0);
+}
+
+static void test_primary_reset_forgets_blocks(void **state)
+{
+    (void)state;
+    CUdevice dev;
+    cuDeviceGet(&dev, 0);
+    CUdeviceptr a = must_alloc(3 * MiB);
+    CUdeviceptr b = must_alloc(3 * MiB);
+    must_free(a);
+    assert_int_equal(cuDevicePrimaryCtxReset(dev), CUDA_SUCCESS);
+    assert_int_equal(cuDevicePrimaryCtxRetain(&primary, dev), CUDA_SUCCESS);
+    assert_int_equal(cuCtxSetCurrent(primary), CUDA_SUCCESS);
+    CUdeviceptr c = must_alloc(3 * MiB);
+    assert_int_equal(cuMemsetD8(c, 2, 3 * MiB), CUDA_SUCCESS);
+    must_free(c);
+    /* b died with the context: the driver answers for it now. */
+    assert_int_equal(cuMemFree(b), CUDA_ERROR_INVALID_VALUE);
+    cacheshim_stats s = stats(0);
+    assert_int_equal(s.bytes_in_use, 0);
+}
+
+/* ================================================================ capture */
+
+static void test_no_fence_during_capture(void **state)
+{
+    (void)state;
+    /* A blocking stream captures: an event on the legacy stream would be an implicit
+     * dependency on it. Relaxed mode lets the program itself allocate meanwhile. */
+    CUstream s;
+    assert_int_equal(cuStreamCreate(&s, CU_STREAM_DEFAULT), CUDA_SUCCESS);
+    CUdeviceptr a = must_alloc(1 * MiB);
+    must_free(a);
+    fake_reset_counters();
+    assert_int_equal(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+    CUdeviceptr b = must_alloc(1 * MiB);  /* a needs a fence: a new block instead */
+    assert_true(b != a);
+    must_free(b);
+    CUdeviceptr c = must_alloc(1 * MiB);
+    must_free(c);
+    assert_int_equal(fake_calls("cuEventRecord"), 0);
+    assert_int_equal(fake_calls("cuMemFree_v2"), 0);
+    assert_int_equal(fake_capture_violations(), 0);
+    CUgraph g;
+    assert_int_equal(cuStreamEndCapture(s, &g), CUDA_SUCCESS);
+    assert_int_equal(must_alloc(1 * MiB), a);  /* fences again */
+    assert_true(fake_calls("cuEventRecord") > 0);
+    cuStreamDestroy(s);
+}
+
+/* ================================================================ injected failures */
+
+static void test_driver_errors_pass_through(void **state)
+{
+    (void)state;
+    CUdeviceptr p;
+    fake_fail_nth("cuMemAlloc_v2", 1, CUDA_ERROR_UNKNOWN);
+    assert_int_equal(cuMemAlloc(&p, 123 * MiB), CUDA_ERROR_UNKNOWN);
+    /* A failing event record makes blocks unready, never wrong. */
+    CUdeviceptr a = must_alloc(13 * MiB);
+    must_free(a);
+    fake_fail_always("cuEventRecord", CUDA_ERROR_UNKNOWN);
+    CUdeviceptr b = must_alloc(13 * MiB);
+    assert_true(b != a);
+    fake_fail_always("cuEventRecord", CUDA_SUCCESS);
+    must_free(b);
+    /* No device for the context: the call goes to the driver unchanged. */
+    fake_fail_nth("cuCtxGetCurrent", 1, CUDA_ERROR_INVALID_CONTEXT);
+    fake_reset_counters();
+    CUdeviceptr c = 0;
+    cuMemAlloc(&c, 1 * MiB);
+    if (c)
+        cuMemFree(c);
+    /* Stream creation failing is reported as is and nothing is tracked. */
+    CUstream s;
+    fake_fail_nth("cuStreamCreate", 1, CUDA_ERROR_OUT_OF_MEMORY);
+    assert_int_equal(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_ERROR_OUT_OF_MEMORY);
+}
+
+static void test_event_query_error_is_not_ready(void **state)
+{
+    (void)state;
+    CUdeviceptr a = must_alloc(17 * MiB);
+    must_free(a);
+    fake_fail_always("cuEventQuery", CUDA_ERROR_LAUNCH_FAILED);
+    CUdeviceptr b = must_alloc(17 * MiB);
+    assert_true(b != a);
+    fake_fail_always("cuEventQuery", CUDA_SUCCESS);
+    must_free(b);
+}
+
+/* ================================================================ cap, threshold, OOM */
+
+static void test_cap(void **state)
+{
+    (void)state;
+    size_t f, t;
+    assert_int_equal(cuMemGetInfo(&f, &t), CUDA_SUCCESS);
+    assert_int_equal(t, 64 * MiB);
+    assert_int_equal(f, 64 * MiB);
+    CUdeviceptr p[8];
+    int n = 0;
+    CUresult r;
+    while ((r = cuMemAlloc(&p[n], 10 * MiB)) == CUDA_SUCCESS)
+        n++;
+    assert_int_equal(r, CUDA_ERROR_OUT_OF_MEMORY);
+    assert_int_equal(n, 6);
+    assert_int_equal(cuMemGetInfo(&f, &t), CUDA_SUCCESS);
+    assert_int_equal(f, 4 * MiB);
+    cacheshim_stats s = stats(0);
+    assert_int_equal(s.cap_refusals, 1);
+    assert_int_equal(s.cap_bytes, 64 * MiB);
+    for (int i = 0; i < n; i++)
+        must_free(p[i]);
+    /* Cached blocks of another size make room under the cap. */
+    CUdeviceptr big = must_alloc(50 * MiB);
+    s = stats(0);
+    assert_true(s.peak_reserved <= 64 * MiB);
+    assert_true(fake_device_used(0) <= 64 * MiB);
+    must_free(big);
+}
+
+static void test_cap_percent(void **state)
+{
+    (void)state;
+    size_t f, t;
+    assert_int_equal(cuMemGetInfo(&f, &t), CUDA_SUCCESS);
+    assert_int_equal(t, 128 * MiB);  /* 50 % of 256 MiB */
+    CUdeviceptr p;
+    assert_int_equal(cuMemAlloc(&p, 129 * MiB), CUDA_ERROR_OUT_OF_MEMORY);
+    must_free(must_alloc(120 * MiB));
+}
+
+static void test_threshold(void **state)
+{
+    (void)state;
+    CUdeviceptr p[4];
+    for (int i = 0; i < 4; i++)
+        p[i] = must_alloc(1 * MiB);
+    fake_reset_counters();
+    for (int i = 0; i < 4; i++)
+        must_free(p[i]);
+    cacheshim_stats s = stats(0);
+    assert_int_equal(s.bytes_cached, 2 * MiB);
+    assert_int_equal(fake_calls("cuMemFree_v2"), 2);
+    assert_int_equal(s.releases, 2);
+}
+
+static void test_oom_recovery(void **state)
+{
+    (void)state;
+    /* A 64 MiB device: cache 48 MiB in 16 MiB blocks, then ask for 40 MiB. */
+    CUdeviceptr p[3];
+    for (int i = 0; i < 3; i++)
+        p[i] = must_alloc(16 * MiB);
+    for (int i = 0; i < 3; i++)
+        must_free(p[i]);
+    CUdeviceptr big = must_alloc(40 * MiB);
+    cacheshim_stats s = stats(0);
+    assert_int_equal(s.oom_recoveries, 1);
+    assert_true(s.releases >= 2);
+    /* What cannot fit fails with the driver's code, and the cache stays usable. */
+    CUdeviceptr huge;
+    assert_int_equal(cuMemAlloc(&huge, 40 * MiB), CUDA_ERROR_OUT_OF_MEMORY);
+    assert_int_equal(stats(0).oom_failures, 1);
+    must_free(big);
+    must_free(must_alloc(40 * MiB));
+}
+
+static void test_oom_recovery_waits_for_busy_blocks(void **state)
+{
+    (void)state;
+    CUstream s;
+    assert_int_equal(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CUdeviceptr a = must_alloc(30 * MiB);
+    fake_stream_launch(s);
+    must_free(a);  /* busy */
+    CUdeviceptr b = must_alloc(50 * MiB);  /* needs a's memory: wait, release, retry */
+    assert_true(stats(0).fence_waits >= 1);
+    assert_int_equal(fake_stream_pending(s), 0);
+    must_free(b);
+    cuStreamDestroy(s);
+}
+
+/* ================================================================ disabled */
+
+static void test_disabled_passes_everything(void **state)
+{
+    (void)state;
+    fake_reset_counters();
+    for (int i = 0; i < 10; i++)
+        must_free(must_alloc(1 * MiB));
+    assert_int_equal(fake_calls("cuMemAlloc_v2"), 10);
+    assert_int_equal(fake_calls("cuMemFree_v2"), 10);
+    cacheshim_stats s;
+    assert_int_equal(get_stats(-1, &s, sizeof s), -1);
+    assert_ptr_equal(dlsym(libcuda, "cuMemAlloc_v2"), real_fn("cuMemAlloc_v2"));
+}
+
+/* ================================================================ threads, fork, exit */
+
+#define RACERS 32
+static pthread_barrier_t barrier;
+
+static void *racer(void *arg)
+{
+    long i = (long)arg;
+    pthread_barrier_wait(&barrier);
+    assert_int_equal(cuCtxSetCurrent(primary), CUDA_SUCCESS);
+    alloc_fn a;
+    free_fn f;
+    if (i % 3 == 0) {
+        a = (alloc_fn)dlsym(libcuda, "cuMemAlloc_v2");
+        f = (free_fn)dlsym(libcuda, "cuMemFree_v2");
+    } else if (i % 3 == 1) {
+        gpa2_fn g = (gpa2_fn)dlsym(libcuda, "cuGetProcAddress_v2");
+        g("cuMemAlloc", (void **)&a, 13000, 0, NULL);
+        g("cuMemFree", (void **)&f, 13000, 0, NULL);
+    } else {
+        a = cuMemAlloc;
+        f = cuMemFree;
+    }
+    for (int k = 0; k < 500; k++) {
+        CUdeviceptr p;
+        if (a(&p, (size_t)(k % 5 + 1) * 4096) != CUDA_SUCCESS || f(p) != CUDA_SUCCESS)
+            return (void *)1;
+    }
+    return NULL;
+}
+
+static void test_threads_race_first_call(void **state)
+{
+    (void)state;
+    /* No setup before this test: the racers make the very first calls into the shim. */
+    CUdevice dev;
+    assert_int_equal(cuInit(0), CUDA_SUCCESS);
+    assert_int_equal(cuDeviceGet(&dev, 0), CUDA_SUCCESS);
+    assert_int_equal(cuDevicePrimaryCtxRetain(&primary, dev), CUDA_SUCCESS);
+    libcuda = dlopen("libcuda.so.1", RTLD_NOW);
+    pthread_t t[RACERS];
+    pthread_barrier_init(&barrier, NULL, RACERS);
+    for (long i = 0; i < RACERS; i++)
+        pthread_create(&t[i], NULL, racer, (void *)i);
+    for (int i = 0; i < RACERS; i++) {
+        void *ret;
+        pthread_join(t[i], &ret);
+        assert_null(ret);
+    }
+    pthread_barrier_destroy(&barrier);
+    cacheshim_stats s = stats(0);
+    assert_int_equal(s.requests, RACERS * 500);
+    assert_int_equal(s.frees, RACERS * 500);
+    assert_int_equal(s.bytes_in_use, 0);
+}
+
+static void test_fork_child_is_usable(void **state)
+{
+    (void)state;
+    CUdeviceptr p = must_alloc(1 * MiB);
+    must_free(p);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        /* The parent's cache is not the child's: it starts empty, and works. */
+        cacheshim_stats s;
+        int r = get_stats(0, &s, sizeof s);
+        _exit(r == -1 ? 0 : 3);
+    }
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+    assert_int_equal(must_alloc(1 * MiB), p);  /* the parent's cache is intact */
+}
+
+/* Runs this program again with `mode`, returning its exit status and stderr. */
+static int run_self(const char *mode, const char *const env[], char *err, size_t errlen)
+{
+    int fds[2];
+    assert_int_equal(pipe(fds), 0);
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(fds[1], 2);
+        close(fds[0]);
+        for (int i = 0; env && env[i]; i += 2)
+            setenv(env[i], env[i + 1], 1);
+        execl("/proc/self/exe", "test_shim", mode, (char *)NULL);
+        _exit(127);
+    }
+    close(fds[1]);
+    size_t n = 0;
+    ssize_t k;
+    while (n + 1 < errlen && (k = read(fds[0], err + n, errlen - n - 1)) > 0)
+        n += (size_t)k;
+    err[n] = 0;
+    close(fds[0]);
+    int status;
+    waitpid(pid, &status, 0);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+static int exit_with_cached_blocks(void)
+{
+    setup(NULL);
+    for (int i = 0; i < 10; i++) {
+        CUdeviceptr p;
+        if (cuMemAlloc(&p, (size_t)(i + 1) * MiB) != CUDA_SUCCESS || cuMemFree(p) != CUDA_SUCCESS)
+            return 1;
+    }
+    CUdeviceptr held;
+    cuMemAlloc(&held, 1 * MiB);  /* still in use at exit, too */
+    exit(0);  /* destructors run: the fake driver's first, then the shim's */
+}
+
+static void test_exit_with_cached_blocks(void **state)
+{
+    (void)state;
+    char err[8192];
+    const char *env[] = {"CACHESHIM_STATS", "1", NULL};
+    int status = run_self("exit-cached", env, err, sizeof err);
+    assert_int_equal(status, 0);
+    assert_non_null(strstr(err, "cacheshim: statistics for device 0"));
+    assert_non_null(strstr(err, "requests"));
+    assert_null(strstr(err, "after driver teardown"));
+}
+
+static void test_bad_option_is_reported(void **state)
+{
+    (void)state;
+    char err[8192];
+    const char *env[] = {"CACHESHIM_CAP", "8X", "CACHESHIM_STATS", "maybe", NULL};
+    int status = run_self("exit-cached", env, err, sizeof err);
+    assert_int_equal(status, 0);  /* the program runs on, with the defaults */
+    assert_non_null(strstr(err, "cacheshim: CACHESHIM_CAP='8X' is not valid"));
+    assert_non_null(strstr(err, "cacheshim: CACHESHIM_STATS='maybe' is not valid"));
+}
+
+static void test_oom_report_line(void **state)
+{
+    (void)state;
+    char err[8192];
+    const char *env[] = {"FAKE_CUDA_DEVICE_BYTES", "33554432", "CACHESHIM_VERBOSE", "1", NULL};
+    int status = run_self("oom-report", env, err, sizeof err);
+    assert_int_equal(status, 0);
+    assert_non_null(strstr(err, "cacheshim: allocation of 64.0 MiB failed: the device is out of memory; "
+                                "in use 16.0 MiB, cached 0 B, cap none, device free"));
+}
+
+static int oom_report(void)
+{
+    setup(NULL);
+    CUdeviceptr a, b;
+    if (cuMemAlloc(&a, 16 * MiB) != CUDA_SUCCESS)
+        return 1;
+    return cuMemAlloc(&b, 64 * MiB) == CUDA_ERROR_OUT_OF_MEMORY ? 0 : 2;
+}
+
+/* ================================================================ groups */
+
+#define T(fn) cmocka_unit_test(fn)
+
+int main(int argc, char **argv)
+{
+    const char *group = argc > 1 ? argv[1] : "";
+    if (!strcmp(group, "exit-cached"))
+        return exit_with_cached_blocks();
+    if (!strcmp(group, "oom-report"))
+        return oom_report();
+
+    const struct CMUnitTest paths[] = {T(test_direct_binding_is_cached), T(test_dlsym_path_gets_wrapper),
+                                       T(test_get_proc_address_paths), T(test_dlsym_rtld_next_semantics)};
+    const struct CMUnitTest streams[] = {T(test_nonblocking_stream_fence), T(test_blocking_stream_fence),
+                                         T(test_legacy_and_per_thread_stream_fence),
+                                         T(test_destroyed_busy_stream_fence), T(test_many_streams_torture)};
+    const struct CMUnitTest frees[] = {T(test_foreign_double_null_frees), T(test_address_range_is_honest),
+                                       T(test_mem_get_info_uncapped)};
+    const struct CMUnitTest contexts[] = {T(test_context_destroy_forgets_blocks),
+                                          T(test_primary_reset_forgets_blocks)};
+    const struct CMUnitTest capture[] = {T(test_no_fence_during_capture)};
+    const struct CMUnitTest failures[] = {T(test_driver_errors_pass_through),
+                                          T(test_event_query_error_is_not_ready)};
+    const struct CMUnitTest process[] = {T(test_fork_child_is_usable), T(test_exit_with_cached_blocks),
+                                         T(test_bad_option_is_reported), T(test_oom_report_line)};
+    const struct CMUnitTest cap[] = {T(test_cap)};
+    const struct CMUnitTest cap_percent[] = {T(test_cap_percent)};
+    const struct CMUnitTest threshold[] = {T(test_threshold)};
+    const struct CMUnitTest oom[] = {T(test_oom_recovery), T(test_oom_recovery_waits_for_busy_blocks)};
+    const struct CMUnitTest disabled[] = {T(test_disabled_passes_everything)};
+    const struct CMUnitTest race[] = {T(test_threads_race_first_call)};
+
+#define GROUP(name, tests, with_setup) \
+    if (!strcmp(group, name)) \
+        return _cmocka_run_group_tests(name, tests, sizeof tests / sizeof tests[0], \
+                                       with_setup ? setup : NULL, NULL);
+    GROUP("paths", paths, 1)
+    GROUP("streams", streams, 1)
+    GROUP("frees", frees, 1)
+    GROUP("contexts", contexts, 1)
+    GROUP("capture", capture, 1)
+    GROUP("failures", failures, 1)
+    GROUP("process", process, 1)
+    GROUP("cap", cap, 1)
+    GROUP("cap-percent", cap_percent, 1)
+    GROUP("threshold", threshold, 1)
+    GROUP("oom", oom, 1)
+    GROUP("disabled", disabled, 1)
+    GROUP("race", race, 0)
+    fprintf(stderr, "test_shim: unknown group '%s'\n", group);
+    return 2;
+}

@@ -1,0 +1,617 @@
+/* trace_player: replay recorded allocation traces through the CUDA driver.
+ *
+ *     trace_player [--repeat N] [--device D] FILE...
+ *
+ * FILE is a trace in the format of shared/traces/README.md, plain or gzipped (gzipped files
+ * are recognised by their magic bytes and read through `gzip -dc`):
+ *
+ *     a SIZE PTR NS     allocation of SIZE bytes returned PTR (hex, optional 0x)
+ *     f PTR NS          free of PTR
+ *     e SIZE ERR NS     allocation of SIZE bytes failed with CUresult ERR
+ *
+ * Blank lines and lines starting with '#' are ignored.
+ *
+ * The driver is reached the way many programs reach it: dlopen("libcuda.so.1") and dlsym of
+ * each entry point. Under LD_PRELOAD=libcacheshim.so the shim's dlsym hands out its wrappers,
+ * so the replay measures the shim.
+ *
+ * Every file is parsed completely, and every PTR resolved to a slot, before the driver is
+ * touched: a malformed file fails fast (exit 2) and parsing stays out of wall_ms.
+ *
+ * Replay of one file: `a` allocates SIZE and maps PTR to the pointer returned; `f` frees the
+ * pointer mapped to PTR, or, when PTR has no live allocation in the trace (0 included), is
+ * counted in skipped_frees and not sent to the driver; `e` tries to allocate SIZE, counts
+ * failed_allocs when it fails now too, and frees it when it succeeded. Allocations still
+ * live at the end of the trace are freed after it (outside wall_ms, not counted in frees),
+ * so the device is left clean. With --repeat N the trace is replayed N times in a row and
+ * the counts and wall_ms are totals over the N replays; peak_live is the peak of one replay.
+ *
+ * One summary line per file on stdout:
+ *
+ *     replay FILE events=N allocs=N frees=N skipped_frees=N failed_allocs=N peak_live=BYTES
+ *            wall_ms=X.XXX[ hits=N misses=N hit_rate=0.XXXX peak_reserved=BYTES
+ *            reserved_over_live=X.XXX driver_allocs=N]
+ *
+ * (one line; the bracketed part only when cacheshim_get_stats is found with
+ * dlsym(RTLD_DEFAULT, ...), i.e. when the shim is preloaded).
+ *
+ * Exit status: 0 success; 1 a driver call failed unexpectedly (or the driver could not be
+ * loaded); 2 usage error, unreadable file, or malformed line.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <cuda.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "../shim/cacheshim.h"
+
+/* ------------------------------------------------------------------------------------------ */
+/* Events                                                                                      */
+
+enum { EV_ALLOC = 'a', EV_FREE = 'f', EV_FAILED = 'e' };
+
+typedef struct {
+    char kind;        /* EV_ALLOC, EV_FREE, EV_FAILED */
+    long line;        /* line number in the file, for messages */
+    uint64_t size;    /* EV_ALLOC, EV_FAILED */
+    int64_t slot;     /* EV_ALLOC: its own slot; EV_FREE: slot it frees, -1 = skipped */
+    uint64_t ptr;     /* the trace's PTR (EV_ALLOC, EV_FREE), for messages */
+} event;
+
+typedef struct {
+    const char *path;
+    event *ev;
+    size_t nev, cap;
+    size_t nslots;    /* number of EV_ALLOC events: slot ids are 0..nslots-1 */
+} trace;
+
+/* ------------------------------------------------------------------------------------------ */
+/* PTR -> slot: open addressing, linear probing, backward-shift deletion (no tombstones).    */
+
+typedef struct {
+    uint64_t *keys;
+    int64_t *vals;
+    unsigned char *used;
+    size_t mask;      /* capacity - 1, capacity a power of two */
+    size_t count;
+} ptrmap;
+
+static void *xcalloc(size_t n, size_t sz)
+{
+    void *p = calloc(n ? n : 1, sz);
+    if (!p) {
+        fprintf(stderr, "trace_player: out of memory\n");
+        exit(2);
+    }
+    return p;
+}
+
+static size_t hash64(uint64_t k)
+{
+    /* splitmix64 finaliser: device pointers share high bits and low zero bits. */
+    k ^= k >> 30;
+    k *= 0xbf58476d1ce4e5b9ULL;
+    k ^= k >> 27;
+    k *= 0x94d049bb133111ebULL;
+    k ^= k >> 31;
+    return (size_t)k;
+}
+
+static void map_init(ptrmap *m, size_t cap)
+{
+    m->keys = xcalloc(cap, sizeof *m->keys);
+    m->vals = xcalloc(cap, sizeof *m->vals);
+    m->used = xcalloc(cap, 1);
+    m->mask = cap - 1;
+    m->count = 0;
+}
+
+static void map_free(ptrmap *m)
+{
+    free(m->keys);
+    free(m->vals);
+    free(m->used);
+}
+
+static void map_put(ptrmap *m, uint64_t key, int64_t val);
+
+static void map_grow(ptrmap *m)
+{
+    ptrmap old = *m;
+    map_init(m, (old.mask + 1) * 2);
+    for (size_t i = 0; i <= old.mask; i++)
+        if (old.used[i])
+            map_put(m, old.keys[i], old.vals[i]);
+    map_free(&old);
+}
+
+/* Insert or replace. */
+static void map_put(ptrmap *m, uint64_t key, int64_t val)
+{
+    if ((m->count + 1) * 2 > m->mask + 1)
+        map_grow(m);
+    size_t i = hash64(key) & m->mask;
+    while (m->used[i]) {
+        if (m->keys[i] == key) {
+            m->vals[i] = val;
+            return;
+        }
+        i = (i + 1) & m->mask;
+    }
+    m->used[i] = 1;
+    m->keys[i] = key;
+    m->vals[i] = val;
+    m->count++;
+}
+
+/* Remove key; returns its value, or -1 when absent. */
+static int64_t map_take(ptrmap *m, uint64_t key)
+{
+    size_t i = hash64(key) & m->mask;
+    while (m->used[i] && m->keys[i] != key)
+        i = (i + 1) & m->mask;
+    if (!m->used[i])
+        return -1;
+    int64_t val = m->vals[i];
+    /* Backward-shift: move later members of the probe run into the hole when their home
+     * position does not lie cyclically in (hole, j]. */
+    size_t hole = i, j = i;
+    for (;;) {
+        j = (j + 1) & m->mask;
+        if (!m->used[j])
+            break;
+        size_t home = hash64(m->keys[j]) & m->mask;
+        bool stays = (hole <= j) ? (hole < home && home <= j) : (hole < home || home <= j);
+        if (stays)
+            continue;
+        m->keys[hole] = m->keys[j];
+        m->vals[hole] = m->vals[j];
+        hole = j;
+    }
+    m->used[hole] = 0;
+    m->count--;
+    return val;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Parsing                                                                                     */
+
+static void malformed(const char *path, long line, const char *text)
+{
+    fprintf(stderr, "trace_player: %s:%ld: malformed line: %.200s\n", path, line, text);
+    exit(2);
+}
+
+/* Parse a whole token as an unsigned number in base 10 or 16; false on anything else. */
+static bool parse_u64(const char *tok, int base, uint64_t *out)
+{
+    if (!tok || !*tok || *tok == '-' || *tok == '+')
+        return false;
+    if (base == 16 && tok[0] == '0' && (tok[1] == 'x' || tok[1] == 'X') && !tok[2])
+        return false;
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(tok, &end, base);
+    if (errno || *end)
+        return false;
+    *out = (uint64_t)v;
+    return true;
+}
+
+static void push_event(trace *t, event e)
+{
+    if (t->nev == t->cap) {
+        t->cap = t->cap ? t->cap * 2 : 4096;
+        t->ev = realloc(t->ev, t->cap * sizeof *t->ev);
+        if (!t->ev) {
+            fprintf(stderr, "trace_player: out of memory\n");
+            exit(2);
+        }
+    }
+    t->ev[t->nev++] = e;
+}
+
+static FILE *open_trace(const char *path, bool *is_pipe)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "trace_player: %s: %s\n", path, strerror(errno));
+        exit(2);
+    }
+    unsigned char magic[2] = {0, 0};
+    size_t got = fread(magic, 1, 2, f);
+    if (got == 2 && magic[0] == 0x1f && magic[1] == 0x8b) {
+        fclose(f);
+        /* Single-quote the path for the shell: ' becomes '\''. */
+        size_t n = strlen(path);
+        char *cmd = xcalloc(n * 4 + 32, 1);
+        char *p = cmd + sprintf(cmd, "gzip -dc -- '");
+        for (const char *s = path; *s; s++) {
+            if (*s == '\'') {
+                memcpy(p, "'\\''", 4);
+                p += 4;
+            } else {
+                *p++ = *s;
+            }
+        }
+        strcpy(p, "'");
+        FILE *pf = popen(cmd, "r");
+        free(cmd);
+        if (!pf) {
+            fprintf(stderr, "trace_player: %s: cannot run gzip -dc: %s\n", path, strerror(errno));
+            exit(2);
+        }
+        *is_pipe = true;
+        return pf;
+    }
+    rewind(f);
+    *is_pipe = false;
+    return f;
+}
+
+static void parse_trace(trace *t)
+{
+    bool is_pipe;
+    FILE *f = open_trace(t->path, &is_pipe);
+    ptrmap live;
+    map_init(&live, 1024);
+
+    char *buf = NULL;
+    size_t bufcap = 0;
+    ssize_t len;
+    long lineno = 0;
+    while ((len = getline(&buf, &bufcap, f)) != -1) {
+        lineno++;
+        while (len > 0 && (buf[len - 1] == '\n' || buf[len - 1] == '\r'))
+            buf[--len] = '\0';
+        if ((size_t)len != strlen(buf))
+            malformed(t->path, lineno, "(line contains a NUL byte)");
+
+        char copy[256];
+        snprintf(copy, sizeof copy, "%s", buf);
+
+        char *tok[6];
+        int ntok = 0;
+        char *save = NULL;
+        for (char *s = strtok_r(buf, " \t", &save); s; s = strtok_r(NULL, " \t", &save)) {
+            if (ntok == 6)
+                break;
+            tok[ntok++] = s;
+        }
+        if (ntok == 0 || tok[0][0] == '#')
+            continue;
+
+        event e = {.kind = 0, .line = lineno, .size = 0, .slot = -1, .ptr = 0};
+        uint64_t ns, err;
+        if (!strcmp(tok[0], "a")) {
+            if (ntok != 4 || !parse_u64(tok[1], 10, &e.size) || !parse_u64(tok[2], 16, &e.ptr) ||
+                !parse_u64(tok[3], 10, &ns) || e.ptr == 0)
+                malformed(t->path, lineno, copy);
+            e.kind = EV_ALLOC;
+            e.slot = (int64_t)t->nslots++;
+            /* If PTR is still live here, the earlier block was freed by an unrecorded path;
+             * the new mapping replaces it and the old slot stays live until the end-of-trace
+             * cleanup (never a double use of one real pointer). */
+            map_put(&live, e.ptr, e.slot);
+        } else if (!strcmp(tok[0], "f")) {
+            if (ntok != 3 || !parse_u64(tok[1], 16, &e.ptr) || !parse_u64(tok[2], 10, &ns))
+                malformed(t->path, lineno, copy);
+            e.kind = EV_FREE;
+            e.slot = e.ptr ? map_take(&live, e.ptr) : -1;
+        } else if (!strcmp(tok[0], "e")) {
+            if (ntok != 4 || !parse_u64(tok[1], 10, &e.size) || !parse_u64(tok[2], 10, &err) ||
+                !parse_u64(tok[3], 10, &ns))
+                malformed(t->path, lineno, copy);
+            e.kind = EV_FAILED;
+        } else {
+            malformed(t->path, lineno, copy);
+        }
+        push_event(t, e);
+    }
+    if (ferror(f)) {
+        fprintf(stderr, "trace_player: %s: read error\n", t->path);
+        exit(2);
+    }
+    free(buf);
+    map_free(&live);
+    if (is_pipe) {
+        int st = pclose(f);
+        if (st != 0) {
+            fprintf(stderr, "trace_player: %s: gzip -dc failed (status %d)\n", t->path, st);
+            exit(2);
+        }
+    } else {
+        fclose(f);
+    }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* The driver, through dlopen/dlsym                                                            */
+
+typedef CUresult (*fn_cuInit)(unsigned int);
+typedef CUresult (*fn_cuDeviceGet)(CUdevice *, int);
+typedef CUresult (*fn_cuDevicePrimaryCtxRetain)(CUcontext *, CUdevice);
+typedef CUresult (*fn_cuCtxSetCurrent)(CUcontext);
+typedef CUresult (*fn_cuMemAlloc_v2)(CUdeviceptr *, size_t);
+typedef CUresult (*fn_cuMemFree_v2)(CUdeviceptr);
+typedef CUresult (*fn_cuDevicePrimaryCtxRelease_v2)(CUdevice);
+typedef CUresult (*fn_cuGetErrorName)(CUresult, const char **);
+
+static struct {
+    fn_cuInit init;
+    fn_cuDeviceGet device_get;
+    fn_cuDevicePrimaryCtxRetain ctx_retain;
+    fn_cuCtxSetCurrent ctx_set_current;
+    fn_cuMemAlloc_v2 mem_alloc;
+    fn_cuMemFree_v2 mem_free;
+    fn_cuDevicePrimaryCtxRelease_v2 ctx_release;
+    fn_cuGetErrorName get_error_name;
+} drv;
+
+static void *must_sym(void *h, const char *name)
+{
+    void *p = dlsym(h, name);
+    if (!p) {
+        fprintf(stderr, "trace_player: libcuda.so.1 has no %s: %s\n", name, dlerror());
+        exit(1);
+    }
+    return p;
+}
+
+/* Function pointers are assigned through *(void **)& (the POSIX idiom), which keeps ISO C's
+ * object-to-function pointer conversion out of the code. */
+static void load_driver(void)
+{
+    void *h = dlopen("libcuda.so.1", RTLD_NOW);
+    if (!h) {
+        fprintf(stderr, "trace_player: cannot load libcuda.so.1: %s\n", dlerror());
+        exit(1);
+    }
+    *(void **)&drv.init = must_sym(h, "cuInit");
+    *(void **)&drv.device_get = must_sym(h, "cuDeviceGet");
+    *(void **)&drv.ctx_retain = must_sym(h, "cuDevicePrimaryCtxRetain");
+    *(void **)&drv.ctx_set_current = must_sym(h, "cuCtxSetCurrent");
+    *(void **)&drv.mem_alloc = must_sym(h, "cuMemAlloc_v2");
+    *(void **)&drv.mem_free = must_sym(h, "cuMemFree_v2");
+    *(void **)&drv.ctx_release = must_sym(h, "cuDevicePrimaryCtxRelease_v2");
+    *(void **)&drv.get_error_name = must_sym(h, "cuGetErrorName");
+}
+
+static const char *err_name(CUresult r)
+{
+    const char *s = NULL;
+    if (drv.get_error_name(r, &s) != CUDA_SUCCESS || !s)
+        return "(unknown CUresult)";
+    return s;
+}
+
+static void check_setup(CUresult r, const char *what)
+{
+    if (r != CUDA_SUCCESS) {
+        fprintf(stderr, "trace_player: %s failed: %s (%d)\n", what, err_name(r), (int)r);
+        exit(1);
+    }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Replay                                                                                      */
+
+typedef struct {
+    uint64_t events, allocs, frees, skipped_frees, failed_allocs;
+    uint64_t peak_live;
+    double wall_ms;
+} replay_counts;
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+static void replay_once(const trace *t, CUdeviceptr *dptr, uint64_t *size, replay_counts *c)
+{
+    memset(dptr, 0, t->nslots * sizeof *dptr);
+    uint64_t live = 0, peak = 0;
+
+    double t0 = now_ms();
+    for (size_t i = 0; i < t->nev; i++) {
+        const event *e = &t->ev[i];
+        CUresult r;
+        switch (e->kind) {
+        case EV_ALLOC:
+            r = drv.mem_alloc(&dptr[e->slot], (size_t)e->size);
+            if (r != CUDA_SUCCESS) {
+                fprintf(stderr, "trace_player: %s:%ld: cuMemAlloc_v2(%" PRIu64 ") failed: %s\n",
+                        t->path, e->line, e->size, err_name(r));
+                exit(1);
+            }
+            size[e->slot] = e->size;
+            live += e->size;
+            if (live > peak)
+                peak = live;
+            c->allocs++;
+            break;
+        case EV_FREE:
+            if (e->slot < 0) {
+                c->skipped_frees++;
+                break;
+            }
+            r = drv.mem_free(dptr[e->slot]);
+            if (r != CUDA_SUCCESS) {
+                fprintf(stderr,
+                        "trace_player: %s:%ld: cuMemFree_v2(0x%llx) (trace PTR %" PRIx64
+                        ") failed: %s\n",
+                        t->path, e->line, (unsigned long long)dptr[e->slot], e->ptr, err_name(r));
+                exit(1);
+            }
+            dptr[e->slot] = 0;
+            live -= size[e->slot];
+            c->frees++;
+            break;
+        case EV_FAILED: {
+            CUdeviceptr p = 0;
+            r = drv.mem_alloc(&p, (size_t)e->size);
+            if (r == CUDA_SUCCESS) {
+                r = drv.mem_free(p);
+                if (r != CUDA_SUCCESS) {
+                    fprintf(stderr, "trace_player: %s:%ld: cuMemFree_v2(0x%llx) failed: %s\n",
+                            t->path, e->line, (unsigned long long)p, err_name(r));
+                    exit(1);
+                }
+            } else {
+                c->failed_allocs++;
+            }
+            break;
+        }
+        }
+    }
+    c->wall_ms += now_ms() - t0;
+    c->events += t->nev;
+    if (peak > c->peak_live)
+        c->peak_live = peak;
+
+    /* Leave the device clean: free what the trace left live. */
+    for (size_t s = 0; s < t->nslots; s++) {
+        if (!dptr[s])
+            continue;
+        CUresult r = drv.mem_free(dptr[s]);
+        if (r != CUDA_SUCCESS) {
+            fprintf(stderr, "trace_player: %s: end of trace: cuMemFree_v2(0x%llx) failed: %s\n",
+                    t->path, (unsigned long long)dptr[s], err_name(r));
+            exit(1);
+        }
+        dptr[s] = 0;
+    }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+
+static void usage(void)
+{
+    fprintf(stderr, "usage: trace_player [--repeat N] [--device D] FILE...\n");
+    exit(2);
+}
+
+static long parse_count(const char *s, const char *opt, long min)
+{
+    uint64_t v;
+    if (!parse_u64(s, 10, &v) || v > 1000000000 || (long)v < min) {
+        fprintf(stderr, "trace_player: %s: bad value '%s'\n", opt, s ? s : "");
+        exit(2);
+    }
+    return (long)v;
+}
+
+typedef int (*fn_get_stats)(int, cacheshim_stats *, size_t);
+
+int main(int argc, char **argv)
+{
+    long repeat = 1, device = 0;
+    int first = argc;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--repeat") && i + 1 < argc) {
+            repeat = parse_count(argv[++i], "--repeat", 1);
+        } else if (!strncmp(argv[i], "--repeat=", 9)) {
+            repeat = parse_count(argv[i] + 9, "--repeat", 1);
+        } else if (!strcmp(argv[i], "--device") && i + 1 < argc) {
+            device = parse_count(argv[++i], "--device", 0);
+        } else if (!strncmp(argv[i], "--device=", 9)) {
+            device = parse_count(argv[i] + 9, "--device", 0);
+        } else if (!strcmp(argv[i], "--")) {
+            first = i + 1;
+            break;
+        } else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            usage();
+        } else if (argv[i][0] == '-' && argv[i][1]) {
+            fprintf(stderr, "trace_player: unknown option %s\n", argv[i]);
+            usage();
+        } else {
+            first = i;
+            break;
+        }
+    }
+    int nfiles = argc - first;
+    if (nfiles <= 0)
+        usage();
+
+    /* Parse everything first: no driver call before every file is known to be good. */
+    trace *traces = xcalloc((size_t)nfiles, sizeof *traces);
+    size_t max_slots = 0;
+    for (int i = 0; i < nfiles; i++) {
+        traces[i].path = argv[first + i];
+        parse_trace(&traces[i]);
+        if (traces[i].nslots > max_slots)
+            max_slots = traces[i].nslots;
+    }
+
+    load_driver();
+    CUdevice dev;
+    CUcontext ctx;
+    check_setup(drv.init(0), "cuInit");
+    check_setup(drv.device_get(&dev, (int)device), "cuDeviceGet");
+    check_setup(drv.ctx_retain(&ctx, dev), "cuDevicePrimaryCtxRetain");
+    check_setup(drv.ctx_set_current(ctx), "cuCtxSetCurrent");
+
+    /* Present only when libcacheshim.so is loaded (preloaded). */
+    fn_get_stats get_stats;
+    *(void **)&get_stats = dlsym(RTLD_DEFAULT, "cacheshim_get_stats");
+
+    CUdeviceptr *dptr = xcalloc(max_slots, sizeof *dptr);
+    uint64_t *size = xcalloc(max_slots, sizeof *size);
+
+    for (int i = 0; i < nfiles; i++) {
+        const trace *t = &traces[i];
+        replay_counts c = {0};
+        cacheshim_stats s0, s1;
+        /* The shim may answer -1 until its cache exists (before the first allocation): the
+         * counters are all zero then, so a failed first call is a zero baseline. */
+        memset(&s0, 0, sizeof s0);
+        if (get_stats && get_stats(-1, &s0, sizeof s0) != 0)
+            memset(&s0, 0, sizeof s0);
+
+        for (long r = 0; r < repeat; r++)
+            replay_once(t, dptr, size, &c);
+
+        bool have_stats = get_stats && get_stats(-1, &s1, sizeof s1) == 0;
+
+        printf("replay %s events=%" PRIu64 " allocs=%" PRIu64 " frees=%" PRIu64
+               " skipped_frees=%" PRIu64 " failed_allocs=%" PRIu64 " peak_live=%" PRIu64
+               " wall_ms=%.3f",
+               t->path, c.events, c.allocs, c.frees, c.skipped_frees, c.failed_allocs,
+               c.peak_live, c.wall_ms);
+        if (have_stats) {
+            uint64_t hits = s1.hits - s0.hits, misses = s1.misses - s0.misses;
+            double rate = hits + misses ? (double)hits / (double)(hits + misses) : 0.0;
+            /* peak_reserved is the shim's high-water mark since the process started: it cannot
+             * be taken as a delta, and with several files it includes the files before (and
+             * whatever the cache still held from them). It is reported as is. */
+            double over = c.peak_live ? (double)s1.peak_reserved / (double)c.peak_live : 0.0;
+            printf(" hits=%" PRIu64 " misses=%" PRIu64 " hit_rate=%.4f peak_reserved=%" PRIu64
+                   " reserved_over_live=%.3f driver_allocs=%" PRIu64,
+                   hits, misses, rate, s1.peak_reserved, over,
+                   s1.driver_allocs - s0.driver_allocs);
+        }
+        printf("\n");
+        fflush(stdout);
+    }
+
+    check_setup(drv.ctx_set_current(NULL), "cuCtxSetCurrent(NULL)");
+    check_setup(drv.ctx_release(dev), "cuDevicePrimaryCtxRelease_v2");
+
+    free(dptr);
+    free(size);
+    for (int i = 0; i < nfiles; i++)
+        free(traces[i].ev);
+    free(traces);
+    return 0;
+}
