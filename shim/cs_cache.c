@@ -90,6 +90,15 @@ int cs_size_class(uint64_t size, uint64_t *class_bytes)
     return idx;
 }
 
+/* The block size of a class index (the inverse of cs_size_class). */
+static uint64_t class_bytes_of(int idx)
+{
+    if (idx < 16)
+        return (uint64_t)(idx + 1) * 512;
+    int e = 13 + (idx - 16) / 16, m = (idx - 16) % 16;
+    return (uint64_t)(16 + m + 1) << (e - 4);
+}
+
 /* ---------------------------------------------------------------- registry */
 
 static size_t bucket_of(const cs_cache *c, uint64_t addr)
@@ -550,6 +559,10 @@ cs_result cs_cache_alloc(cs_cache *c, cs_heap *h, uint64_t size, uint64_t *addr,
     }
 
     cs_block *b = take_ready(c, h, cls);
+    /* A ready block of a larger class, up to twice the size asked for, beats a new one: the
+     * memory is already reserved, and replays of real traces hold less and hit more so. */
+    for (int k = cls + 1; !b && k < CS_NUM_CLASSES && class_bytes_of(k) <= 2 * size; k++)
+        b = take_ready(c, h, k);
     if (b) {
         d->st.hits++;
     } else {

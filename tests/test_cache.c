@@ -198,6 +198,29 @@ static void test_size_classes(void **state)
     assert_int_equal(cs_size_class(1ull << 60, &b), -1);
 }
 
+static void test_larger_block_reused_up_to_twice(void **state)
+{
+    fx *f = *state;
+    uint64_t a = must_alloc(f, 4 * MiB);
+    cs_cache_free(f->cache, a);
+    uint64_t b = must_alloc(f, 1 * MiB);     /* 4x: too wasteful, a new block */
+    assert_true(b != a);
+    uint64_t c = must_alloc(f, 2 * MiB);     /* exactly 2x: the cached 4 MiB block */
+    assert_int_equal(c, a);
+    uint64_t req;
+    assert_int_equal(cs_cache_lookup(f->cache, c, &req), CS_BLOCK_IN_USE);
+    assert_int_equal(req, 2 * MiB);
+    cacheshim_stats s = stats(f);
+    assert_int_equal(s.bytes_in_use, 5 * MiB);
+    assert_int_equal(s.bytes_requested, 3 * MiB);
+    /* Small sizes too: 600 B may take a 1 KiB block, not a 2 KiB one. */
+    uint64_t k2 = must_alloc(f, 2048), k1 = must_alloc(f, 1024);
+    cs_cache_free(f->cache, k2);
+    cs_cache_free(f->cache, k1);
+    assert_int_equal(must_alloc(f, 600), k1);
+    assert_true(must_alloc(f, 600) != k2);
+}
+
 static void test_hit_and_miss(void **state)
 {
     fx *f = *state;
@@ -367,11 +390,11 @@ static void test_mem_view(void **state)
     uint64_t free_b, total_b;
     uint64_t a = must_alloc(f, 4 * MiB);
     cs_cache_free(f->cache, a);  /* 4 MiB cached */
-    must_alloc(f, 2 * MiB);      /* 2 MiB in use */
+    must_alloc(f, 1 * MiB);      /* 1 MiB in use (a 4 MiB block is too big to serve it) */
     /* cap 10 MiB: total = cap, free = cap - in use (cached counts as free) */
     cs_cache_mem_view(f->cache, 0, 1000 * MiB, 80000 * MiB, &free_b, &total_b);
     assert_int_equal(total_b, 10 * MiB);
-    assert_int_equal(free_b, 8 * MiB);
+    assert_int_equal(free_b, 9 * MiB);
     /* The device itself is nearly full: driver free + cached is the bound. */
     cs_cache_mem_view(f->cache, 0, 1 * MiB, 80000 * MiB, &free_b, &total_b);
     assert_int_equal(free_b, 5 * MiB);
@@ -579,6 +602,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_size_classes),
         cmocka_unit_test_setup_teardown(test_hit_and_miss, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_larger_block_reused_up_to_twice, setup, teardown),
         cmocka_unit_test_setup_teardown(test_block_not_reused_while_gpu_busy, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fence_recorded_after_free, setup, teardown),
         cmocka_unit_test_setup_teardown(test_no_fences_during_capture, setup, teardown),
