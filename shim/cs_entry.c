@@ -43,7 +43,8 @@ CS_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
 {
     REAL(d, cuMemFree_v2);
     cs_shim *s = cs_shim_get();
-    if (s->disabled)
+    /* cudaFree(NULL) is a common way to start the runtime: not a foreign free. */
+    if (s->disabled || dptr == 0)
         return d->cuMemFree_v2(dptr);
     switch (cs_cache_free(s->cache, (uint64_t)dptr)) {
     case CS_OK:

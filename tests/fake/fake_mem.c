@@ -122,7 +122,9 @@ static CUresult mem_free(CUdeviceptr p)
         return rc;
     if ((rc = fake_capture_guard_unsafe()) != CUDA_SUCCESS)
         return rc;
-    fake_alloc *a = p ? containing(p) : NULL;
+    if (!p)
+        return CUDA_SUCCESS;  /* as the real driver answers (seen on an H100, driver 580) */
+    fake_alloc *a = containing(p);
     if (!a || a->base != p)
         return CUDA_ERROR_INVALID_VALUE;
     fake_complete_ctx(a->ctx);
