@@ -225,6 +225,34 @@ static void fence_drop_oldest(cs_heap *h)
     h->fence_count--;
 }
 
+/* The index of the oldest fence that covers a free at `seq`, recorded now if there is none;
+ * -1 if none can be had (capture running, too many in flight, or the record failed). */
+static int covering_fence(cs_cache *c, cs_heap *h, uint64_t seq)
+{
+    int i = 0;
+    while (i < h->fence_count && fence_at(h, i)->seq < seq)
+        i++;
+    if (i < h->fence_count)
+        return i;
+    if (c->capturing || h->fence_count == MAX_FENCES)
+        return -1;
+    void *handle;
+    if (h->ops->fence_record(h->dev, &handle) != 0)
+        return -1;
+    *fence_at(h, h->fence_count) = (fence_slot){handle, h->free_seq};
+    h->fence_count++;
+    c->devices[h->device].st.fences++;
+    return i;
+}
+
+/* Fence i completed: everything it covers is ready, and so are the fences before it. */
+static void fence_completed(cs_heap *h, int i)
+{
+    h->safe_seq = fence_at(h, i)->seq;
+    for (int k = 0; k <= i; k++)
+        fence_drop_oldest(h);
+}
+
 /* Is a block freed at `seq` ready? May record or query fences, never waits. */
 static bool seq_ready(cs_cache *c, cs_heap *h, uint64_t seq)
 {
@@ -232,45 +260,25 @@ static bool seq_ready(cs_cache *c, cs_heap *h, uint64_t seq)
         return true;
     if (c->capturing)
         return false;  /* even an event query may break a capture in global mode */
-    int i = 0;
-    while (i < h->fence_count && fence_at(h, i)->seq < seq)
-        i++;
-    if (i == h->fence_count) {
-        if (h->fence_count == MAX_FENCES)
-            return false;
-        void *handle;
-        if (h->ops->fence_record(h->dev, &handle) != 0)
-            return false;
-        *fence_at(h, h->fence_count) = (fence_slot){handle, h->free_seq};
-        h->fence_count++;
-        c->devices[h->device].st.fences++;
-    }
-    if (h->ops->fence_query(h->dev, fence_at(h, i)->handle) != 1)
+    int i = covering_fence(c, h, seq);
+    if (i < 0 || h->ops->fence_query(h->dev, fence_at(h, i)->handle) != 1)
         return false;
-    h->safe_seq = fence_at(h, i)->seq;
-    for (int k = 0; k <= i; k++)
-        fence_drop_oldest(h);
+    fence_completed(h, i);
     return true;
 }
 
-/* Wait until every block freed so far in this heap is ready; false if that failed. */
-static bool wait_all_fences(cs_cache *c, cs_heap *h)
+/* Block until a block freed at `seq` is ready; false if that cannot be known. */
+static bool wait_seq(cs_cache *c, cs_heap *h, uint64_t seq)
 {
-    if (h->safe_seq == h->free_seq)
+    if (seq_ready(c, h, seq))
         return true;
-    if (!seq_ready(c, h, h->free_seq)) {
-        if (h->fence_count == 0)
-            return false;  /* could not record one */
-        fence_slot *newest = fence_at(h, h->fence_count - 1);
-        if (newest->seq != h->free_seq)
-            return false;
-        c->devices[h->device].st.fence_waits++;
-        if (h->ops->fence_wait(h->dev, newest->handle) != 0)
-            return false;
-        h->safe_seq = newest->seq;
-        while (h->fence_count)
-            fence_drop_oldest(h);
-    }
+    int i = c->capturing ? -1 : covering_fence(c, h, seq);
+    if (i < 0)
+        return false;
+    c->devices[h->device].st.fence_waits++;
+    if (h->ops->fence_wait(h->dev, fence_at(h, i)->handle) != 0)
+        return false;
+    fence_completed(h, i);
     return true;
 }
 
@@ -488,6 +496,21 @@ static cs_block *take_ready(cs_cache *c, cs_heap *h, int cls)
     return b;
 }
 
+/* The oldest idle block that fits (its class, up to twice the size asked for), once the GPU
+ * is done with it: waiting beats giving memory back and asking for more. */
+static cs_block *take_waiting(cs_cache *c, cs_heap *h, int cls, uint64_t size)
+{
+    for (int k = cls; k < CS_NUM_CLASSES && (k == cls || class_bytes_of(k) <= 2 * size); k++) {
+        cs_block *b = h->classes[k].head;
+        if (b && wait_seq(c, h, b->free_seq)) {
+            idle_unlink(h, b);
+            c->devices[h->device].idle_bytes -= b->size;
+            return b;
+        }
+    }
+    return NULL;
+}
+
 /* Make room under the cap for `need` more bytes: release idle blocks. */
 static bool fit_cap(cs_cache *c, device_state *d, int device, uint64_t need)
 {
@@ -503,11 +526,15 @@ static bool fit_cap(cs_cache *c, device_state *d, int device, uint64_t need)
 /* Ask the driver; on out-of-memory release the cache step by step and retry. */
 static int driver_alloc(cs_cache *c, cs_heap *h, uint64_t size, uint64_t *addr, int *raw)
 {
+    c->devices[h->device].st.driver_allocs++;
+    return h->ops->alloc(h->dev, size, addr, raw);
+}
+
+/* The driver said out of memory: release the cache step by step and retry. */
+static int recover_oom(cs_cache *c, cs_heap *h, uint64_t size, uint64_t *addr, int *raw)
+{
     device_state *d = &c->devices[h->device];
-    d->st.driver_allocs++;
-    int r = h->ops->alloc(h->dev, size, addr, raw);
-    if (r != CS_BE_OOM || c->capturing)
-        return r;
+    int r = CS_BE_OOM;
     /* Step 1: idle blocks the GPU is done with. */
     if (release_idle(c, h->device, true, 0, CS_RELEASE_OOM) > 0) {
         d->st.driver_allocs++;
@@ -521,7 +548,7 @@ static int driver_alloc(cs_cache *c, cs_heap *h, uint64_t size, uint64_t *addr, 
     if (d->idle_bytes > 0) {
         for (cs_heap *o = c->heaps; o; o = o->next)
             if (o->device == h->device)
-                wait_all_fences(c, o);
+                wait_seq(c, o, o->free_seq);
         release_idle(c, h->device, false, 0, CS_RELEASE_OOM);
         d->st.driver_allocs++;
         r = h->ops->alloc(h->dev, size, addr, raw);
@@ -529,6 +556,25 @@ static int driver_alloc(cs_cache *c, cs_heap *h, uint64_t size, uint64_t *addr, 
             d->st.oom_recoveries++;
     }
     return r;
+}
+
+/* Bookkeeping for memory the driver just gave; NULL (and the memory given back) when the
+ * host has no memory for it. */
+static cs_block *new_block(cs_cache *c, cs_heap *h, uint64_t addr, uint64_t bytes, int cls)
+{
+    cs_block *b = calloc(1, sizeof *b);
+    if (b) {
+        b->addr = addr;
+        b->size = bytes;
+        b->heap = h;
+        b->cls = (uint16_t)cls;
+        if (registry_add(c, b))
+            return b;
+        free(b);
+    }
+    int raw;
+    h->ops->free(h->dev, addr, &raw);
+    return NULL;
 }
 
 static void fill_failure(cs_alloc_failure *f, const device_state *d, uint64_t size, bool by_cap)
@@ -563,6 +609,9 @@ cs_result cs_cache_alloc(cs_cache *c, cs_heap *h, uint64_t size, uint64_t *addr,
      * memory is already reserved, and replays of real traces hold less and hit more so. */
     for (int k = cls + 1; !b && k < CS_NUM_CLASSES && class_bytes_of(k) <= 2 * size; k++)
         b = take_ready(c, h, k);
+    /* At the cap, a block still in use by the GPU is worth waiting for. */
+    if (!b && d->cap != CS_UNLIMITED && held(d) + bytes > d->cap)
+        b = take_waiting(c, h, cls, size);
     if (b) {
         d->st.hits++;
     } else {
@@ -575,21 +624,17 @@ cs_result cs_cache_alloc(cs_cache *c, cs_heap *h, uint64_t size, uint64_t *addr,
         }
         uint64_t a = 0;
         int r = driver_alloc(c, h, bytes, &a, raw);
-        if (r == CS_BE_OK && !(b = calloc(1, sizeof *b))) {
-            h->ops->free(h->dev, a, raw);
-            r = CS_BE_OOM;
-        }
-        if (r == CS_BE_OK) {
-            b->addr = a;
-            b->size = bytes;
-            b->heap = h;
-            b->cls = (uint16_t)cls;
-            if (!registry_add(c, b)) {
-                h->ops->free(h->dev, a, raw);
-                free(b);
-                r = CS_BE_OOM;
+        if (r == CS_BE_OOM && !c->capturing) {
+            /* Out of memory. Step 0: a cached block that fits, once the GPU is done with it. */
+            if ((b = take_waiting(c, h, cls, size))) {
+                d->st.oom_recoveries++;
+                r = CS_BE_OK;
+            } else {
+                r = recover_oom(c, h, bytes, &a, raw);
             }
         }
+        if (r == CS_BE_OK && !b && !(b = new_block(c, h, a, bytes, cls)))
+            r = CS_BE_OOM;
         if (r != CS_BE_OK) {
             if (r == CS_BE_OOM) {
                 d->st.oom_failures++;

@@ -357,6 +357,24 @@ static void test_cap_never_exceeded(void **state)
     (void)c;
 }
 
+static void test_cap_waits_for_busy_block(void **state)
+{
+    fx *f = *state;
+    uint64_t a = must_alloc(f, 4 * MiB);
+    must_alloc(f, 4 * MiB);
+    gpu_busy();
+    cs_cache_free(f->cache, a);
+    int allocs = be.allocs, frees = be.frees;
+    /* 8 MiB held, cap 10: a new 4 MiB block would need a to go. Waiting for a is better. */
+    assert_int_equal(must_alloc(f, 4 * MiB), a);
+    assert_int_equal(be.allocs, allocs);
+    assert_int_equal(be.frees, frees);
+    assert_int_equal(be.waits, 1);
+    cacheshim_stats s = stats(f);
+    assert_int_equal(s.fence_waits, 1);
+    assert_int_equal(s.cap_refusals, 0);
+}
+
 static void test_cap_random_never_exceeded(void **state)
 {
     fx *f = *state;
@@ -566,6 +584,26 @@ static void test_oom_sequence(void **state)
     (void)d;
 }
 
+static void test_oom_step0_waits_for_fitting_block(void **state)
+{
+    fx *f = *state;
+    oom_used = 0;
+    cs_cache_forget_heap(f->cache, (void *)0x1);
+    f->heap = cs_cache_add_heap(f->cache, (void *)0x2, 0, 8 * MiB, &oom_ops, NULL);
+    uint64_t a = oom_must(f, 3 * MiB);
+    oom_must(f, 4 * MiB);
+    gpu_busy();
+    cs_cache_free(f->cache, a);
+    int frees = be.frees;
+    /* 1 MiB left on the device: the driver refuses 3 MiB; a is busy but fits: wait, reuse. */
+    assert_int_equal(oom_must(f, 3 * MiB), a);
+    assert_int_equal(be.frees, frees);  /* nothing given back */
+    cacheshim_stats s = stats(f);
+    assert_int_equal(s.oom_recoveries, 1);
+    assert_int_equal(s.fence_waits, 1);
+    assert_int_equal(s.releases, 0);
+}
+
 /* ---------------------------------------------------------------- threads */
 
 static void *hammer(void *arg)
@@ -610,6 +648,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_foreign_double_and_null_free, setup, teardown),
         cmocka_unit_test_setup_teardown(test_lookup, setup, teardown),
         cmocka_unit_test_setup_teardown(test_cap_never_exceeded, setup_cap, teardown),
+        cmocka_unit_test_setup_teardown(test_cap_waits_for_busy_block, setup_cap, teardown),
         cmocka_unit_test_setup_teardown(test_cap_random_never_exceeded, setup_cap, teardown),
         cmocka_unit_test_setup_teardown(test_mem_view, setup_cap, teardown),
         cmocka_unit_test_setup_teardown(test_mem_view_uncapped, setup, teardown),
@@ -619,6 +658,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_trim, setup, teardown),
         cmocka_unit_test_setup_teardown(test_reset_after_fork, setup, teardown),
         cmocka_unit_test_setup_teardown(test_oom_sequence, setup_small_device, teardown),
+        cmocka_unit_test_setup_teardown(test_oom_step0_waits_for_fitting_block, setup_small_device, teardown),
         cmocka_unit_test_setup_teardown(test_threads, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

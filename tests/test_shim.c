@@ -499,6 +499,27 @@ static void test_cap(void **state)
     must_free(big);
 }
 
+static void test_cap_waits_for_busy_block(void **state)
+{
+    (void)state;
+    /* At the cap, a block whose kernel still runs is waited for rather than refused. */
+    CUstream s;
+    assert_int_equal(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CUdeviceptr p[6];
+    for (int i = 0; i < 6; i++)
+        p[i] = must_alloc(10 * MiB);
+    fake_stream_launch(s);
+    must_free(p[0]);
+    assert_int_equal(fake_stream_pending(s), 1);
+    CUdeviceptr q = must_alloc(10 * MiB);
+    assert_int_equal(q, p[0]);
+    assert_int_equal(fake_stream_pending(s), 0);  /* waited for */
+    for (int i = 1; i < 6; i++)
+        must_free(p[i]);
+    must_free(q);
+    cuStreamDestroy(s);
+}
+
 static void test_cap_percent(void **state)
 {
     (void)state;
@@ -760,7 +781,7 @@ int main(int argc, char **argv)
                                           T(test_event_query_error_is_not_ready)};
     const struct CMUnitTest process[] = {T(test_fork_child_is_usable), T(test_exit_with_cached_blocks),
                                          T(test_bad_option_is_reported), T(test_oom_report_line)};
-    const struct CMUnitTest cap[] = {T(test_cap)};
+    const struct CMUnitTest cap[] = {T(test_cap), T(test_cap_waits_for_busy_block)};
     const struct CMUnitTest cap_percent[] = {T(test_cap_percent)};
     const struct CMUnitTest threshold[] = {T(test_threshold)};
     const struct CMUnitTest oom[] = {T(test_oom_recovery), T(test_oom_recovery_waits_for_busy_blocks)};
