@@ -25,6 +25,10 @@ typedef struct cs_block {
     struct cs_block *hash_next;
     struct cs_block *cls_prev, *cls_next; /* idle list of its class, oldest first */
     struct cs_block *lru_prev, *lru_next; /* idle list of its heap, oldest first */
+    /* Set when the block leaves the cache to be freed outside the lock: its heap may be
+     * gone by then, its backend state never is. */
+    const cs_backend_ops *release_ops;
+    void *release_dev;
     uint16_t cls;
     uint8_t state;
 } cs_block;
@@ -56,6 +60,7 @@ typedef struct {
     bool present;
     uint64_t total, cap, threshold;
     uint64_t idle_bytes;
+    uint64_t releasing_bytes;  /* left the cache, not yet freed: still held */
     cacheshim_stats st;
 } device_state;
 
@@ -284,6 +289,11 @@ static bool wait_seq(cs_cache *c, cs_heap *h, uint64_t seq)
 
 /* ---------------------------------------------------------------- accounting */
 
+static uint64_t held(const device_state *d)
+{
+    return d->st.bytes_in_use + d->idle_bytes + d->releasing_bytes;
+}
+
 static void note_in_use(device_state *d, cs_block *b)
 {
     d->st.bytes_in_use += b->size;
@@ -292,41 +302,77 @@ static void note_in_use(device_state *d, cs_block *b)
         d->st.peak_in_use = d->st.bytes_in_use;
     if (d->st.bytes_requested > d->st.peak_requested)
         d->st.peak_requested = d->st.bytes_requested;
-    uint64_t reserved = d->st.bytes_in_use + d->idle_bytes;
+    uint64_t reserved = held(d);
     if (reserved > d->st.peak_reserved)
         d->st.peak_reserved = reserved;
-}
-
-static uint64_t held(const device_state *d)
-{
-    return d->st.bytes_in_use + d->idle_bytes;
 }
 
 /* ---------------------------------------------------------------- release */
 
 /* Give an idle block back to the driver. The driver's free waits for the device itself, so
  * this is safe whether or not the block's fence completed. */
-static void release_block(cs_cache *c, cs_block *b, cs_release_reason why)
+static void detach_idle(cs_cache *c, cs_block *b)
 {
     cs_heap *h = b->heap;
-    device_state *d = &c->devices[h->device];
     idle_unlink(h, b);
     registry_remove(c, b);
-    d->idle_bytes -= b->size;
-    d->st.bytes_cached = d->idle_bytes;
-    int raw;
-    h->ops->free(h->dev, b->addr, &raw);  /* a failure leaves nothing we could do better */
+    c->devices[h->device].idle_bytes -= b->size;
+    c->devices[h->device].st.bytes_cached = c->devices[h->device].idle_bytes;
+}
+
+static void count_release(cs_cache *c, int device, cs_block *b, cs_release_reason why)
+{
+    device_state *d = &c->devices[device];
     d->st.driver_frees++;
     d->st.releases++;
     if (c->config.on_release)
-        c->config.on_release(c->config.release_arg, h->device, b->addr, b->size, why);
+        c->config.on_release(c->config.release_arg, device, b->addr, b->size, why);
+}
+
+static void release_block(cs_cache *c, cs_block *b, cs_release_reason why)
+{
+    cs_heap *h = b->heap;
+    detach_idle(c, b);
+    int raw;
+    h->ops->free(h->dev, b->addr, &raw);  /* a failure leaves nothing we could do better */
+    count_release(c, h->device, b, why);
     free(b);
 }
 
-/* Release idle blocks of a device, oldest first, until `enough` says stop. With ready_only,
- * only blocks whose fence completed (found without waiting). Returns bytes released. */
-static uint64_t release_idle(cs_cache *c, int device, bool ready_only, uint64_t target_idle,
-                             cs_release_reason why)
+/* Detach a block to be freed after the lock is dropped (finish_releases): a driver free
+ * waits for the whole device, and other threads need not wait with it. */
+static void defer_release(cs_cache *c, cs_block *b, cs_block **list)
+{
+    cs_heap *h = b->heap;
+    detach_idle(c, b);
+    c->devices[h->device].releasing_bytes += b->size;
+    b->release_ops = h->ops;
+    b->release_dev = h->dev;
+    b->hash_next = *list;
+    *list = b;
+}
+
+/* Called without the lock: free what defer_release detached. */
+static void finish_releases(cs_cache *c, int device, cs_block *list, cs_release_reason why)
+{
+    while (list) {
+        cs_block *b = list;
+        list = b->hash_next;
+        int raw;
+        b->release_ops->free(b->release_dev, b->addr, &raw);
+        pthread_mutex_lock(&c->lock);
+        c->devices[device].releasing_bytes -= b->size;
+        count_release(c, device, b, why);
+        pthread_mutex_unlock(&c->lock);
+        free(b);
+    }
+}
+
+/* Release idle blocks of a device, oldest first, until at most target_idle bytes are idle.
+ * With ready_only, only blocks whose fence completed (found without waiting). With
+ * `deferred`, blocks are only detached onto that list. Returns bytes released. */
+static uint64_t release_idle_to(cs_cache *c, int device, bool ready_only, uint64_t target_idle,
+                                cs_release_reason why, cs_block **deferred)
 {
     device_state *d = &c->devices[device];
     uint64_t released = 0;
@@ -338,12 +384,21 @@ static uint64_t release_idle(cs_cache *c, int device, bool ready_only, uint64_t 
             cs_block *next = b->lru_next;
             if (!ready_only || seq_ready(c, h, b->free_seq)) {
                 released += b->size;
-                release_block(c, b, why);
+                if (deferred)
+                    defer_release(c, b, deferred);
+                else
+                    release_block(c, b, why);
             }
             b = next;
         }
     }
     return released;
+}
+
+static uint64_t release_idle(cs_cache *c, int device, bool ready_only, uint64_t target_idle,
+                             cs_release_reason why)
+{
+    return release_idle_to(c, device, ready_only, target_idle, why, NULL);
 }
 
 /* ---------------------------------------------------------------- heaps */
@@ -675,10 +730,13 @@ cs_result cs_cache_free(cs_cache *c, uint64_t addr)
     d->st.bytes_requested -= b->requested;
     d->idle_bytes += b->size;
     idle_push(h, b);
+    cs_block *released = NULL;
+    int device = h->device;
     if (d->idle_bytes > d->threshold && !c->capturing)
-        release_idle(c, h->device, false, d->threshold, CS_RELEASE_THRESHOLD);
+        release_idle_to(c, device, false, d->threshold, CS_RELEASE_THRESHOLD, &released);
     d->st.bytes_cached = d->idle_bytes;
     pthread_mutex_unlock(&c->lock);
+    finish_releases(c, device, released, CS_RELEASE_THRESHOLD);
     return CS_OK;
 }
 

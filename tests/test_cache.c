@@ -52,7 +52,7 @@ static int fb_free(void *dev, uint64_t addr, int *raw)
     (void)dev;
     (void)addr;
     (void)raw;
-    be.frees++;
+    __atomic_add_fetch(&be.frees, 1, __ATOMIC_RELAXED);  /* threshold releases run unlocked */
     return CS_BE_OK;
 }
 
@@ -635,6 +635,23 @@ static void test_threads(void **state)
     assert_true(s.misses <= 8 * 7 * 2);  /* at most a few blocks per class and thread */
 }
 
+static int setup_no_idle(void **state) { return setup_with(state, CS_UNLIMITED, 0, 1ull << 40); }
+
+static void test_threads_threshold_zero(void **state)
+{
+    fx *f = *state;
+    pthread_t t[8];
+    for (int i = 0; i < 8; i++)
+        pthread_create(&t[i], NULL, hammer, f);
+    for (int i = 0; i < 8; i++)
+        pthread_join(t[i], NULL);
+    cacheshim_stats s = stats(f);
+    assert_int_equal(s.frees, 8 * 20000);
+    assert_int_equal(s.bytes_cached, 0);
+    assert_int_equal(s.releases, s.driver_allocs);  /* every block went back */
+    assert_int_equal(be.frees, (int)s.releases);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -660,6 +677,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_oom_sequence, setup_small_device, teardown),
         cmocka_unit_test_setup_teardown(test_oom_step0_waits_for_fitting_block, setup_small_device, teardown),
         cmocka_unit_test_setup_teardown(test_threads, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_threads_threshold_zero, setup_no_idle, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
