@@ -121,8 +121,10 @@ CS_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVers
 /* ---------------------------------------------------------------- dlsym
  *
  * glibc's dlsym looks at its return address to resolve RTLD_NEXT (and the caller's
- * namespace), so for every name the shim does not wrap the real dlsym must be reached by a
- * tail call, as if the program had called it. A test (dlsym-next) checks that this holds. */
+ * namespace), so for every lookup the shim does not wrap the real dlsym must be reached by a
+ * tail call, as if the program had called it (the dlsym-next test checks that this holds).
+ * RTLD_NEXT lookups are never wrapped: a library asking for the next definition after itself
+ * is chaining interposers, and must get exactly that, or it could be handed itself. */
 
 static void *wrap_dlsym(void *handle, const char *name)
 {
@@ -134,7 +136,7 @@ __attribute__((optimize("O2", "optimize-sibling-calls"))) CS_NO_SANITIZE
 CS_EXPORT void *dlsym(void *handle, const char *name)
 {
     /* glibc declares name non-null, as the real dlsym needs it. */
-    if (name[0] == 'c' && name[1] == 'u' && !cs_driver_loading())
+    if (name[0] == 'c' && name[1] == 'u' && handle != RTLD_NEXT && !cs_driver_loading())
         return wrap_dlsym(handle, name);
     return cs_real_dlsym_fn()(handle, name);
 }

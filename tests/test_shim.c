@@ -28,6 +28,7 @@ typedef CUresult (*gpa1_fn)(const char *, void **, int, cuuint64_t);
 
 int cs_next_from_a(void);
 int cs_next_b_present(void);
+int cu_next_probe_from_a(void);
 
 static CUcontext primary;
 static void *libcuda;
@@ -177,6 +178,8 @@ static void test_dlsym_rtld_next_semantics(void **state)
      * dlsym not a tail call, glibc would search after the shim and find next_a's own (1). */
     assert_int_equal(cs_next_b_present(), 1);
     assert_int_equal(cs_next_from_a(), 2);
+    /* The same for a name the shim's dlsym examines ("cu..."): chaining must still work. */
+    assert_int_equal(cu_next_probe_from_a(), 2);
 }
 
 /* ================================================================ streams */
