@@ -10,9 +10,22 @@
 
 /* ---- the table ------------------------------------------------------------------------ */
 
-enum { OPT_DISABLE, OPT_CAP, OPT_RELEASE_THRESHOLD, OPT_STATS, OPT_VERBOSE, OPT_COUNT };
+enum {
+    OPT_DISABLE,
+    OPT_CAP,
+    OPT_RELEASE_THRESHOLD,
+    OPT_STATS,
+    OPT_VERBOSE,
+    OPT_TRACE_FORMAT,
+    OPT_TRACE_FILE,
+    OPT_TRACE_FILTER,
+    OPT_COUNT
+};
 
 #define ACCEPT_BOOL "1, 0, true, false, yes, no, on or off"
+#define ACCEPT_PATH "stderr or a file path of at most 1023 bytes, %p standing for the process id"
+#define ACCEPT_FILTER \
+    "memory, all, or a comma-separated list of names and globs like cuMemAlloc*,cuLaunch*"
 #define ACCEPT_SIZE \
     "a size like 8G, 512MiB, 1.5GB, 4096, a percentage of device memory like 75%, or none"
 
@@ -33,17 +46,29 @@ static const cs_option_desc option_table[OPT_COUNT] = {
                      "0: quiet; 1: print the effective configuration at start and one line "
                      "for each failed allocation; 2: also one line for each release of cached "
                      "memory to the driver."},
+    [OPT_TRACE_FORMAT] = {"CACHESHIM_TRACE_FORMAT", "choice", "text", "text, jsonl or perfetto",
+                          "Tracer (LD_AUDIT=libcacheaudit.so) output format: text lines, JSON "
+                          "Lines, or a Chrome-trace/Perfetto JSON file."},
+    [OPT_TRACE_FILE] = {"CACHESHIM_TRACE_FILE", "text", "stderr", ACCEPT_PATH,
+                        "Tracer output file, created new with mode 0600; %p stands for the "
+                        "process id."},
+    [OPT_TRACE_FILTER] = {"CACHESHIM_TRACE_FILTER", "text", "memory", ACCEPT_FILTER,
+                          "Which driver calls the tracer records: memory calls, all calls, or "
+                          "a comma-separated list of names and globs."},
 };
 
 /* How each row is parsed and where its value goes; indexed like option_table. */
-typedef enum { VALUE_BOOL, VALUE_INT, VALUE_SIZE } value_type;
+typedef enum { VALUE_BOOL, VALUE_INT, VALUE_SIZE, VALUE_CHOICE, VALUE_PATH, VALUE_FILTER } value_type;
 
 typedef struct {
     value_type type;
     size_t offset;      /* of the field in cs_options */
     int min, max;       /* VALUE_INT */
     bool allow_percent; /* VALUE_SIZE */
+    const char *const *choices; /* VALUE_CHOICE: the words, their index is the value */
 } option_slot;
+
+static const char *const trace_formats[] = {"text", "jsonl", "perfetto", NULL};
 
 static const option_slot option_slots[OPT_COUNT] = {
     [OPT_DISABLE] = {VALUE_BOOL, offsetof(cs_options, disable), 0, 0, false},
@@ -51,6 +76,10 @@ static const option_slot option_slots[OPT_COUNT] = {
     [OPT_RELEASE_THRESHOLD] = {VALUE_SIZE, offsetof(cs_options, release_threshold), 0, 0, true},
     [OPT_STATS] = {VALUE_BOOL, offsetof(cs_options, stats), 0, 0, false},
     [OPT_VERBOSE] = {VALUE_INT, offsetof(cs_options, verbose), 0, 2, false},
+    [OPT_TRACE_FORMAT] = {VALUE_CHOICE, offsetof(cs_options, trace_format), 0, 0, false,
+                          trace_formats},
+    [OPT_TRACE_FILE] = {VALUE_PATH, offsetof(cs_options, trace_file), 0, 0, false},
+    [OPT_TRACE_FILTER] = {VALUE_FILTER, offsetof(cs_options, trace_filter), 0, 0, false},
 };
 
 const cs_option_desc *cs_option_table(size_t *count)
@@ -127,6 +156,92 @@ static int parse_int(const char *text, int min, int max, int *out)
     if (v < min || v > max)
         return -1;
     *out = (int)v;
+    return 0;
+}
+
+/* One of the words (any case, blanks around allowed); the value is its index. */
+static int parse_choice(const char *text, const char *const *choices, int *out)
+{
+    const char *s;
+    size_t n;
+    trim(text, &s, &n);
+    for (int i = 0; choices[i]; i++) {
+        if (word_is(s, n, choices[i])) {
+            *out = i;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+/* Copy the trimmed text into a CS_TRACE_TEXT_MAX buffer; too long, empty or with control
+ * characters is bad. "stderr" (any case) stands for the empty path. */
+static int parse_path(const char *text, char *out)
+{
+    const char *s;
+    size_t n;
+    trim(text, &s, &n);
+    if (n == 0 || n >= CS_TRACE_TEXT_MAX)
+        return -1;
+    for (size_t i = 0; i < n; i++)
+        if ((unsigned char)s[i] < 0x20 || s[i] == 0x7f)
+            return -1;
+    if (word_is(s, n, "stderr")) {
+        out[0] = '\0';
+        return 0;
+    }
+    memcpy(out, s, n);
+    out[n] = '\0';
+    return 0;
+}
+
+/* "memory", "all", or names and globs separated by commas, blanks around each ignored; a name
+ * is letters, digits, '_' and the fnmatch characters * ? [ ] !. Kept without the blanks. */
+static bool is_glob_char(char c)
+{
+    return is_digit(c) || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' ||
+           c == '*' || c == '?' || c == '[' || c == ']' || c == '!';
+}
+
+static int parse_filter(const char *text, char *out)
+{
+    const char *s;
+    size_t n;
+    trim(text, &s, &n);
+    if (word_is(s, n, "memory") || word_is(s, n, "all")) {
+        for (size_t i = 0; i < n; i++)
+            out[i] = to_lower(s[i]);
+        out[n] = '\0';
+        return 0;
+    }
+    if (n == 0 || n >= CS_TRACE_TEXT_MAX)
+        return -1;
+    char buf[CS_TRACE_TEXT_MAX];
+    size_t o = 0, i = 0;
+    for (;;) {
+        size_t start = i;
+        while (i < n && s[i] != ',')
+            i++;
+        const char *item;
+        size_t len;
+        char one[CS_TRACE_TEXT_MAX];
+        memcpy(one, s + start, i - start);
+        one[i - start] = '\0';
+        trim(one, &item, &len);
+        if (len == 0)
+            return -1; /* "a,,b", ",a", "a," */
+        for (size_t k = 0; k < len; k++)
+            if (!is_glob_char(item[k]))
+                return -1; /* "cuMem Alloc", "cu-Mem" */
+        memcpy(buf + o, item, len);
+        o += len;
+        if (i == n)
+            break;
+        buf[o++] = ',';
+        i++; /* past the comma */
+    }
+    buf[o] = '\0';
+    memcpy(out, buf, o + 1);
     return 0;
 }
 
@@ -400,6 +515,12 @@ static int parse_into(size_t i, const char *text, cs_options *opts)
         return parse_int(text, slot->min, slot->max, (int *)slot_field(opts, i));
     case VALUE_SIZE:
         return cs_parse_size(text, slot->allow_percent, (cs_size_spec *)slot_field(opts, i));
+    case VALUE_CHOICE:
+        return parse_choice(text, slot->choices, (int *)slot_field(opts, i));
+    case VALUE_PATH:
+        return parse_path(text, (char *)slot_field(opts, i));
+    case VALUE_FILTER:
+        return parse_filter(text, (char *)slot_field(opts, i));
     }
     return -1;
 }
@@ -481,7 +602,7 @@ void cs_options_print(const cs_options *opts, cs_report_fn report, void *arg)
     for (size_t i = 0; i < OPT_COUNT; i++) {
         const size_t off = option_slots[i].offset;
         const void *have = (const char *)opts + off, *dflt = (const char *)&defaults + off;
-        char value[64];
+        char value[CS_TRACE_TEXT_MAX];
         bool is_default = false;
         switch (option_slots[i].type) {
         case VALUE_BOOL:
@@ -496,8 +617,17 @@ void cs_options_print(const cs_options *opts, cs_report_fn report, void *arg)
             cs_size_format(have, value, sizeof value);
             is_default = sizes_equal(have, dflt);
             break;
+        case VALUE_CHOICE:
+            snprintf(value, sizeof value, "%s", option_slots[i].choices[*(const int *)have]);
+            is_default = *(const int *)have == *(const int *)dflt;
+            break;
+        case VALUE_PATH:
+        case VALUE_FILTER:
+            snprintf(value, sizeof value, "%s", *(const char *)have ? (const char *)have : "stderr");
+            is_default = strcmp(have, dflt) == 0;
+            break;
         }
-        char line[160];
+        char line[CS_TRACE_TEXT_MAX + 128];
         snprintf(line, sizeof line, "cacheshim: %s = %s (%s)", option_table[i].name, value,
                  is_default ? "default" : "set");
         report(line, arg);

@@ -18,12 +18,20 @@ typedef struct {
     double percent;  /* CS_SIZE_PERCENT: 0 < percent <= 100 */
 } cs_size_spec;
 
+enum { CS_TRACE_TEXT = 0, CS_TRACE_JSONL = 1, CS_TRACE_PERFETTO = 2 };
+/* Longest value kept for the tracer's text variables (path, filter), terminator included. */
+#define CS_TRACE_TEXT_MAX 1024
+
 typedef struct cs_options {
     bool disable;                   /* CACHESHIM_DISABLE: forward every call untouched */
     cs_size_spec cap;               /* CACHESHIM_CAP: hard ceiling on bytes held per device */
     cs_size_spec release_threshold; /* CACHESHIM_RELEASE_THRESHOLD: idle cached bytes kept per device */
     bool stats;                     /* CACHESHIM_STATS: statistics table on stderr at exit */
     int verbose;                    /* CACHESHIM_VERBOSE: 0 quiet, 1 config + OOM reports, 2 also every release */
+    /* The tracer (audit/, libcacheaudit.so) reads these; the shim ignores them. */
+    int trace_format;               /* CACHESHIM_TRACE_FORMAT: CS_TRACE_TEXT, _JSONL or _PERFETTO */
+    char trace_file[CS_TRACE_TEXT_MAX];   /* CACHESHIM_TRACE_FILE: "" for stderr; %p = pid */
+    char trace_filter[CS_TRACE_TEXT_MAX]; /* CACHESHIM_TRACE_FILTER: "memory", "all" or globs */
 } cs_options;
 
 /* How the parser reads a variable; the library passes secure_getenv, tests pass their own. */
@@ -34,7 +42,7 @@ typedef void (*cs_report_fn)(const char *line, void *arg);
 /* One row of the table: what docs/variables.md and the verbose print are made from. */
 typedef struct {
     const char *name;       /* "CACHESHIM_CAP" */
-    const char *type;       /* "size", "bool", "int" */
+    const char *type;       /* "size", "bool", "int", "choice", "text" */
     const char *fallback;   /* default, as a user would write it */
     const char *accepted;   /* what values are accepted, as printed in error messages */
     const char *help;       /* one sentence */

@@ -18,7 +18,7 @@
 
 /* ---- a fake environment and a report collector ---------------------------------------- */
 
-#define ENV_MAX 8
+#define ENV_MAX 16
 
 static struct {
     const char *name[ENV_MAX];
@@ -82,6 +82,9 @@ static void assert_defaults(const cs_options *o)
     assert_int_equal(o->release_threshold.kind, CS_SIZE_UNLIMITED);
     assert_false(o->stats);
     assert_int_equal(o->verbose, 0);
+    assert_int_equal(o->trace_format, CS_TRACE_TEXT);
+    assert_string_equal(o->trace_file, "");
+    assert_string_equal(o->trace_filter, "memory");
 }
 
 /* ---- the table ------------------------------------------------------------------------- */
@@ -91,11 +94,12 @@ static void test_table(void **state)
     (void)state;
     static const char *const names[] = {"CACHESHIM_DISABLE", "CACHESHIM_CAP",
                                         "CACHESHIM_RELEASE_THRESHOLD", "CACHESHIM_STATS",
-                                        "CACHESHIM_VERBOSE"};
+                                        "CACHESHIM_VERBOSE", "CACHESHIM_TRACE_FORMAT",
+                                        "CACHESHIM_TRACE_FILE", "CACHESHIM_TRACE_FILTER"};
     size_t n = 0;
     const cs_option_desc *t = cs_option_table(&n);
     assert_non_null(t);
-    assert_int_equal(n, 5);
+    assert_int_equal(n, 8);
     assert_ptr_equal(cs_option_table(NULL), t);
     for (size_t i = 0; i < n; i++) {
         assert_string_equal(t[i].name, names[i]);
@@ -104,7 +108,8 @@ static void test_table(void **state)
         assert_non_null(t[i].accepted);
         assert_non_null(t[i].help);
         assert_true(strcmp(t[i].type, "bool") == 0 || strcmp(t[i].type, "int") == 0 ||
-                    strcmp(t[i].type, "size") == 0);
+                    strcmp(t[i].type, "size") == 0 || strcmp(t[i].type, "choice") == 0 ||
+                    strcmp(t[i].type, "text") == 0);
         /* The doc table is built from these texts: no cell separators, no newlines. */
         assert_null(strchr(t[i].help, '|'));
         assert_null(strchr(t[i].help, '\n'));
@@ -141,7 +146,7 @@ static void test_defaults_when_nothing_set(void **state)
     assert_int_equal(cs_options_load(&o, fake_getenv, collect, &r), 0);
     assert_int_equal(r.count, 0);
     assert_defaults(&o);
-    assert_int_equal(env.misses, 5); /* each variable asked for exactly once */
+    assert_int_equal(env.misses, 8); /* each variable asked for exactly once */
 
     memset(&o, 0xa5, sizeof o);
     assert_int_equal(cs_options_load(&o, NULL, collect, &r), 0);
@@ -163,7 +168,7 @@ static void test_each_variable_read_once(void **state)
     for (int i = 0; i < 5; i++)
         assert_int_equal(env.lookups[i], 1);
     assert_int_equal(env.lookups[5], 0);
-    assert_int_equal(env.misses, 0);
+    assert_int_equal(env.misses, 3); /* the three CACHESHIM_TRACE_* variables, unset */
 }
 
 static void test_empty_is_unset(void **state)
@@ -408,6 +413,14 @@ static void test_parse_size_bad_arguments(void **state)
     "is not valid: expected a size like 8G, 512MiB, 1.5GB, 4096, a percentage of device " \
     "memory like 75%, or none; using the default (unlimited)"
 
+#define TAIL_FORMAT "is not valid: expected text, jsonl or perfetto; using the default (text)"
+#define TAIL_FILE                                                                            \
+    "is not valid: expected stderr or a file path of at most 1023 bytes, %p standing for the " \
+    "process id; using the default (stderr)"
+#define TAIL_FILTER                                                                         \
+    "is not valid: expected memory, all, or a comma-separated list of names and globs like " \
+    "cuMemAlloc*,cuLaunch*; using the default (memory)"
+
 /* value as set, and as shown in the message (they differ only for control characters) */
 #define BAD(var, value, tail) {"CACHESHIM_" var, value, "cacheshim: CACHESHIM_" var "='" value "' " tail}
 #define BAD_SHOWN(var, value, shown, tail) {"CACHESHIM_" var, value, "cacheshim: CACHESHIM_" var "='" shown "' " tail}
@@ -492,6 +505,19 @@ static const struct {
     BAD("CAP", "unlimited!", TAIL_SIZE),
     BAD("CAP", "no", TAIL_SIZE),
     BAD("CAP", "12 bytes", TAIL_SIZE),
+    /* the tracer's variables */
+    BAD("TRACE_FORMAT", "json", TAIL_FORMAT),
+    BAD("TRACE_FORMAT", "chrome", TAIL_FORMAT),
+    BAD("TRACE_FORMAT", "text,jsonl", TAIL_FORMAT),
+    BAD("TRACE_FORMAT", "   ", TAIL_FORMAT),
+    BAD_SHOWN("TRACE_FILE", "/tmp/x\n", "/tmp/x\\x0a", TAIL_FILE),
+    BAD("TRACE_FILE", "   ", TAIL_FILE),
+    BAD("TRACE_FILTER", "cuMem Alloc", TAIL_FILTER),
+    BAD("TRACE_FILTER", "cuMemAlloc*,,cuMemFree*", TAIL_FILTER),
+    BAD("TRACE_FILTER", ",cuMemAlloc", TAIL_FILTER),
+    BAD("TRACE_FILTER", "cuMemAlloc,", TAIL_FILTER),
+    BAD("TRACE_FILTER", "cu-Mem", TAIL_FILTER),
+    BAD("TRACE_FILTER", "   ", TAIL_FILTER),
     BAD_SHOWN("CAP", "8G\n", "8G\\x0a", TAIL_SIZE),
     BAD_SHOWN("CAP", "8\x1b[31mG", "8\\x1b[31mG", TAIL_SIZE),
     BAD("RELEASE_THRESHOLD", "lots", TAIL_SIZE),
@@ -572,7 +598,10 @@ static void test_print_defaults(void **state)
     assert_int_equal(cs_options_load(&o, fake_getenv, NULL, NULL), 0);
     reports r = {0};
     cs_options_print(&o, collect, &r);
-    assert_int_equal(r.count, 5);
+    assert_int_equal(r.count, 8);
+    assert_string_equal(r.line[5], "cacheshim: CACHESHIM_TRACE_FORMAT = text (default)");
+    assert_string_equal(r.line[6], "cacheshim: CACHESHIM_TRACE_FILE = stderr (default)");
+    assert_string_equal(r.line[7], "cacheshim: CACHESHIM_TRACE_FILTER = memory (default)");
     assert_string_equal(r.line[0], "cacheshim: CACHESHIM_DISABLE = 0 (default)");
     assert_string_equal(r.line[1], "cacheshim: CACHESHIM_CAP = unlimited (default)");
     assert_string_equal(r.line[2], "cacheshim: CACHESHIM_RELEASE_THRESHOLD = unlimited (default)");
@@ -588,11 +617,18 @@ static void test_print_set(void **state)
     env_set("CACHESHIM_RELEASE_THRESHOLD", "12.5%");
     env_set("CACHESHIM_STATS", "off"); /* set, but to the default */
     env_set("CACHESHIM_VERBOSE", "2");
+    env_set("CACHESHIM_TRACE_FORMAT", " Perfetto ");
+    env_set("CACHESHIM_TRACE_FILE", " /tmp/trace.%p ");
+    env_set("CACHESHIM_TRACE_FILTER", " cuMemAlloc* , cuLaunchKernel ");
     cs_options o;
     assert_int_equal(cs_options_load(&o, fake_getenv, NULL, NULL), 0);
     reports r = {0};
     cs_options_print(&o, collect, &r);
-    assert_int_equal(r.count, 5);
+    assert_int_equal(r.count, 8);
+    assert_string_equal(r.line[5], "cacheshim: CACHESHIM_TRACE_FORMAT = perfetto (set)");
+    assert_string_equal(r.line[6], "cacheshim: CACHESHIM_TRACE_FILE = /tmp/trace.%p (set)");
+    assert_string_equal(r.line[7],
+                        "cacheshim: CACHESHIM_TRACE_FILTER = cuMemAlloc*,cuLaunchKernel (set)");
     assert_string_equal(r.line[0], "cacheshim: CACHESHIM_DISABLE = 1 (set)");
     assert_string_equal(r.line[1], "cacheshim: CACHESHIM_CAP = 8 GiB (set)");
     assert_string_equal(r.line[2],
@@ -602,7 +638,7 @@ static void test_print_set(void **state)
 
     cs_options_print(NULL, collect, &r); /* nothing, no crash */
     cs_options_print(&o, NULL, NULL);
-    assert_int_equal(r.count, 5);
+    assert_int_equal(r.count, 8);
 }
 
 /* ---- formatting ------------------------------------------------------------------------------- */

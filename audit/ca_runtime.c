@@ -1,0 +1,209 @@
+/* Hand-written wrappers: cudart's memory entry points (when a program binds a shared
+ * libcudart), and libc's fork (so the trace follows the program's fork). The runtime
+ * types are spelled as their ABI (cudaError_t is an int-sized enum, cudaStream_t a
+ * pointer), so this file needs no cuda_runtime_api.h. */
+#include "ca_internal.h"
+
+#include <dlfcn.h>
+#include <stdlib.h>
+#include <sys/types.h>
+
+typedef int rt_err; /* cudaError_t */
+typedef void *rt_stream; /* cudaStream_t */
+
+#define PTR(n) {n, CA_K_PTR, sizeof(void *), 0, 0, 0, 0}
+#define OUTPTR(n) {n, CA_K_PTR, sizeof(void *), 0, 1, CA_K_PTR, sizeof(void *)} /* void ** */
+#define SIZE(n) {n, CA_K_INT, sizeof(size_t), 0, 0, 0, 0}
+#define OUTSIZE(n) {n, CA_K_PTR, sizeof(void *), 0, 0, CA_K_INT, sizeof(size_t)} /* size_t * */
+
+static const ca_param p_malloc[] = {OUTPTR("devPtr"), SIZE("size")};
+static const ca_param p_free[] = {PTR("devPtr")};
+static const ca_param p_malloc_async[] = {OUTPTR("devPtr"), SIZE("size"), PTR("hStream")};
+static const ca_param p_free_async[] = {PTR("devPtr"), PTR("hStream")};
+static const ca_param p_malloc_host[] = {OUTPTR("ptr"), SIZE("size")};
+static const ca_param p_free_host[] = {PTR("ptr")};
+static const ca_param p_mem_get_info[] = {OUTSIZE("free"), OUTSIZE("total")};
+
+static const ca_fn_desc rt_desc[CA_FN_COUNT - CA_RT_FIRST] = {
+    [CA_RT_cudaMalloc - CA_RT_FIRST] = {"cudaMalloc", 2, p_malloc},
+    [CA_RT_cudaFree - CA_RT_FIRST] = {"cudaFree", 1, p_free},
+    [CA_RT_cudaMallocAsync - CA_RT_FIRST] = {"cudaMallocAsync", 3, p_malloc_async},
+    [CA_RT_cudaMallocAsync_ptsz - CA_RT_FIRST] = {"cudaMallocAsync_ptsz", 3, p_malloc_async},
+    [CA_RT_cudaFreeAsync - CA_RT_FIRST] = {"cudaFreeAsync", 2, p_free_async},
+    [CA_RT_cudaFreeAsync_ptsz - CA_RT_FIRST] = {"cudaFreeAsync_ptsz", 2, p_free_async},
+    [CA_RT_cudaMallocHost - CA_RT_FIRST] = {"cudaMallocHost", 2, p_malloc_host},
+    [CA_RT_cudaFreeHost - CA_RT_FIRST] = {"cudaFreeHost", 1, p_free_host},
+    [CA_RT_cudaMemGetInfo - CA_RT_FIRST] = {"cudaMemGetInfo", 2, p_mem_get_info},
+};
+
+const ca_fn_desc *ca_desc(unsigned fn)
+{
+    return fn < CA_GEN_COUNT ? &ca_gen_desc[fn] : &rt_desc[fn - CA_RT_FIRST];
+}
+
+static void *rt_real[CA_FN_COUNT - CA_RT_FIRST];
+
+#define REAL(fn, type) ((type)rt_real[(fn) - CA_RT_FIRST])
+
+/* void ** / size_t * out-values, read after success. */
+static void out_ptr(ca_rec *r, int k, void **p)
+{
+    if (p)
+        ca_set_out(r, k, (uint64_t)(uintptr_t)*p);
+}
+
+static void out_size(ca_rec *r, int k, size_t *p)
+{
+    if (p)
+        ca_set_out(r, k, *p);
+}
+
+/* The pattern of every runtime wrapper: begin, arguments, call, out-values, end. */
+#define RT_CALL(FN, TYPE, ARGS, RECORD_ARGS, OUTS)                   \
+    do {                                                             \
+        ca_rec *r = ca_begin(FN, CA_LIB_RUNTIME, __builtin_return_address(0)); \
+        if (!r)                                                      \
+            return REAL(FN, TYPE) ARGS;                              \
+        RECORD_ARGS;                                                 \
+        ca_started(r);                                               \
+        rt_err e = REAL(FN, TYPE) ARGS;                              \
+        ca_stopped(r);                                               \
+        if (e == 0) {                                                \
+            OUTS;                                                    \
+        }                                                            \
+        ca_end(r, e);                                                \
+        return e;                                                    \
+    } while (0)
+
+#define A(k, v) r->arg[k] = (uint64_t)(uintptr_t)(v)
+
+typedef rt_err (*malloc_fn)(void **, size_t);
+typedef rt_err (*free_fn)(void *);
+typedef rt_err (*malloc_async_fn)(void **, size_t, rt_stream);
+typedef rt_err (*free_async_fn)(void *, rt_stream);
+typedef rt_err (*info_fn)(size_t *, size_t *);
+
+static rt_err w_cudaMalloc(void **p, size_t n)
+{
+    RT_CALL(CA_RT_cudaMalloc, malloc_fn, (p, n), (A(0, p), A(1, n)), out_ptr(r, 0, p));
+}
+
+static rt_err w_cudaFree(void *p)
+{
+    RT_CALL(CA_RT_cudaFree, free_fn, (p), A(0, p), (void)0);
+}
+
+static rt_err w_cudaMallocAsync(void **p, size_t n, rt_stream s)
+{
+    RT_CALL(CA_RT_cudaMallocAsync, malloc_async_fn, (p, n, s), (A(0, p), A(1, n), A(2, s)),
+            out_ptr(r, 0, p));
+}
+
+static rt_err w_cudaMallocAsync_ptsz(void **p, size_t n, rt_stream s)
+{
+    RT_CALL(CA_RT_cudaMallocAsync_ptsz, malloc_async_fn, (p, n, s),
+            (A(0, p), A(1, n), A(2, s)), out_ptr(r, 0, p));
+}
+
+static rt_err w_cudaFreeAsync(void *p, rt_stream s)
+{
+    RT_CALL(CA_RT_cudaFreeAsync, free_async_fn, (p, s), (A(0, p), A(1, s)), (void)0);
+}
+
+static rt_err w_cudaFreeAsync_ptsz(void *p, rt_stream s)
+{
+    RT_CALL(CA_RT_cudaFreeAsync_ptsz, free_async_fn, (p, s), (A(0, p), A(1, s)), (void)0);
+}
+
+static rt_err w_cudaMallocHost(void **p, size_t n)
+{
+    RT_CALL(CA_RT_cudaMallocHost, malloc_fn, (p, n), (A(0, p), A(1, n)), out_ptr(r, 0, p));
+}
+
+static rt_err w_cudaFreeHost(void *p)
+{
+    RT_CALL(CA_RT_cudaFreeHost, free_fn, (p), A(0, p), (void)0);
+}
+
+static rt_err w_cudaMemGetInfo(size_t *f, size_t *t)
+{
+    RT_CALL(CA_RT_cudaMemGetInfo, info_fn, (f, t), (A(0, f), A(1, t)),
+            (out_size(r, 0, f), out_size(r, 1, t)));
+}
+
+#define FNPTR(f) ((void *)(uintptr_t)(f))
+
+static const struct {
+    int fn;
+    void *wrapper;
+} rt_wrappers[] = {
+    {CA_RT_cudaMalloc, FNPTR(w_cudaMalloc)},
+    {CA_RT_cudaFree, FNPTR(w_cudaFree)},
+    {CA_RT_cudaMallocAsync, FNPTR(w_cudaMallocAsync)},
+    {CA_RT_cudaMallocAsync_ptsz, FNPTR(w_cudaMallocAsync_ptsz)},
+    {CA_RT_cudaFreeAsync, FNPTR(w_cudaFreeAsync)},
+    {CA_RT_cudaFreeAsync_ptsz, FNPTR(w_cudaFreeAsync_ptsz)},
+    {CA_RT_cudaMallocHost, FNPTR(w_cudaMallocHost)},
+    {CA_RT_cudaFreeHost, FNPTR(w_cudaFreeHost)},
+    {CA_RT_cudaMemGetInfo, FNPTR(w_cudaMemGetInfo)},
+};
+
+void *ca_runtime_bind(const char *name, void *real)
+{
+    for (size_t i = 0; i < sizeof rt_wrappers / sizeof rt_wrappers[0]; i++) {
+        int fn = rt_wrappers[i].fn;
+        if (strcmp(name, rt_desc[fn - CA_RT_FIRST].name) != 0)
+            continue;
+        rt_real[fn - CA_RT_FIRST] = real;
+        return ca_traced[fn] ? rt_wrappers[i].wrapper : NULL;
+    }
+    return NULL;
+}
+
+/* ---- fork ---------------------------------------------------------------------------------------- */
+
+typedef pid_t (*fork_fn)(void);
+static fork_fn real_fork;
+
+static pid_t w_fork(void)
+{
+    ca_fork_prepare();
+    pid_t pid = real_fork();
+    if (pid == 0)
+        ca_fork_child();
+    else
+        ca_fork_parent();
+    return pid;
+}
+
+void *ca_fork_bind(void *real)
+{
+    real_fork = (fork_fn)(uintptr_t)real;
+    return FNPTR(w_fork);
+}
+
+/* ---- the shim's dlsym ------------------------------------------------------------------------------
+ *
+ * With libcacheshim.so preloaded, a program's dlsym(libcuda, "cuGetProcAddress_v2") reaches
+ * the shim's dlsym, which answers with the shim's own function: no binding for ld.so to
+ * report. This wrapper maps what the shim answers by address (the shim's exported cu*
+ * functions are in the table, see ca_audit.c), so the program's calls into the shim are
+ * traced as lib "shim". RTLD_DEFAULT and RTLD_NEXT depend on who calls dlsym (glibc looks
+ * at the return address): those go to the shim by a tail call, as if the program had
+ * called it, and are not mapped. */
+typedef void *(*dlsym_fn)(void *, const char *);
+static dlsym_fn shim_dlsym;
+
+__attribute__((optimize("O2", "optimize-sibling-calls"))) static void *w_dlsym(void *handle,
+                                                                            const char *name)
+{
+    if (handle == RTLD_DEFAULT || handle == RTLD_NEXT)
+        return shim_dlsym(handle, name);
+    return ca_wrap_address(shim_dlsym(handle, name));
+}
+
+void *ca_dlsym_bind(void *real)
+{
+    shim_dlsym = (dlsym_fn)(uintptr_t)real;
+    return FNPTR(w_dlsym);
+}

@@ -1,0 +1,251 @@
+/* A program for the tracer's integration tests: it reaches the (fake) driver the ways real
+ * programs do, with exactly known call counts. check_trace.py runs it under
+ * LD_AUDIT=libcacheaudit.so and compares the trace with what each scenario does.
+ *
+ *     audit_prog SCENARIO
+ *
+ * Every scenario checks its own results too, so a wrapper that changed what the program
+ * sees makes the program fail (exit 1), not only the trace. */
+#include <cuda.h>
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define MiB (1024u * 1024u)
+
+/* The fake cudart (tests/audit/fake_cudart.c): cudaError_t is an int. */
+int cudaMalloc(void **p, size_t n);
+int cudaFree(void *p);
+int cudaMallocAsync(void **p, size_t n, void *stream);
+int cudaFreeAsync(void *p, void *stream);
+int cudaMallocHost(void **p, size_t n);
+int cudaFreeHost(void *p);
+int cudaMemGetInfo(size_t *free_bytes, size_t *total);
+
+#define CHECK(x)                                                              \
+    do {                                                                      \
+        if (!(x)) {                                                           \
+            fprintf(stderr, "audit_prog: %s:%d: %s failed\n", __FILE__, __LINE__, #x); \
+            exit(1);                                                          \
+        }                                                                     \
+    } while (0)
+
+typedef CUresult (*alloc_fn)(CUdeviceptr *, size_t);
+typedef CUresult (*free_fn)(CUdeviceptr);
+typedef CUresult (*gpa2_fn)(const char *, void **, int, cuuint64_t,
+                            CUdriverProcAddressQueryResult *);
+typedef CUresult (*gpa1_fn)(const char *, void **, int, cuuint64_t);
+
+static CUcontext ctx;
+
+static void init(void)
+{
+    CUdevice dev;
+    CHECK(cuInit(0) == CUDA_SUCCESS);
+    CHECK(cuDeviceGet(&dev, 0) == CUDA_SUCCESS);
+    CHECK(cuDevicePrimaryCtxRetain(&ctx, dev) == CUDA_SUCCESS);
+    CHECK(cuCtxSetCurrent(ctx) == CUDA_SUCCESS);
+}
+
+/* One allocation and its free through direct binding (cuMemAlloc is cuMemAlloc_v2). */
+static void pair(size_t size)
+{
+    CUdeviceptr p = 0;
+    CHECK(cuMemAlloc(&p, size) == CUDA_SUCCESS && p != 0);
+    CHECK(cuMemFree(p) == CUDA_SUCCESS);
+}
+
+/* direct: 3 cuMemAlloc_v2 + 3 cuMemFree_v2 + 1 cuMemGetInfo_v2 + 1 failing cuMemFree_v2. */
+static void direct(void)
+{
+    pair(1 * MiB);
+    pair(4096);
+    pair(70 * 1024);
+    size_t f = 0, t = 0;
+    CHECK(cuMemGetInfo(&f, &t) == CUDA_SUCCESS && t > 0);
+    CHECK(cuMemFree((CUdeviceptr)0x1234) != CUDA_SUCCESS); /* not ours: an error */
+}
+
+/* dlsym: 2 + 2 through dlsym on a dlopened libcuda. */
+static void via_dlsym(void)
+{
+    void *h = dlopen("libcuda.so.1", RTLD_NOW);
+    CHECK(h != NULL);
+    alloc_fn a = (alloc_fn)dlsym(h, "cuMemAlloc_v2");
+    free_fn f = (free_fn)dlsym(h, "cuMemFree_v2");
+    CHECK(a && f);
+    for (int i = 0; i < 2; i++) {
+        CUdeviceptr p = 0;
+        CHECK(a(&p, 2 * MiB) == CUDA_SUCCESS && p);
+        CHECK(f(p) == CUDA_SUCCESS);
+    }
+}
+
+/* procaddr, as cudart does it: dlsym cuGetProcAddress_v2, ask it for "cuGetProcAddress",
+ * and use that for the rest. cuMemAlloc at 12000 is cuMemAlloc_v2, at 3000 the v1
+ * cuMemAlloc. Also cuGetProcAddress (v1) found by dlsym. */
+static void via_procaddr(void)
+{
+    void *h = dlopen("libcuda.so.1", RTLD_NOW);
+    CHECK(h != NULL);
+    gpa2_fn gpa = (gpa2_fn)dlsym(h, "cuGetProcAddress_v2");
+    CHECK(gpa != NULL);
+    CUdriverProcAddressQueryResult st;
+    void *self = NULL;
+    CHECK(gpa("cuGetProcAddress", &self, 12000, 0, &st) == CUDA_SUCCESS && self);
+    gpa2_fn g = (gpa2_fn)self;
+    void *a2 = NULL, *f2 = NULL, *a1 = NULL, *f1 = NULL;
+    CHECK(g("cuMemAlloc", &a2, 12000, 0, &st) == CUDA_SUCCESS);
+    CHECK(g("cuMemFree", &f2, 12000, 0, &st) == CUDA_SUCCESS);
+    CHECK(g("cuMemAlloc", &a1, 3000, 0, &st) == CUDA_SUCCESS);
+    gpa1_fn g1 = (gpa1_fn)dlsym(h, "cuGetProcAddress");
+    CHECK(g1 != NULL);
+    CHECK(g1("cuMemFree", &f1, 3000, 0) == CUDA_SUCCESS);
+    CUdeviceptr p = 0;
+    CHECK(((alloc_fn)a2)(&p, 3 * MiB) == CUDA_SUCCESS && p);
+    CHECK(((free_fn)f2)(p) == CUDA_SUCCESS);
+    CHECK(((alloc_fn)a2)(&p, 3 * MiB) == CUDA_SUCCESS && p);
+    CHECK(((free_fn)f2)(p) == CUDA_SUCCESS);
+    /* v1: 32-bit sizes and pointers in the old ABI; the fake keeps its pointers low enough
+     * for the test not to care. */
+    typedef CUresult (*alloc_v1)(unsigned int *, unsigned int);
+    typedef CUresult (*free_v1)(unsigned int);
+    unsigned int p1 = 0;
+    if (((alloc_v1)a1)(&p1, 4096) == CUDA_SUCCESS)
+        ((free_v1)f1)(p1);
+}
+
+/* runtime: each of the seven memory entry points once (async: twice), through the fake
+ * shared cudart, which calls the driver. */
+static void runtime(void)
+{
+    void *p = NULL, *h = NULL;
+    size_t f = 0, t = 0;
+    CHECK(cudaMalloc(&p, 1 * MiB) == 0 && p);
+    CHECK(cudaFree(p) == 0);
+    CHECK(cudaMallocAsync(&p, 2 * MiB, NULL) == 0 && p);
+    CHECK(cudaFreeAsync(p, NULL) == 0);
+    CHECK(cudaMallocHost(&h, 4096) == 0 && h);
+    CHECK(cudaFreeHost(h) == 0);
+    CHECK(cudaMemGetInfo(&f, &t) == 0 && t > 0);
+}
+
+/* all: a stream and an event, for the 'all' filter and the flag decoding. */
+static void streams(void)
+{
+    CUstream s;
+    CUevent e;
+    CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+    CHECK(cuEventCreate(&e, CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS);
+    CHECK(cuEventRecord(e, CU_STREAM_PER_THREAD) == CUDA_SUCCESS);
+    CHECK(cuEventRecord(e, s) == CUDA_SUCCESS);
+    CHECK(cuEventSynchronize(e) == CUDA_SUCCESS);
+    CHECK(cuEventDestroy(e) == CUDA_SUCCESS);
+    CHECK(cuStreamDestroy(s) == CUDA_SUCCESS);
+    pair(8192);
+}
+
+/* threads: THREADS threads, each PAIRS pairs: more than one buffer's worth each. */
+#define THREADS 8
+#define PAIRS 700
+
+static void *worker(void *arg)
+{
+    (void)arg;
+    CHECK(cuCtxSetCurrent(ctx) == CUDA_SUCCESS);
+    for (int i = 0; i < PAIRS; i++)
+        pair(512 + (size_t)i);
+    return NULL;
+}
+
+static void threads(void)
+{
+    pthread_t t[THREADS];
+    for (int i = 0; i < THREADS; i++)
+        CHECK(pthread_create(&t[i], NULL, worker, NULL) == 0);
+    for (int i = 0; i < THREADS; i++)
+        CHECK(pthread_join(t[i], NULL) == 0);
+}
+
+/* fork: 1 pair in the parent before, 3 in the child, 2 in the parent after. */
+static void forked(void)
+{
+    pair(1 * MiB);
+    fflush(NULL);
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        for (int i = 0; i < 3; i++)
+            pair(2 * MiB);
+        exit(0);
+    }
+    int status = 0;
+    CHECK(waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    pair(4 * MiB);
+    pair(4 * MiB);
+    printf("child %d\n", (int)pid);
+}
+
+/* exit-thread: a second thread makes 50 pairs and calls exit() while main waits. */
+static void *exiter(void *arg)
+{
+    (void)arg;
+    CHECK(cuCtxSetCurrent(ctx) == CUDA_SUCCESS);
+    for (int i = 0; i < 50; i++)
+        pair(64 * 1024);
+    exit(0);
+}
+
+static void exit_from_thread(void)
+{
+    pthread_t t;
+    CHECK(pthread_create(&t, NULL, exiter, NULL) == 0);
+    pthread_join(t, NULL);
+    exit(1); /* not reached */
+}
+
+/* bench N: N cuMemGetInfo calls, the cheapest traced entry point; prints ns per call. */
+static void bench(long n)
+{
+    size_t f, t;
+    struct timespec a, b;
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    for (long i = 0; i < n; i++)
+        cuMemGetInfo(&f, &t);
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    double ns = (double)(b.tv_sec - a.tv_sec) * 1e9 + (double)(b.tv_nsec - a.tv_nsec);
+    printf("%.1f\n", ns / (double)n);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2)
+        return 2;
+    const char *s = argv[1];
+    init();
+    if (strcmp(s, "direct") == 0 || strcmp(s, "shim") == 0)
+        direct();
+    else if (strcmp(s, "dlsym") == 0)
+        via_dlsym();
+    else if (strcmp(s, "procaddr") == 0)
+        via_procaddr();
+    else if (strcmp(s, "runtime") == 0)
+        runtime();
+    else if (strcmp(s, "streams") == 0)
+        streams();
+    else if (strcmp(s, "threads") == 0)
+        threads();
+    else if (strcmp(s, "fork") == 0)
+        forked();
+    else if (strcmp(s, "exit-thread") == 0)
+        exit_from_thread();
+    else if (strcmp(s, "bench") == 0)
+        bench(argc > 2 ? atol(argv[2]) : 1000000);
+    else
+        return 2;
+    return 0;
+}

@@ -1,0 +1,374 @@
+#!/usr/bin/env python3
+"""Integration tests of the tracer: run tests/audit/audit_prog under
+LD_AUDIT=libcacheaudit.so on the fake driver and check the trace it writes.
+
+Usage: check_trace.py CASE AUDIT_LIB PROG FAKE_DIR CUDART_DIR SHIM_LIB
+
+Each CASE runs the program (in a fresh temporary directory) with its own CACHESHIM_TRACE_*
+variables, parses what it wrote (json for JSON Lines and Perfetto, a regular expression for
+text) and checks exact event counts. Exit 0 on success, 1 with a message on failure, 77
+(meson's "skipped") when the tracer cannot be loaded in this build (see SKIP below).
+"""
+import json
+import os
+import re
+import stat
+import subprocess
+import sys
+import tempfile
+
+CASE, AUDIT, PROG, FAKE_DIR, CUDART_DIR, SHIM = sys.argv[1:7]
+WORK = tempfile.mkdtemp(prefix="cacheaudit-")
+MiB = 1 << 20
+
+
+def fail(msg):
+    print(f"FAIL {CASE}: {msg}", file=sys.stderr)
+    sys.exit(1)
+
+
+def check(cond, msg):
+    if not cond:
+        fail(msg)
+
+
+def run(scenario, expect_rc=0, preload=None, **env_vars):
+    env = dict(os.environ)
+    for k in list(env):
+        if k.startswith("CACHESHIM_"):
+            del env[k]
+    env["LD_AUDIT"] = AUDIT
+    env["LD_LIBRARY_PATH"] = FAKE_DIR + ":" + CUDART_DIR
+    # ThreadSanitizer's runtime needs static TLS, and the audit namespace (its own libc)
+    # takes much of the surplus ld.so keeps: without more, a TSan-built program under
+    # LD_AUDIT fails to start ("cannot allocate memory in static TLS block").
+    env.setdefault("GLIBC_TUNABLES", "glibc.rtld.optional_static_tls=16777216")
+    if preload:
+        env["LD_PRELOAD"] = preload
+        # verify_asan_link_order: the shim is preloaded ahead of the ASan runtime, as in
+        # tests/meson.build. detect_leaks=0: LeakSanitizer's stop-the-world tracer crashes
+        # (SIGSEGV at exit) when an ASan-built libcacheshim is preloaded together with
+        # LD_AUDIT; the shim's leaks are checked by its own tests, without LD_AUDIT.
+        env["ASAN_OPTIONS"] = "verify_asan_link_order=0:detect_leaks=0"
+    env.update(env_vars)
+    p = subprocess.run([PROG, scenario], env=env, cwd=WORK, stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, text=True, timeout=120)
+    if p.returncode != expect_rc:
+        fail(f"{scenario}: exit {p.returncode}, expected {expect_rc}\n{p.stderr[-3000:]}")
+    return p
+
+
+def jsonl(text):
+    """Every line must be one JSON object (parsed by json, not matched)."""
+    events = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.startswith("{"):
+            continue  # the program's own stderr lines
+        try:
+            events.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            fail(f"line {n} is not JSON ({e}): {line[:200]}")
+    return events
+
+
+def count(events, **want):
+    return sum(all(e.get(k) == v for k, v in want.items()) for e in events)
+
+
+def trace_file(name="trace.%p"):
+    return os.path.join(WORK, name)
+
+
+def only_file():
+    files = [f for f in os.listdir(WORK)]
+    check(len(files) == 1, f"expected one trace file, found {files}")
+    return os.path.join(WORK, files[0])
+
+
+def read(path):
+    with open(path) as f:
+        return f.read()
+
+
+# ---------------------------------------------------------------- paths
+
+def case_path_direct():
+    p = run("direct", CACHESHIM_TRACE_FORMAT="jsonl")
+    ev = jsonl(p.stderr)
+    allocs = [e for e in ev if e["name"] == "cuMemAlloc_v2"]
+    check(len(allocs) == 3, f"{len(allocs)} cuMemAlloc_v2 events, expected 3")
+    check(count(ev, name="cuMemFree_v2") == 4, "expected 4 cuMemFree_v2 (one failing)")
+    check(count(ev, name="cuMemGetInfo_v2") == 1, "expected 1 cuMemGetInfo_v2")
+    check(sorted(a["args"]["bytesize"] for a in allocs) == [4096, 70 * 1024, MiB],
+          "allocation sizes")
+    for a in allocs:
+        check(a["lib"] == "driver" and a["from"] == "app", f"labels {a}")
+        check(a["result"] == 0 and a["result_name"] == "CUDA_SUCCESS", f"result {a}")
+        check(re.fullmatch(r"0x[0-9a-f]+", a["out"]["dptr"]) and a["out"]["dptr"] != "0x0",
+              f"out-parameter {a}")
+        check(a["dur_ns"] >= 0 and a["ts_ns"] >= 0 and a["tid"] > 0, f"times {a}")
+    bad = [e for e in ev if e["name"] == "cuMemFree_v2" and e["result"] != 0]
+    check(len(bad) == 1 and bad[0]["args"]["dptr"] == "0x1234", "the failing free")
+    check(bad[0]["result_name"].startswith("CUDA_ERROR_"), "error name")
+    info = [e for e in ev if e["name"] == "cuMemGetInfo_v2"][0]
+    check(info["out"]["total"] > 0 and info["out"]["free"] <= info["out"]["total"], "out sizes")
+    check(not any(e["name"].startswith("cuInit") for e in ev), "memory filter let cuInit in")
+
+
+def case_path_dlsym():
+    p = run("dlsym", CACHESHIM_TRACE_FORMAT="jsonl")
+    ev = jsonl(p.stderr)
+    check(count(ev, name="cuMemAlloc_v2", lib="driver") == 2, "2 allocations via dlsym")
+    check(count(ev, name="cuMemFree_v2", lib="driver") == 2, "2 frees via dlsym")
+
+
+def case_path_procaddr():
+    p = run("procaddr", CACHESHIM_TRACE_FORMAT="jsonl", CACHESHIM_TRACE_FILTER="all")
+    ev = jsonl(p.stderr)
+    gpa2 = [e for e in ev if e["name"] == "cuGetProcAddress_v2"]
+    # 1 through dlsym, 3 through the pointer it returned for "cuGetProcAddress"
+    check(len(gpa2) == 4, f"{len(gpa2)} cuGetProcAddress_v2 events, expected 4")
+    check(count(ev, name="cuGetProcAddress") == 1, "the v1 cuGetProcAddress")
+    # the driver's versioning: cuMemAlloc at 12000 is cuMemAlloc_v2, at 3000 cuMemAlloc
+    check(count(ev, name="cuMemAlloc_v2") == 2, "2 cuMemAlloc_v2 through the table")
+    check(count(ev, name="cuMemFree_v2") == 2, "2 cuMemFree_v2 through the table")
+    check(count(ev, name="cuMemAlloc") == 1, "the v1 cuMemAlloc through the table")
+    check(count(ev, name="cuMemFree") == 0, "v1 cuMemFree was not called")
+    asked = [e["args"]["symbol"] for e in gpa2]
+    check(asked[0] == "0x" + asked[0][2:] and all(a.startswith("0x") for a in asked),
+          "pointer arguments in hex")
+
+
+def case_path_runtime():
+    p = run("runtime", CACHESHIM_TRACE_FORMAT="jsonl")
+    ev = jsonl(p.stderr)
+    rt = [e for e in ev if e["lib"] == "runtime"]
+    names = sorted(e["name"] for e in rt)
+    check(names == sorted(["cudaMalloc", "cudaFree", "cudaMallocAsync", "cudaFreeAsync",
+                           "cudaMallocHost", "cudaFreeHost", "cudaMemGetInfo"]),
+          f"runtime events {names}")
+    check(all(e["result"] == 0 and e["result_name"] == "cudaSuccess" for e in rt), "results")
+    m = [e for e in rt if e["name"] == "cudaMalloc"][0]
+    check(m["args"]["size"] == MiB and m["out"]["devPtr"] != "0x0", f"cudaMalloc {m}")
+    # what cudart asked of the driver, labelled as coming from cudart
+    check(count(ev, name="cuMemAlloc_v2", lib="driver", **{"from": "cudart"}) == 2,
+          "cudart's cuMemAlloc_v2 calls")
+    check(count(ev, name="cuMemFree_v2", lib="driver", **{"from": "cudart"}) == 2,
+          "cudart's cuMemFree_v2 calls")
+
+
+def case_shim():
+    p = run("shim", preload=SHIM, CACHESHIM_TRACE_FORMAT="jsonl")
+    ev = jsonl(p.stderr)
+    asked = count(ev, name="cuMemAlloc_v2", lib="shim", **{"from": "app"})
+    check(asked == 3, f"{asked} program allocations seen at the shim, expected 3")
+    driver = count(ev, name="cuMemAlloc_v2", lib="driver", **{"from": "shim"})
+    check(1 <= driver <= 3, f"{driver} shim allocations seen at the driver")
+    check(count(ev, name="cuMemFree_v2", lib="shim") == 4, "program frees at the shim")
+
+
+def case_shim_procaddr():
+    """cudart's way with the cache loaded: dlsym reaches the shim's dlsym, which hands out
+    the shim's cuGetProcAddress_v2; calls through it and through what it returns are the
+    program's requests to the shim."""
+    p = run("procaddr", preload=SHIM, CACHESHIM_TRACE_FORMAT="jsonl",
+            CACHESHIM_TRACE_FILTER="all")
+    ev = jsonl(p.stderr)
+    check(count(ev, name="cuGetProcAddress_v2", lib="shim", **{"from": "app"}) == 4,
+          "4 cuGetProcAddress_v2 asked of the shim")
+    check(count(ev, name="cuMemAlloc_v2", lib="shim", **{"from": "app"}) == 2,
+          "2 cuMemAlloc_v2 asked of the shim through the table")
+    check(count(ev, name="cuMemFree_v2", lib="shim", **{"from": "app"}) == 2,
+          "2 cuMemFree_v2 asked of the shim through the table")
+    check(count(ev, name="cuMemAlloc_v2", lib="driver", **{"from": "shim"}) == 1,
+          "the shim's one allocation from the driver")
+
+
+# ---------------------------------------------------------------- formats
+
+def case_format_text():
+    p = run("direct")
+    lines = [l for l in p.stderr.splitlines() if l.startswith("[Intercepted] ")]
+    check(len(lines) == 8, f"{len(lines)} lines, expected 8")
+    pat = (r"\[Intercepted\] cuMemAlloc_v2\(dptr=0x[0-9a-f]+, bytesize=1048576 \(1\.00 MiB\)\)"
+           r" = CUDA_SUCCESS, \*dptr=0x[0-9a-f]+ \[driver, from app, pid \d+, tid \d+, "
+           r"at \d+\.\d{9} s, \d+\.\d{3} us\]")
+    check(any(re.fullmatch(pat, l) for l in lines), "no cuMemAlloc_v2 line like\n" + pat +
+          "\n" + "\n".join(lines))
+
+
+def case_format_perfetto():
+    path = trace_file()
+    run("threads", CACHESHIM_TRACE_FORMAT="perfetto", CACHESHIM_TRACE_FILE=path)
+    doc = json.loads(read(only_file()))
+    ev = doc["traceEvents"]
+    x = [e for e in ev if e["ph"] == "X"]
+    c = [e for e in ev if e["ph"] == "C"]
+    check(len(x) == 8 * 700 * 2, f"{len(x)} complete events")
+    check(len(c) == 8 * 700 * 2, f"{len(c)} counter events")
+    for e in x[:50]:
+        check(set(e) >= {"name", "ph", "ts", "dur", "pid", "tid", "args"}, f"fields {e}")
+        check(isinstance(e["ts"], (int, float)) and e["dur"] >= 0, "ts/dur numbers")
+    check(len({e["tid"] for e in x}) == 8, "8 threads")
+    vals = [e["args"]["driver"] for e in sorted(c, key=lambda e: e["ts"])]
+    check(min(vals) >= 0 and max(vals) <= 8 * 2000, f"counter range {min(vals)}..{max(vals)}")
+    check(all(e["name"] == "device bytes" for e in c), "counter name")
+
+
+def case_format_jsonl_file():
+    path = trace_file()
+    p = run("direct", CACHESHIM_TRACE_FORMAT="jsonl", CACHESHIM_TRACE_FILE=path)
+    check("[Intercepted]" not in p.stderr and '"name"' not in p.stderr, "trace went to stderr")
+    ev = jsonl(read(only_file()))
+    check(len(ev) == 8, f"{len(ev)} events in the file")
+
+
+# ---------------------------------------------------------------- filters
+
+def case_filter_memory():
+    ev = jsonl(run("streams", CACHESHIM_TRACE_FORMAT="jsonl").stderr)
+    names = sorted({e["name"] for e in ev})
+    check(names == ["cuMemAlloc_v2", "cuMemFree_v2"], f"memory filter gave {names}")
+
+
+def case_filter_all():
+    ev = jsonl(run("streams", CACHESHIM_TRACE_FORMAT="jsonl",
+                   CACHESHIM_TRACE_FILTER="all").stderr)
+    for n in ["cuInit", "cuDeviceGet", "cuStreamCreate", "cuEventCreate", "cuEventSynchronize",
+              "cuEventDestroy_v2", "cuStreamDestroy_v2", "cuMemAlloc_v2"]:
+        check(count(ev, name=n) == 1, f"{n}: {count(ev, name=n)} events")
+    check(count(ev, name="cuEventRecord") == 2, "2 cuEventRecord")
+    sc = [e for e in ev if e["name"] == "cuStreamCreate"][0]
+    check(sc["args"]["Flags"] == 1 and sc["args"]["Flags_decoded"] == "CU_STREAM_NON_BLOCKING",
+          f"stream flags {sc['args']}")
+    check(sc["out"]["phStream"].startswith("0x"), "stream out-parameter")
+    rec = [e for e in ev if e["name"] == "cuEventRecord"][0]
+    check(rec["args"]["hStream_decoded"] == "CU_STREAM_PER_THREAD", f"stream {rec['args']}")
+    evc = [e for e in ev if e["name"] == "cuEventCreate"][0]
+    check(evc["args"]["Flags_decoded"] == "CU_EVENT_DISABLE_TIMING", f"event {evc['args']}")
+
+
+def case_filter_list():
+    ev = jsonl(run("streams", CACHESHIM_TRACE_FORMAT="jsonl",
+                   CACHESHIM_TRACE_FILTER="cuMemFree*, cuStream?reate").stderr)
+    names = sorted(e["name"] for e in ev)
+    check(names == ["cuMemFree_v2", "cuStreamCreate"], f"list filter gave {names}")
+
+
+def case_bad_value():
+    p = run("direct", CACHESHIM_TRACE_FORMAT="json")
+    check("cacheshim: CACHESHIM_TRACE_FORMAT='json' is not valid: expected text, jsonl or "
+          "perfetto; using the default (text)" in p.stderr, "the one-line message")
+    check(sum(l.startswith("[Intercepted] ") for l in p.stderr.splitlines()) == 8,
+          "text format after a bad value")
+
+
+# ---------------------------------------------------------------- files
+
+def case_file_mode():
+    os.umask(0o022)
+    path = trace_file("t-%p.jsonl")
+    run("direct", CACHESHIM_TRACE_FORMAT="jsonl", CACHESHIM_TRACE_FILE=path)
+    f = only_file()
+    check(re.fullmatch(r"t-\d+\.jsonl", os.path.basename(f)), f"%p not expanded: {f}")
+    mode = stat.S_IMODE(os.stat(f).st_mode)
+    check(mode == 0o600, f"mode {oct(mode)}, expected 0o600")
+
+
+def case_file_exists():
+    path = trace_file("existing")
+    with open(path, "w") as f:
+        f.write("precious\n")
+    p = run("direct", CACHESHIM_TRACE_FORMAT="jsonl", CACHESHIM_TRACE_FILE=path)
+    check(read(path) == "precious\n", "an existing file was changed")
+    check(f"cacheshim: cannot create trace file '{path}': File exists; tracing to stderr"
+          in p.stderr, "the message")
+    check(len(jsonl(p.stderr)) == 8, "the trace went to stderr instead")
+
+
+def case_file_symlink():
+    target = os.path.join(WORK, "target")
+    with open(target, "w") as f:
+        f.write("precious\n")
+    link = os.path.join(WORK, "link")
+    os.symlink(target, link)
+    dangling = os.path.join(WORK, "dangling")
+    os.symlink(os.path.join(WORK, "nowhere"), dangling)
+    for path in (link, dangling):
+        p = run("direct", CACHESHIM_TRACE_FORMAT="jsonl", CACHESHIM_TRACE_FILE=path)
+        check(f"cannot create trace file '{path}'" in p.stderr, f"no message for {path}")
+        check(len(jsonl(p.stderr)) == 8, "the trace went to stderr instead")
+    check(read(target) == "precious\n", "the symlink was followed")
+    check(not os.path.exists(os.path.join(WORK, "nowhere")), "the dangling link was followed")
+
+
+def case_file_unwritable():
+    path = os.path.join(WORK, "no-such-dir", "trace")
+    p = run("direct", CACHESHIM_TRACE_FILE=path)
+    check(f"cannot create trace file '{path}': No such file or directory; tracing to stderr"
+          in p.stderr, "message")
+
+
+# ---------------------------------------------------------------- threads, fork, exit
+
+def case_threads():
+    path = trace_file()
+    run("threads", CACHESHIM_TRACE_FORMAT="jsonl", CACHESHIM_TRACE_FILE=path)
+    ev = jsonl(read(only_file()))
+    per = {}
+    for e in ev:
+        per.setdefault(e["tid"], []).append(e)
+    check(len(per) == 8, f"{len(per)} threads")
+    for tid, es in per.items():
+        check(len(es) == 1400, f"thread {tid}: {len(es)} events, expected 1400")
+        check(count(es, name="cuMemAlloc_v2") == 700, "700 allocations per thread")
+        ts = [e["ts_ns"] for e in es]
+        check(ts == sorted(ts), "a thread's events in order")
+        sizes = [e["args"]["bytesize"] for e in es if e["name"] == "cuMemAlloc_v2"]
+        check(sizes == [512 + i for i in range(700)], "every allocation, once, in order")
+
+
+def case_fork():
+    path = trace_file("trace.%p")
+    p = run("fork", CACHESHIM_TRACE_FORMAT="jsonl", CACHESHIM_TRACE_FILE=path)
+    child = int(re.search(r"child (\d+)", p.stdout).group(1))
+    files = sorted(os.listdir(WORK))
+    check(len(files) == 2, f"files {files}")
+    cf = os.path.join(WORK, f"trace.{child}")
+    check(os.path.exists(cf), f"no child file trace.{child}")
+    pf = [os.path.join(WORK, f) for f in files if f != f"trace.{child}"][0]
+    cev, pev = jsonl(read(cf)), jsonl(read(pf))
+    check(count(cev, name="cuMemAlloc_v2") == 3 and len(cev) == 6, f"child: {len(cev)} events")
+    check(all(e["args"]["bytesize"] == 2 * MiB for e in cev if e["name"] == "cuMemAlloc_v2"),
+          "child's sizes")
+    check(count(pev, name="cuMemAlloc_v2") == 3 and len(pev) == 6, f"parent: {len(pev)} events")
+    check(all(e["pid"] == child for e in cev), "child pid")
+    check(stat.S_IMODE(os.stat(cf).st_mode) == 0o600, "child file mode")
+
+
+def case_fork_perfetto():
+    path = trace_file("trace.%p.json")
+    run("fork", CACHESHIM_TRACE_FORMAT="perfetto", CACHESHIM_TRACE_FILE=path)
+    files = os.listdir(WORK)
+    check(len(files) == 2, f"files {files}")
+    n = sorted(sum(e["ph"] == "X" for e in json.loads(read(os.path.join(WORK, f)))["traceEvents"])
+               for f in files)
+    check(n == [6, 6], f"events per file {n}")
+
+
+def case_exit_thread():
+    path = trace_file("trace.json")
+    run("exit-thread", CACHESHIM_TRACE_FORMAT="perfetto", CACHESHIM_TRACE_FILE=path)
+    ev = json.loads(read(path))["traceEvents"]
+    check(sum(e["ph"] == "X" and e["name"] == "cuMemAlloc_v2" for e in ev) == 50,
+          "50 allocations before exit() from a thread")
+    check(sum(e["ph"] == "X" for e in ev) == 100, "100 events")
+
+
+CASES = {k[5:].replace("_", "-"): v for k, v in globals().items() if k.startswith("case_")}
+
+if __name__ == "__main__":
+    if CASE not in CASES:
+        sys.exit(f"unknown case {CASE}; known: {' '.join(sorted(CASES))}")
+    CASES[CASE]()
+    print(f"{CASE}: ok")
