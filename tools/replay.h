@@ -1,0 +1,82 @@
+/* cacheshim-replay: replays a recorded allocation trace through the real cache core
+ * (shim/cs_cache.c) on a simulated device, to see offline what the cache would do with a
+ * workload: hits, driver calls, memory held, and what that saves in driver time.
+ *
+ * replay_trace.c reads traces, replay_sim.c is the simulated device and the replay loop,
+ * replay_plot.c draws sweeps as SVG, replay_main.c is the command line and the reports. */
+#ifndef REPLAY_H
+#define REPLAY_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define REPLAY_NAME "cacheshim-replay"
+
+/* ---------------------------------------------------------------- traces (replay_trace.c) */
+
+typedef struct {
+    char kind;      /* 'a' allocation, 'f' free, 'e' failed allocation */
+    uint64_t size;  /* 'a', 'e' */
+    uint64_t ptr;   /* 'a', 'f' */
+    uint64_t ns;    /* trace time */
+} replay_event;
+
+typedef struct {
+    const char *path;
+    replay_event *ev;
+    size_t nev, cap;
+} replay_trace;
+
+/* Reads a whole trace, plain or gzipped (by its magic bytes, through `gzip -dc`). On a
+ * malformed line prints "cacheshim-replay: FILE:LINE: malformed line: TEXT" and returns 2;
+ * on an unreadable file a message and 2; 0 on success. */
+int replay_trace_load(replay_trace *t, const char *path);
+void replay_trace_free(replay_trace *t);
+
+/* ---------------------------------------------------------------- simulation (replay_sim.c) */
+
+/* Costs of driver calls in microseconds, for the "driver time saved" estimate. */
+typedef struct {
+    double alloc_us, free_us, fence_record_us, fence_query_us;
+} replay_costs;
+
+typedef struct {
+    uint64_t device_size;  /* bytes; allocations beyond it fail as out of memory */
+    uint64_t cap;          /* bytes, UINT64_MAX for none (already resolved) */
+    uint64_t threshold;    /* bytes, UINT64_MAX for none */
+    uint64_t gpu_lag_ns;   /* a fence recorded at trace time t completes at t + lag */
+    replay_costs costs;
+} replay_config;
+
+typedef struct {
+    /* The trace itself, independent of the cache. */
+    uint64_t events, allocs, frees, skipped_frees, failed_allocs, peak_live;
+    /* Replayed allocations that failed on the simulated device (OOM or cap) and frees of
+     * them, which are then dropped. */
+    uint64_t replay_failures, dropped_frees;
+    /* From the cache's statistics. */
+    uint64_t hits, misses, driver_allocs, driver_frees, peak_reserved, releases,
+        oom_recoveries, oom_failures, cap_refusals, fences, fence_waits;
+    /* From the simulated device. */
+    uint64_t fence_queries;
+    double hit_rate, reserved_over_live;
+    double baseline_us, cached_us, saved_us;
+} replay_result;
+
+/* Replays t through a fresh cache on a fresh simulated device; 0, or -1 when the cache could
+ * not be created (out of host memory). */
+int replay_run(const replay_trace *t, const replay_config *cfg, replay_result *out);
+
+/* ---------------------------------------------------------------- plots (replay_plot.c) */
+
+typedef struct {
+    const char *series;  /* the trace's name: one colour per series */
+    const char *label;   /* "cap=2G thr=none" */
+    double x, y;         /* peak reserved bytes, driver calls */
+} replay_point;
+
+/* Writes a self-contained SVG: x = peak reserved, y = driver calls; 0 or -1 (errno set). */
+int replay_plot_svg(const char *path, const char *title, const replay_point *pts, size_t n);
+
+#endif

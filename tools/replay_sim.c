@@ -1,0 +1,295 @@
+/* The simulated device and the replay loop. The cache under test is the real one
+ * (shim/cs_cache.c); only the device below it is simulated:
+ *
+ * - memory: a device of cfg->device_size bytes; an allocation that does not fit fails as out
+ *   of memory (no fragmentation: the driver's own placement is not what is studied here);
+ * - time: the trace's own clock. A fence recorded at trace time t completes at t + gpu_lag,
+ *   which stands for the GPU running behind the host; waiting on a fence moves the clock to
+ *   its completion (the host would block that long);
+ * - every driver call is counted, so its cost can be estimated afterwards. */
+#include "replay.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "cs_cache.h"
+
+/* ---------------------------------------------------------------- uint64 -> entry map
+ * Open addressing, linear probing, backward-shift deletion: traces reuse pointers all the
+ * time, and tombstones would pile up. */
+
+typedef struct {
+    uint64_t key;   /* 0: empty (traces and the simulated device never use 0) */
+    uint64_t addr;  /* the cache's pointer, or the simulated size for the device's map */
+    uint64_t size;  /* requested size */
+    bool failed;    /* the replayed allocation failed: its free is dropped */
+} slot;
+
+typedef struct {
+    slot *s;
+    size_t cap, count;
+} map;
+
+static size_t hash(uint64_t k, size_t cap)
+{
+    return (size_t)((k * 0x9E3779B97F4A7C15ull) >> 17) & (cap - 1);
+}
+
+static bool map_init(map *m, size_t cap)
+{
+    m->s = calloc(cap, sizeof *m->s);
+    m->cap = cap;
+    m->count = 0;
+    return m->s != NULL;
+}
+
+static slot *map_find(map *m, uint64_t key)
+{
+    for (size_t i = hash(key, m->cap);; i = (i + 1) & (m->cap - 1)) {
+        if (m->s[i].key == key)
+            return &m->s[i];
+        if (!m->s[i].key)
+            return NULL;
+    }
+}
+
+static bool map_put(map *m, slot v)
+{
+    if ((m->count + 1) * 2 > m->cap) {
+        map old = *m;
+        if (!map_init(m, old.cap * 2))
+            return *m = old, false;
+        for (size_t i = 0; i < old.cap; i++)
+            if (old.s[i].key)
+                map_put(m, old.s[i]);
+        free(old.s);
+    }
+    size_t i = hash(v.key, m->cap);
+    while (m->s[i].key && m->s[i].key != v.key)
+        i = (i + 1) & (m->cap - 1);
+    if (!m->s[i].key)
+        m->count++;
+    m->s[i] = v;
+    return true;
+}
+
+/* Remove key; false if absent. */
+static bool map_take(map *m, uint64_t key, slot *out)
+{
+    slot *p = map_find(m, key);
+    if (!p)
+        return false;
+    *out = *p;
+    size_t hole = (size_t)(p - m->s);
+    for (size_t i = (hole + 1) & (m->cap - 1); m->s[i].key; i = (i + 1) & (m->cap - 1)) {
+        size_t home = hash(m->s[i].key, m->cap);
+        /* Move i into the hole unless its home lies cyclically in (hole, i]. */
+        bool stays = hole <= i ? (home > hole && home <= i) : (home > hole || home <= i);
+        if (!stays) {
+            m->s[hole] = m->s[i];
+            hole = i;
+        }
+    }
+    m->s[hole].key = 0;
+    m->count--;
+    return true;
+}
+
+/* ---------------------------------------------------------------- the simulated device */
+
+typedef struct {
+    uint64_t size, used, next_addr;
+    uint64_t now, lag;  /* trace time, fence lag (ns) */
+    uint64_t queries;
+    map blocks;         /* addr -> size, to know what a free gives back */
+} sim_device;
+
+static int sim_alloc(void *d, uint64_t size, uint64_t *addr, int *raw)
+{
+    sim_device *s = d;
+    if (size > s->size - s->used) {
+        *raw = 2;  /* CUDA_ERROR_OUT_OF_MEMORY */
+        return CS_BE_OOM;
+    }
+    if (!map_put(&s->blocks, (slot){.key = s->next_addr, .size = size})) {
+        *raw = 2;
+        return CS_BE_OOM;
+    }
+    s->used += size;
+    *addr = s->next_addr;
+    /* Round up to 1 MiB and leave a 1 MiB gap: distinct, aligned, never 0. */
+    s->next_addr += (size + 0xfffff) & ~(uint64_t)0xfffff;
+    s->next_addr += 0x100000;
+    return CS_BE_OK;
+}
+
+static int sim_free(void *d, uint64_t addr, int *raw)
+{
+    sim_device *s = d;
+    slot b;
+    if (!map_take(&s->blocks, addr, &b)) {
+        *raw = 1;  /* CUDA_ERROR_INVALID_VALUE */
+        return CS_BE_ERROR;
+    }
+    s->used -= b.size;
+    return CS_BE_OK;
+}
+
+/* A fence is the trace time at which it completes. Later fences complete later (the lag is
+ * constant), which is the ordering the cache relies on. */
+static int sim_record(void *d, void **fence)
+{
+    sim_device *s = d;
+    uint64_t *done = malloc(sizeof *done);
+    if (!done)
+        return -1;
+    *done = s->now + s->lag;
+    *fence = done;
+    return 0;
+}
+
+static int sim_query(void *d, void *fence)
+{
+    sim_device *s = d;
+    s->queries++;
+    return s->now >= *(uint64_t *)fence ? 1 : 0;
+}
+
+static int sim_wait(void *d, void *fence)
+{
+    sim_device *s = d;
+    if (s->now < *(uint64_t *)fence)
+        s->now = *(uint64_t *)fence;
+    return 0;
+}
+
+static void sim_destroy(void *d, void *fence)
+{
+    (void)d;
+    free(fence);
+}
+
+static const cs_backend_ops sim_ops = {sim_alloc, sim_free, sim_record, sim_query, sim_wait,
+                                       sim_destroy};
+
+/* ---------------------------------------------------------------- the replay */
+
+static uint64_t cap_for(void *arg, uint64_t total)
+{
+    (void)total;
+    return ((const replay_config *)arg)->cap;
+}
+
+static uint64_t threshold_for(void *arg, uint64_t total)
+{
+    (void)total;
+    return ((const replay_config *)arg)->threshold;
+}
+
+static void replay_event_one(const replay_event *e, cs_cache *c, cs_heap *h, map *live,
+                             uint64_t *live_bytes, replay_result *r)
+{
+    slot old;
+    switch (e->kind) {
+    case 'a': {
+        r->allocs++;
+        uint64_t addr = 0;
+        int raw = 0;
+        bool ok = cs_cache_alloc(c, h, e->size, &addr, &raw, NULL) == CS_OK;
+        /* A PTR still live here was freed by an unrecorded path: its block stays in use (as
+         * in tests/trace_player.c) and its bytes stay counted as live. */
+        map_take(live, e->ptr, &old);
+        if (!map_put(live, (slot){.key = e->ptr, .addr = addr, .size = e->size, .failed = !ok}))
+            ok = false;
+        if (!ok) {
+            r->replay_failures++;
+            break;
+        }
+        *live_bytes += e->size;
+        if (*live_bytes > r->peak_live)
+            r->peak_live = *live_bytes;
+        break;
+    }
+    case 'f':
+        if (!e->ptr || !map_take(live, e->ptr, &old)) {
+            r->skipped_frees++;  /* allocated before recording began, or never */
+            break;
+        }
+        r->frees++;
+        if (old.failed) {
+            r->dropped_frees++;
+            break;
+        }
+        cs_cache_free(c, old.addr);
+        *live_bytes -= old.size;
+        break;
+    default: /* 'e': failed on the recording device; says nothing about this one */
+        r->failed_allocs++;
+        break;
+    }
+}
+
+int replay_run(const replay_trace *t, const replay_config *cfg, replay_result *r)
+{
+    memset(r, 0, sizeof *r);
+    sim_device dev = {.size = cfg->device_size, .next_addr = 0x700000000000ull,
+                      .lag = cfg->gpu_lag_ns};
+    map live;
+    if (!map_init(&dev.blocks, 1024) || !map_init(&live, 1024)) {
+        free(dev.blocks.s);
+        return -1;
+    }
+    cs_cache_config cc = {cap_for, threshold_for, (void *)cfg, NULL, NULL};
+    cs_cache *c = cs_cache_create(&cc);
+    cs_heap *h = c ? cs_cache_add_heap(c, (void *)1, 0, cfg->device_size, &sim_ops, &dev) : NULL;
+    if (!h) {
+        cs_cache_destroy(c);
+        free(dev.blocks.s);
+        free(live.s);
+        return -1;
+    }
+
+    uint64_t live_bytes = 0;
+    for (size_t i = 0; i < t->nev; i++) {
+        const replay_event *e = &t->ev[i];
+        if (e->ns > dev.now)  /* a fence wait may have moved the clock past the trace */
+            dev.now = e->ns;
+        r->events++;
+        replay_event_one(e, c, h, &live, &live_bytes, r);
+    }
+
+    cacheshim_stats st;
+    cs_cache_stats(c, 0, &st);
+    r->hits = st.hits;
+    r->misses = st.misses;
+    r->driver_allocs = st.driver_allocs;
+    r->driver_frees = st.driver_frees;
+    r->peak_reserved = st.peak_reserved;
+    r->releases = st.releases;
+    r->oom_recoveries = st.oom_recoveries;
+    r->oom_failures = st.oom_failures;
+    r->cap_refusals = st.cap_refusals;
+    r->fences = st.fences;
+    r->fence_waits = st.fence_waits;
+    r->fence_queries = dev.queries;
+    r->hit_rate = st.hits + st.misses ? (double)st.hits / (double)(st.hits + st.misses) : 0;
+    r->reserved_over_live = r->peak_live ? (double)r->peak_reserved / (double)r->peak_live : 0;
+
+    /* Without the cache every allocation and free of the trace is a driver call; with it,
+     * the driver calls it made plus its fences. Frees of blocks still held at the end are
+     * left out on both sides (a program exits without them). */
+    const replay_costs *k = &cfg->costs;
+    r->baseline_us = (double)r->allocs * k->alloc_us + (double)r->frees * k->free_us;
+    r->cached_us = (double)r->driver_allocs * k->alloc_us +
+                   (double)r->driver_frees * k->free_us +
+                   (double)r->fences * k->fence_record_us +
+                   (double)r->fence_queries * k->fence_query_us;
+    r->saved_us = r->baseline_us - r->cached_us;
+
+    /* Only the cache's bookkeeping and the fences left in it: the device is simulated. */
+    cs_cache_forget_heap(c, (void *)1);
+    cs_cache_destroy(c);
+    free(dev.blocks.s);
+    free(live.s);
+    return 0;
+}

@@ -1,0 +1,214 @@
+#!/usr/bin/env python3
+"""Tests of cacheshim-replay.
+
+    test_replay.py PART REPLAY TESTDATA TRACES
+
+PART: exact (hand-written traces, every number worked out by hand from the cache's rules in
+shim/cs_cache.c: see the comments in each trace), malformed (each bad line with its line
+number, exit 2), sweep (the sweep's SVG parsed as XML), shared (the recorded traces in
+TRACES; exit 77 when they are absent). Python standard library only."""
+import gzip
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import xml.etree.ElementTree as ET
+
+MiB = 1 << 20
+failures = []
+
+
+def run(replay, *args):
+    return subprocess.run([replay, *args], capture_output=True, text=True, timeout=60)
+
+
+def check(what, got, want):
+    if got != want:
+        failures.append(f"{what}: got {got!r}, want {want!r}")
+
+
+def replay_json(replay, *args):
+    p = run(replay, "--json", *args)
+    if p.returncode != 0:
+        failures.append(f"{args}: exit {p.returncode}: {p.stderr.strip()}")
+        return []
+    return json.loads(p.stdout)["runs"]
+
+
+def expect(replay, args, want):
+    runs = replay_json(replay, *args)
+    if len(runs) != 1:
+        failures.append(f"{args}: {len(runs)} runs, want 1")
+        return
+    for k, v in want.items():
+        check(f"{' '.join(args)}: {k}", runs[0][k], v)
+
+
+def part_exact(replay, data):
+    t = lambda name: os.path.join(data, name)
+    basic = dict(events=8, allocs=3, frees=3, skipped_frees=1, failed_allocs=1,
+                 replay_failures=0, hits=1, misses=2, driver_allocs=2, driver_frees=0,
+                 peak_live=MiB, peak_reserved=MiB + 4096, releases=0, oom_recoveries=0,
+                 oom_failures=0, cap_refusals=0, fences=1, fence_queries=1)
+    expect(replay, [t("basic.trace")], basic)
+    # The same as gzip, recognised by its magic bytes, whatever the name.
+    with tempfile.TemporaryDirectory() as d:
+        gz = os.path.join(d, "basic.data")
+        with open(t("basic.trace"), "rb") as src, gzip.open(gz, "wb") as dst:
+            shutil.copyfileobj(src, dst)
+        expect(replay, [gz], basic)
+    # Driver time: (3 allocs x 45 + 3 frees x 31) - (2 x 45 + 1 x 0.36 + 1 x 0.30) us.
+    expect(replay, [t("basic.trace")], dict(baseline_us=228.0, cached_us=90.66, saved_us=137.34))
+    expect(replay, ["--alloc-us", "10", "--free-us=1", "--fence-record-us", "0",
+                    "--fence-query-us", "0", t("basic.trace")],
+           dict(baseline_us=33.0, cached_us=20.0, saved_us=13.0))
+    # The GPU 100 us behind: the fence recorded at 30 ns has not completed by 50 ns.
+    expect(replay, ["--gpu-lag-us", "100", t("basic.trace")],
+           dict(hits=0, misses=3, driver_allocs=3, peak_reserved=2 * MiB + 4096, fences=1))
+    # Lag 0.01 us = 10 ns: the fence recorded at 30 ns is queried at 30 ns (not yet).
+    expect(replay, ["--gpu-lag-us", "0.01", t("basic.trace")], dict(hits=0, misses=3))
+    expect(replay, ["--threshold", "1M", t("threshold.trace")],
+           dict(hits=1, misses=2, driver_allocs=2, driver_frees=1, releases=1,
+                peak_live=2 * MiB, peak_reserved=2 * MiB))
+    # A percentage of --device-size: 1/80 of 80 MiB = 1 MiB, the same run.
+    expect(replay, ["--device-size", "80M", "--threshold", "1.25%", t("threshold.trace")],
+           dict(threshold=MiB, releases=1, driver_frees=1))
+    expect(replay, [t("threshold.trace")], dict(releases=0, driver_frees=0, peak_reserved=2 * MiB))
+    expect(replay, ["--device-size", "2M", t("oom.trace")],
+           dict(hits=0, misses=3, driver_allocs=4, driver_frees=1, releases=1,
+                oom_recoveries=1, oom_failures=1, replay_failures=1, dropped_frees=1,
+                peak_live=2 * MiB, peak_reserved=2 * MiB, fences=1))
+    expect(replay, [t("oom.trace")], dict(oom_recoveries=0, oom_failures=0, driver_allocs=3))
+    expect(replay, ["--cap", "3M", t("cap.trace")],
+           dict(events=9, allocs=5, frees=4, hits=1, misses=4, driver_allocs=3,
+                driver_frees=2, releases=2, cap_refusals=1, replay_failures=1,
+                peak_live=3 * MiB, peak_reserved=3 * MiB, cap=3 * MiB))
+    # Options and usage.
+    p = run(replay, "--version")
+    check("--version", (p.returncode, p.stdout.startswith("cacheshim-replay ")), (0, True))
+    p = run(replay, "--help")
+    check("--help", (p.returncode, "--sweep" in p.stdout), (0, True))
+    for bad in (["--cap", "lots", t("basic.trace")], ["--frob", t("basic.trace")], [],
+                ["--device-size", "50%", t("basic.trace")], ["--gpu-lag-us", "-1", t("basic.trace")],
+                [os.path.join(data, "no-such.trace")], ["--cap"]):
+        p = run(replay, *bad)
+        check(f"{bad}: exit", p.returncode, 2)
+        check(f"{bad}: message", p.stderr.startswith("cacheshim-replay: ") or
+              p.stderr.startswith("usage:"), True)
+
+
+def part_malformed(replay, data):
+    cases = {"bad-kind.trace": (2, "x 1024 10 2"), "bad-number.trace": (3, "a 12x4 20 3"),
+             "bad-fields.trace": (4, "f 10"), "bad-null.trace": (1, "a 1024 0 1")}
+    for name, (line, text) in cases.items():
+        path = os.path.join(data, name)
+        p = run(replay, path)
+        check(f"{name}: exit", p.returncode, 2)
+        check(f"{name}: stderr", p.stderr,
+              f"cacheshim-replay: {path}:{line}: malformed line: {text}\n")
+        check(f"{name}: stdout", p.stdout, "")
+    # A bad file among good ones fails before anything is replayed.
+    p = run(replay, os.path.join(data, "basic.trace"), os.path.join(data, "bad-kind.trace"))
+    check("good+bad: exit", p.returncode, 2)
+    check("good+bad: stdout", p.stdout, "")
+    # Generated: a NUL byte, a truncated line, garbage after a valid line, in gzip too.
+    with tempfile.TemporaryDirectory() as d:
+        for i, (content, line) in enumerate([(b"a 1 10 1\nf 1\x00 2\n", 2),
+                                             (b"a 1 10 1\nf", 2),
+                                             (b"a 1 10 1 junk\n", 1),
+                                             (b"e 1 2\n", 1),
+                                             (b"a -5 10 1\n", 1)]):
+            for gz in (False, True):
+                path = os.path.join(d, f"case{i}{'.gz' if gz else ''}")
+                with (gzip.open if gz else open)(path, "wb") as f:
+                    f.write(content)
+                p = run(replay, path)
+                check(f"case {i} gz={gz}: exit", p.returncode, 2)
+                check(f"case {i} gz={gz}: prefix",
+                      p.stderr.startswith(f"cacheshim-replay: {path}:{line}: malformed line: "),
+                      True)
+
+
+def part_sweep(replay, data):
+    traces = [os.path.join(data, "cap.trace"), os.path.join(data, "threshold.trace")]
+    caps, thresholds = ["none", "2M", "3M"], ["none", "1M"]
+    with tempfile.TemporaryDirectory() as d:
+        svg = os.path.join(d, "sweep.svg")
+        p = run(replay, "--sweep", "caps=" + ",".join(caps), "--sweep",
+                "thresholds=" + ",".join(thresholds), "--plot", svg, *traces)
+        check("sweep: exit", (p.returncode, p.stderr), (0, ""))
+        check("sweep: table rows", sum(1 for l in p.stdout.splitlines()
+                                       if l.startswith("  ") and "cap" not in l), 12)
+        root = ET.parse(svg).getroot()
+        ns = "{http://www.w3.org/2000/svg}"
+        check("svg root", root.tag, ns + "svg")
+        points = [c for c in root.iter(ns + "circle") if c.get("class") == "point"]
+        check("svg points", len(points), len(traces) * len(caps) * len(thresholds))
+        labels = {t.text for t in root.iter(ns + "text") if t.get("class") == "label"}
+        want = {f"cap={c} thr={t}" for c in caps for t in thresholds}
+        check("svg labels", labels, want)
+        check("svg series", {c.get("data-series") for c in points},
+              {"cap.trace", "threshold.trace"})
+        titles = {t.get("class"): t.text for t in root.iter(ns + "text") if t.get("class")}
+        check("svg axis titles", ("peak reserved" in titles.get("xtitle", ""),
+                                  "driver calls" in titles.get("ytitle", ""),
+                                  bool(titles.get("title"))), (True, True, True))
+        # Each point carries its run's numbers: the same as --json gives.
+        runs = replay_json(replay, "--caps", ",".join(caps), "--thresholds",
+                           ",".join(thresholds), *traces)
+        check("json runs", len(runs), 12)
+        got = sorted((c.get("data-series"), c.get("data-label"), float(c.get("data-x")),
+                      float(c.get("data-y"))) for c in points)
+        want = sorted((os.path.basename(r["trace"]), f"cap={r['cap_spec']} thr={r['threshold_spec']}",
+                       float(r["peak_reserved"]), float(r["driver_allocs"] + r["driver_frees"]))
+                      for r in runs)
+        check("svg points = json runs", got, want)
+        # cap.trace under a 2 MiB cap: 1 MiB is refused while 2 MiB is held.
+        r = [x for x in runs if x["trace"].endswith("cap.trace") and x["cap_spec"] == "2M"][0]
+        check("cap 2M refusals", r["cap_refusals"] > 0, True)
+
+
+def part_shared(replay, traces):
+    files = {"resnet.trace.gz": (6653, 6520, 1010.7), "cupy.trace.gz": (1405, 1410, 119.0)}
+    present = [f for f in files if os.path.exists(os.path.join(traces, f))]
+    if not present:
+        print(f"no traces in {traces}: skipped")
+        sys.exit(77)
+    for name in present:
+        allocs, free_lines, peak_mib = files[name]
+        runs = replay_json(replay, os.path.join(traces, name))
+        if not runs:
+            continue
+        r = runs[0]
+        print(name, json.dumps(r))
+        # The numbers of shared/traces/README.md.
+        check(f"{name}: allocs", r["allocs"], allocs)
+        check(f"{name}: free lines", r["frees"] + r["skipped_frees"], free_lines)
+        check(f"{name}: peak live MiB", round(r["peak_live"] / MiB, 1), peak_mib)
+        check(f"{name}: requests", r["hits"] + r["misses"], allocs)
+        check(f"{name}: hit rate >= 0.9", r["hit_rate"] >= 0.9, True)
+        check(f"{name}: no failures", (r["replay_failures"], r["oom_failures"]), (0, 0))
+        check(f"{name}: saves time", r["saved_us"] > 0, True)
+        # A tight cap costs hits and never lets reserved exceed it.
+        cap = r["peak_live"] * 5 // 4
+        c = replay_json(replay, "--cap", str(cap), os.path.join(traces, name))[0]
+        check(f"{name}: capped reserved <= cap", c["peak_reserved"] <= cap, True)
+        check(f"{name}: capped hit rate <= uncapped", c["hit_rate"] <= r["hit_rate"], True)
+
+
+def main():
+    part, replay, data, traces = sys.argv[1:5]
+    {"exact": lambda: part_exact(replay, data),
+     "malformed": lambda: part_malformed(replay, data),
+     "sweep": lambda: part_sweep(replay, data),
+     "shared": lambda: part_shared(replay, traces)}[part]()
+    for f in failures:
+        print("FAIL", f)
+    print(f"{part}: {'FAIL' if failures else 'PASS'} ({len(failures)} failures)")
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()
