@@ -1,17 +1,26 @@
-/* Recording and output: per-thread record buffers, the trace file, and every flush (buffer
- * full, fork, exit).
+/* Recording and output: per-thread record buffers, a writer thread, the trace file, and
+ * every flush (buffer full, fork, exit).
  *
- * Hot path (ca_begin .. ca_end) touches only the calling thread's buffer: no lock, no
- * system call besides two clock reads. A buffer's records [0, committed) are complete;
- * `committed` is published with release order, so a flusher on another thread (exit() from
- * any thread, fork) can write them while the owner keeps appending behind them. Each buffer
- * has a lock that only flushers take; the output has one lock, taken after a buffer's. */
+ * Hot path (ca_begin .. ca_end) touches only the calling thread's chunk of records: no lock,
+ * no system call besides two clock reads. A full chunk is handed to a writer thread, which
+ * formats and writes it on a core of its own, and the thread goes on in a fresh chunk: the
+ * program's threads never format. If the writer falls behind (CA_MAX_QUEUED chunks waiting)
+ * or cannot be started, the thread that filled a chunk writes what is queued itself, so
+ * memory stays bounded and nothing is dropped.
+ *
+ * A chunk's records [0, committed) are complete; `committed` is published with release
+ * order, so a flusher on another thread (exit() from any thread, fork) can write them while
+ * the owner keeps appending behind them. Lock order: g_list_lock, a thread's lock, g_out_lock,
+ * g_q_lock. A thread moves its chunk to the queue under its own lock, and every writer
+ * drains the queue before writing threads' current chunks, so each thread's records reach
+ * the file in the order they were made. */
 #include "ca_internal.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <fnmatch.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/syscall.h>
@@ -21,26 +30,41 @@
 #include "ca_mem.h"
 #include "cs_options.h"
 
-/* Records per thread before a flush: about 200 KiB a thread. */
+/* Records in a chunk: about 200 KiB. */
 #define CA_BUF_RECS 1024
 /* Bytes formatted before one write(). */
 #define CA_CHUNK (64 * 1024)
+/* Full chunks waiting for the writer before the filling thread writes them itself
+ * (about 13 MiB). */
+#define CA_MAX_QUEUED 64
+/* Written chunks kept for reuse. */
+#define CA_MAX_SPARE 16
+
+typedef struct ca_chunk {
+    struct ca_chunk *next; /* in the queue or the spare list */
+    long tid;
+    unsigned committed;    /* atomic: records [0, committed) are complete */
+    unsigned done;         /* records [0, done) are written: under the owner's lock while the
+                            * chunk is current, under g_out_lock once queued */
+    ca_rec rec[CA_BUF_RECS];
+} ca_chunk;
 
 typedef struct ca_tbuf {
     struct ca_tbuf *next;
-    pthread_mutex_t lock;     /* flushers only */
-    unsigned committed;       /* atomic: records [0, committed) are complete */
-    unsigned done;            /* under lock: records [0, done) are written */
-    unsigned reserved;        /* owner only: records handed out */
+    pthread_mutex_t lock;     /* flushers, and the owner when it swaps chunks */
+    ca_chunk *cur;            /* written by the owner under lock */
+    unsigned reserved;        /* owner only: records of cur handed out */
     int depth;                /* owner only: traced calls in progress (a wrapper calling one) */
     uint8_t open_lib[8];      /* owner only: the library of each call in progress */
     long tid;
-    ca_rec rec[CA_BUF_RECS];
 } ca_tbuf;
 
 unsigned char ca_traced[CA_FN_COUNT];
 
-static __thread ca_tbuf *t_buf;
+/* initial-exec: a plain %fs-relative load on the hot path instead of three __tls_get_addr
+ * calls a traced call; 8 bytes of the static TLS surplus that glibc keeps for libraries
+ * loaded after start. */
+static __thread ca_tbuf *t_buf __attribute__((tls_model("initial-exec")));
 
 static pthread_mutex_t g_list_lock = PTHREAD_MUTEX_INITIALIZER; /* the list of buffers */
 static ca_tbuf *g_list;                                         /* atomic head */
@@ -53,6 +77,14 @@ static long g_events;                  /* events written to this file (Perfetto 
 static int g_closed;                   /* atomic: exit flush done, record nothing more */
 static ca_fmt_ctx g_ctx;
 static int g_inited;
+
+static pthread_mutex_t g_q_lock = PTHREAD_MUTEX_INITIALIZER; /* the queue and spare list */
+static pthread_cond_t g_q_cond = PTHREAD_COND_INITIALIZER;   /* the queue is not empty */
+static ca_chunk *g_q_head, *g_q_tail;
+static int g_queued;
+static ca_chunk *g_spare;
+static int g_nspare;
+static int g_writer;   /* under g_q_lock: 0 not started, 1 running, -1 cannot be started */
 
 static uint64_t now_ns(void)
 {
@@ -243,29 +275,44 @@ void ca_trace_init_fd(int fd, int format, const char *filter)
     pthread_mutex_unlock(&g_out_lock);
 }
 
-/* ---- the hot path ----------------------------------------------------------------------------- */
+/* ---- chunks and the queue ------------------------------------------------------------------- */
 
-static ca_tbuf *tbuf_new(void)
+static ca_chunk *chunk_get(long tid)
 {
-    ca_tbuf *tb = calloc(1, sizeof *tb);
-    if (!tb)
+    pthread_mutex_lock(&g_q_lock);
+    ca_chunk *c = g_spare;
+    if (c) {
+        g_spare = c->next;
+        g_nspare--;
+    }
+    pthread_mutex_unlock(&g_q_lock);
+    if (!c && (c = malloc(sizeof *c)) == NULL)
         return NULL;
-    pthread_mutex_init(&tb->lock, NULL);
-    tb->tid = syscall(SYS_gettid);
-    /* Taken once per thread, at its first traced call. */
-    pthread_mutex_lock(&g_list_lock);
-    tb->next = g_list;
-    __atomic_store_n(&g_list, tb, __ATOMIC_RELEASE);
-    pthread_mutex_unlock(&g_list_lock);
-    t_buf = tb;
-    return tb;
+    c->next = NULL;
+    c->tid = tid;
+    c->done = 0;
+    __atomic_store_n(&c->committed, 0, __ATOMIC_RELAXED);
+    return c;
 }
 
-/* Under tb->lock and g_out_lock: write records [done, committed). */
-static void write_pending(ca_tbuf *tb)
+static void chunk_put(ca_chunk *c)
 {
-    unsigned end = __atomic_load_n(&tb->committed, __ATOMIC_ACQUIRE);
-    if (tb->done >= end || g_fd == -1)
+    pthread_mutex_lock(&g_q_lock);
+    if (g_nspare < CA_MAX_SPARE) {
+        c->next = g_spare;
+        g_spare = c;
+        g_nspare++;
+        c = NULL;
+    }
+    pthread_mutex_unlock(&g_q_lock);
+    free(c);
+}
+
+/* Under g_out_lock: write records [done, committed) of c. */
+static void write_chunk(ca_chunk *c)
+{
+    unsigned end = __atomic_load_n(&c->committed, __ATOMIC_ACQUIRE);
+    if (c->done >= end || g_fd == -1 || __atomic_load_n(&g_closed, __ATOMIC_RELAXED))
         return;
     if (g_fd == FD_PENDING) {
         open_output(1);
@@ -278,37 +325,151 @@ static void write_pending(ca_tbuf *tb)
         open_output(1);
         g_ctx.pid = g_pid;
     }
-    static char chunk[CA_CHUNK]; /* under g_out_lock */
+    static char text[CA_CHUNK]; /* under g_out_lock */
     size_t used = 0;
-    for (unsigned i = tb->done; i < end; i++) {
+    for (unsigned i = c->done; i < end; i++) {
         if (CA_CHUNK - used < 2 * CA_REC_TEXT_MAX + 8) {
-            write_all(g_fd, chunk, used);
+            write_all(g_fd, text, used);
             used = 0;
         }
-        const ca_rec *r = &tb->rec[i];
+        const ca_rec *r = &c->rec[i];
         if (g_ctx.format == CS_TRACE_PERFETTO && g_events++ > 0)
-            chunk[used++] = ',', chunk[used++] = '\n';
-        used += ca_format_rec(&g_ctx, r, tb->tid, chunk + used, CA_REC_TEXT_MAX);
+            text[used++] = ',', text[used++] = '\n';
+        used += ca_format_rec(&g_ctx, r, c->tid, text + used, CA_REC_TEXT_MAX);
         if (g_ctx.format == CS_TRACE_PERFETTO && r->bytes >= 0) {
-            chunk[used++] = ',', chunk[used++] = '\n';
-            used += ca_format_counter(&g_ctx, r, chunk + used, CA_REC_TEXT_MAX);
+            text[used++] = ',', text[used++] = '\n';
+            used += ca_format_counter(&g_ctx, r, text + used, CA_REC_TEXT_MAX);
         }
     }
-    write_all(g_fd, chunk, used);
-    tb->done = end;
+    write_all(g_fd, text, used);
+    c->done = end;
 }
 
-/* The owner's buffer is full (and no traced call of this thread is in progress). */
-static void flush_own(ca_tbuf *tb)
+static ca_chunk *queue_pop(void) /* under g_q_lock */
 {
+    ca_chunk *c = g_q_head;
+    if (c) {
+        g_q_head = c->next;
+        if (!g_q_head)
+            g_q_tail = NULL;
+        g_queued--;
+    }
+    return c;
+}
+
+/* Under g_out_lock: write every queued chunk, oldest first. */
+static void drain_queue(void)
+{
+    for (;;) {
+        pthread_mutex_lock(&g_q_lock);
+        ca_chunk *c = queue_pop();
+        pthread_mutex_unlock(&g_q_lock);
+        if (!c)
+            return;
+        write_chunk(c);
+        chunk_put(c);
+    }
+}
+
+/* The writer pops under g_out_lock, so no flusher writes a thread's later records between
+ * this thread taking a chunk and writing it. */
+static void *writer_main(void *arg)
+{
+    (void)arg;
+    for (;;) {
+        pthread_mutex_lock(&g_q_lock);
+        while (!g_q_head)
+            pthread_cond_wait(&g_q_cond, &g_q_lock);
+        pthread_mutex_unlock(&g_q_lock);
+        pthread_mutex_lock(&g_out_lock);
+        drain_queue();
+        pthread_mutex_unlock(&g_out_lock);
+    }
+    return NULL;
+}
+
+/* Under g_q_lock. Signals stay with the program's threads. */
+static void writer_start(void)
+{
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    pthread_attr_t attr;
+    pthread_t t;
+    int ok = pthread_attr_init(&attr) == 0;
+    ok = ok && pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED) == 0 &&
+         pthread_create(&t, &attr, writer_main, NULL) == 0;
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    g_writer = ok ? 1 : -1;
+    if (ok)
+        pthread_setname_np(t, "cacheshim-trace");
+    else
+        report_line("cacheshim: cannot start the trace writer thread; threads write their own "
+                    "records", NULL);
+}
+
+/* ---- the hot path ----------------------------------------------------------------------------- */
+
+static ca_tbuf *tbuf_new(void)
+{
+    ca_tbuf *tb = calloc(1, sizeof *tb);
+    if (!tb)
+        return NULL;
+    tb->tid = syscall(SYS_gettid);
+    tb->cur = chunk_get(tb->tid);
+    if (!tb->cur) {
+        free(tb);
+        return NULL;
+    }
+    pthread_mutex_init(&tb->lock, NULL);
+    /* Taken once per thread, at its first traced call. */
+    pthread_mutex_lock(&g_list_lock);
+    tb->next = g_list;
+    __atomic_store_n(&g_list, tb, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&g_list_lock);
+    t_buf = tb;
+    return tb;
+}
+
+/* The owner's chunk is full and no traced call of this thread is in progress: queue it for
+ * the writer and go on in a fresh one; without a writer or a fresh chunk, or when the writer
+ * is too far behind, write the queue and the chunk here. */
+static void chunk_full(ca_tbuf *tb)
+{
+    pthread_mutex_lock(&g_q_lock);
+    if (g_writer == 0)
+        writer_start();
+    int have_writer = g_writer == 1;
+    pthread_mutex_unlock(&g_q_lock);
+    ca_chunk *fresh = have_writer ? chunk_get(tb->tid) : NULL;
+
     pthread_mutex_lock(&tb->lock);
-    pthread_mutex_lock(&g_out_lock);
-    if (!__atomic_load_n(&g_closed, __ATOMIC_RELAXED))
-        write_pending(tb);
-    pthread_mutex_unlock(&g_out_lock);
-    tb->done = 0;
-    tb->reserved = 0;
-    __atomic_store_n(&tb->committed, 0, __ATOMIC_RELEASE);
+    int write_here = 1;
+    if (fresh) {
+        pthread_mutex_lock(&g_q_lock);
+        tb->cur->next = NULL;
+        if (g_q_tail)
+            g_q_tail->next = tb->cur;
+        else
+            g_q_head = tb->cur;
+        g_q_tail = tb->cur;
+        write_here = ++g_queued > CA_MAX_QUEUED;
+        pthread_cond_signal(&g_q_cond);
+        pthread_mutex_unlock(&g_q_lock);
+        tb->cur = fresh;
+        tb->reserved = 0;
+    }
+    if (write_here) {
+        pthread_mutex_lock(&g_out_lock);
+        drain_queue();
+        write_chunk(tb->cur);
+        pthread_mutex_unlock(&g_out_lock);
+    }
+    if (tb->reserved == CA_BUF_RECS) { /* written here: reuse it */
+        tb->cur->done = 0;
+        tb->reserved = 0;
+        __atomic_store_n(&tb->cur->committed, 0, __ATOMIC_RELEASE);
+    }
     pthread_mutex_unlock(&tb->lock);
 }
 
@@ -322,9 +483,9 @@ ca_rec *ca_begin(unsigned fn, int lib, void *ret)
     if (__builtin_expect(tb->reserved == CA_BUF_RECS, 0)) {
         if (tb->depth > 0)
             return NULL; /* full inside a nested call: this inner call goes unrecorded */
-        flush_own(tb);
+        chunk_full(tb);
     }
-    ca_rec *r = &tb->rec[tb->reserved++];
+    ca_rec *r = &tb->cur->rec[tb->reserved++];
     int from = ca_from_of(ret);
     /* A call made while one into the shim or cudart is in progress on this thread comes from
      * that library, even when it arrives by a tail call (the return address is then the
@@ -355,7 +516,7 @@ void ca_end(ca_rec *r, int result)
     /* Publish only when the outermost call ends: records stay in start order and a flusher
      * never sees a nested call's record before its caller's is complete. */
     if (--tb->depth == 0)
-        __atomic_store_n(&tb->committed, tb->reserved, __ATOMIC_RELEASE);
+        __atomic_store_n(&tb->cur->committed, tb->reserved, __ATOMIC_RELEASE);
 }
 
 /* ---- flushing from other threads: exit and fork ------------------------------------------------ */
@@ -365,20 +526,19 @@ void ca_flush_all(int last)
     if (!g_inited)
         return;
     pthread_mutex_lock(&g_list_lock);
-    for (ca_tbuf *tb = g_list; tb; tb = tb->next) {
+    for (ca_tbuf *tb = __atomic_load_n(&g_list, __ATOMIC_ACQUIRE); tb; tb = tb->next) {
         pthread_mutex_lock(&tb->lock);
         pthread_mutex_lock(&g_out_lock);
-        if (!__atomic_load_n(&g_closed, __ATOMIC_RELAXED))
-            write_pending(tb);
+        drain_queue(); /* this thread's older chunks first */
+        write_chunk(tb->cur);
         pthread_mutex_unlock(&g_out_lock);
         pthread_mutex_unlock(&tb->lock);
     }
-    if (last) {
-        pthread_mutex_lock(&g_out_lock);
-        if (!__atomic_exchange_n(&g_closed, 1, __ATOMIC_RELAXED))
-            close_output();
-        pthread_mutex_unlock(&g_out_lock);
-    }
+    pthread_mutex_lock(&g_out_lock);
+    drain_queue();
+    if (last && !__atomic_exchange_n(&g_closed, 1, __ATOMIC_RELAXED))
+        close_output();
+    pthread_mutex_unlock(&g_out_lock);
     pthread_mutex_unlock(&g_list_lock);
 }
 
@@ -392,35 +552,46 @@ void ca_fork_prepare(void)
     for (ca_tbuf *tb = g_list; tb; tb = tb->next)
         pthread_mutex_lock(&tb->lock);
     pthread_mutex_lock(&g_out_lock);
-    for (ca_tbuf *tb = g_list; tb; tb = tb->next)
-        if (g_inited && !g_closed)
-            write_pending(tb);
+    if (g_inited) {
+        drain_queue();
+        for (ca_tbuf *tb = g_list; tb; tb = tb->next)
+            write_chunk(tb->cur);
+    }
+    pthread_mutex_lock(&g_q_lock);
 }
 
 void ca_fork_parent(void)
 {
+    pthread_mutex_unlock(&g_q_lock);
     pthread_mutex_unlock(&g_out_lock);
     for (ca_tbuf *tb = g_list; tb; tb = tb->next)
         pthread_mutex_unlock(&tb->lock);
     pthread_mutex_unlock(&g_list_lock);
 }
 
-/* The child: only the forking thread lives on. What other threads recorded after the
- * prepare step belongs to the parent; the child starts its own file. */
+/* The child: only the forking thread lives on, the writer thread included is gone (a new one
+ * starts when needed). What other threads recorded after the prepare step belongs to the
+ * parent; the child starts its own file. */
 void ca_fork_child(void)
 {
     for (ca_tbuf *tb = g_list; tb; tb = tb->next) {
         if (tb != t_buf) {
             tb->depth = 0;
             tb->reserved = 0;
+            __atomic_store_n(&tb->cur->committed, 0, __ATOMIC_RELAXED);
         }
-        tb->done = __atomic_load_n(&tb->committed, __ATOMIC_RELAXED);
+        tb->cur->done = __atomic_load_n(&tb->cur->committed, __ATOMIC_RELAXED);
         pthread_mutex_init(&tb->lock, NULL);
     }
-    if (t_buf)
+    if (t_buf) {
         t_buf->tid = syscall(SYS_gettid);
+        t_buf->cur->tid = t_buf->tid;
+    }
     pthread_mutex_init(&g_out_lock, NULL);
     pthread_mutex_init(&g_list_lock, NULL);
+    pthread_mutex_init(&g_q_lock, NULL);
+    pthread_cond_init(&g_q_cond, NULL);
+    g_writer = 0;
     if (g_inited && !g_closed && g_path[0] != '\0') {
         if (g_fd > 2)
             close(g_fd); /* the parent's file: the parent finishes it */

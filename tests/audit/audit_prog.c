@@ -208,14 +208,19 @@ static void exit_from_thread(void)
     exit(1); /* not reached */
 }
 
-/* bench N: N cuMemGetInfo calls, the cheapest traced entry point; prints ns per call. */
-static void bench(long n)
+/* bench N [WORK]: N cuMemGetInfo calls, the cheapest traced entry point, each followed by
+ * WORK iterations of a loop standing in for the program's own work between driver calls;
+ * prints ns per call. */
+static void bench(long n, long work)
 {
     size_t f, t;
     struct timespec a, b;
     clock_gettime(CLOCK_MONOTONIC, &a);
-    for (long i = 0; i < n; i++)
+    for (long i = 0; i < n; i++) {
         cuMemGetInfo(&f, &t);
+        for (volatile long w = 0; w < work; w++)
+            ;
+    }
     clock_gettime(CLOCK_MONOTONIC, &b);
     double ns = (double)(b.tv_sec - a.tv_sec) * 1e9 + (double)(b.tv_nsec - a.tv_nsec);
     printf("%.1f\n", ns / (double)n);
@@ -244,7 +249,7 @@ int main(int argc, char **argv)
     else if (strcmp(s, "exit-thread") == 0)
         exit_from_thread();
     else if (strcmp(s, "bench") == 0)
-        bench(argc > 2 ? atol(argv[2]) : 1000000);
+        bench(argc > 2 ? atol(argv[2]) : 1000000, argc > 3 ? atol(argv[3]) : 0);
     else
         return 2;
     return 0;

@@ -1,8 +1,14 @@
 #!/usr/bin/env python3
-"""Per-call cost of the tracer on the fake driver (no GPU): audit_prog bench N makes N
-cuMemGetInfo_v2 calls through direct binding and prints ns per call. Runs it 5 times
-without LD_AUDIT and 5 times with LD_AUDIT=libcacheaudit.so (every call traced, JSON Lines
-and text to a file), and prints the medians and the difference: the tracer's cost per call.
+"""Per-call cost of the tracer on the fake driver (no GPU): audit_prog bench N WORK makes N
+cuMemGetInfo_v2 calls through direct binding, each followed by WORK iterations of a busy loop
+standing in for the program's own work, and prints ns per call. Runs each configuration 5
+times, alternating untraced and traced runs, and prints medians and the differences.
+
+Two regimes:
+- back to back (WORK=0): calls come faster than the writer thread can format them, so the
+  calling thread ends up formatting too; this is the tracer's throughput bound.
+- with work between calls (WORK=2000, about a microsecond or more, like a framework's
+  launches): the writer keeps up and the calling thread pays only for recording.
 
 Usage: bench_audit.py AUDIT_LIB PROG FAKE_DIR CUDART_DIR [N]
 """
@@ -13,37 +19,38 @@ import sys
 import tempfile
 
 AUDIT, PROG, FAKE_DIR, CUDART_DIR = sys.argv[1:5]
-N = int(sys.argv[5]) if len(sys.argv) > 5 else 2000000
+N = int(sys.argv[5]) if len(sys.argv) > 5 else 1000000
 RUNS = 5
 
 
-def once(extra):
+def once(work, extra):
     env = {k: v for k, v in os.environ.items() if not k.startswith("CACHESHIM_")}
     env["LD_LIBRARY_PATH"] = FAKE_DIR + ":" + CUDART_DIR
     env.update(extra)
-    out = subprocess.run([PROG, "bench", str(N)], env=env, check=True,
+    out = subprocess.run([PROG, "bench", str(N), str(work)], env=env, check=True,
                          stdout=subprocess.PIPE, text=True).stdout
     return float(out.split()[-1])
 
 
-def median(extra):
-    return statistics.median(once(extra) for _ in range(RUNS))
-
-
 with tempfile.TemporaryDirectory() as d:
-    base = median({})
-    print(f"no tracer:            {base:8.1f} ns per call (median of {RUNS} x {N} calls)")
-    for fmt in ("text", "jsonl", "perfetto"):
-        i = [0]
+    k = [0]
 
-        def traced():
-            i[0] += 1
-            return {"LD_AUDIT": AUDIT, "CACHESHIM_TRACE_FILTER": "all",
-                    "CACHESHIM_TRACE_FORMAT": fmt,
-                    "CACHESHIM_TRACE_FILE": os.path.join(d, f"{fmt}-{i[0]}-%p")}
+    def traced(fmt, filt="all"):
+        k[0] += 1
+        return {"LD_AUDIT": AUDIT, "CACHESHIM_TRACE_FILTER": filt, "CACHESHIM_TRACE_FORMAT": fmt,
+                "CACHESHIM_TRACE_FILE": os.path.join(d, f"{fmt}-{k[0]}-%p")}
 
-        t = statistics.median(once(traced()) for _ in range(RUNS))
-        print(f"traced, {fmt:9s}:     {t:8.1f} ns per call, tracer cost {t - base:7.1f} ns")
-    filtered = median({"LD_AUDIT": AUDIT, "CACHESHIM_TRACE_FILTER": "cuMemAlloc*"})
-    print(f"LD_AUDIT, call filtered out: {filtered:8.1f} ns per call "
-          f"(cost {filtered - base:.1f} ns: the binding is left alone)")
+    for work in (0, 2000):
+        configs = [("no tracer", lambda: {})]
+        configs += [(f"traced, {f}", lambda f=f: traced(f)) for f in ("text", "jsonl", "perfetto")]
+        configs += [("LD_AUDIT, call filtered out", lambda: traced("jsonl", "cuMemAlloc*"))]
+        times = {name: [] for name, _ in configs}
+        for _ in range(RUNS):
+            for name, env in configs:
+                times[name].append(once(work, env()))
+        base = statistics.median(times["no tracer"])
+        label = "back to back" if work == 0 else f"{work} loop iterations of work between calls"
+        print(f"{label} (median of {RUNS} x {N} calls):")
+        for name, _ in configs:
+            t = statistics.median(times[name])
+            print(f"  {name:28s} {t:8.1f} ns per call, tracer cost {t - base:7.1f} ns")
