@@ -7,6 +7,7 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 enum { W = 860, H = 580, ML = 90, MR = 200, MT = 50, MB = 70 };
@@ -113,6 +114,15 @@ int replay_plot_svg(const char *path, const char *title, const replay_point *pts
     /* Points with their labels, then the legend. */
     fputs("<g class=\"points\">\n", f);
     int nseries = 0;
+    /* Settings that end in (nearly) the same place would print their labels on top of each
+     * other: each label moves down a line until it clears every label already placed. */
+    double *lx = calloc(n ? n : 1, sizeof *lx), *ly = calloc(n ? n : 1, sizeof *ly);
+    if (!lx || !ly) {
+        free(lx);
+        free(ly);
+        fclose(f);
+        return -1;
+    }
     for (size_t i = 0; i < n; i++) {
         int s = series_index(pts, i);
         nseries = s + 1 > nseries ? s + 1 : nseries;
@@ -128,11 +138,20 @@ int replay_plot_svg(const char *path, const char *title, const replay_point *pts
         fputs(": ", f);
         put_escaped(f, pts[i].label);
         fputs("</title></circle>\n", f);
+        lx[i] = PX(pts[i].x) + 6;
+        ly[i] = PY(pts[i].y) - 6;
+        for (size_t j = 0; j < i; j++)
+            if (fabs(lx[j] - lx[i]) < 110 && fabs(ly[j] - ly[i]) < 11) {
+                ly[i] = ly[j] + 11;
+                j = (size_t)-1; /* look again from the first */
+            }
         fprintf(f, "<text class=\"label\" x=\"%.1f\" y=\"%.1f\" font-size=\"10\" fill=\"%s\">",
-                PX(pts[i].x) + 6, PY(pts[i].y) - 6, col);
+                lx[i], ly[i], col);
         put_escaped(f, pts[i].label);
         fputs("</text>\n", f);
     }
+    free(lx);
+    free(ly);
     fputs("</g>\n<g class=\"legend\">\n", f);
     for (int s = 0, y = MT + 10; s < nseries; s++, y += 18) {
         size_t i = 0;
