@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "cs_backend.h"
+#include "cs_report.h"
 
 static cs_shim shim;
 static pthread_once_t shim_once = PTHREAD_ONCE_INIT;
@@ -25,7 +26,8 @@ static int captures;  /* stream captures in progress in the process */
 
 /* ---------------------------------------------------------------- options and limits */
 
-static void report_option(const char *line, void *arg)
+/* A line of the options parser or of the statistics, through cs_log. */
+static void log_line(const char *line, void *arg)
 {
     (void)arg;
     static const char prefix[] = "cacheshim: ";
@@ -103,17 +105,17 @@ __attribute__((destructor)) static void at_exit(void)
 {
     /* No driver calls here: the driver may already be torn down. */
     if (shim_ready && shim.opts.stats && shim.cache)
-        cs_report_stats(shim.cache);
+        cs_report_stats(shim.cache, shim.opts.verbose >= 1, log_line, NULL);
 }
 
 /* ---------------------------------------------------------------- init */
 
 static void init(void)
 {
-    cs_options_load(&shim.opts, env, report_option, NULL);
+    cs_options_load(&shim.opts, env, log_line, NULL);
     shim.disabled = shim.opts.disable;
     if (shim.opts.verbose >= 1)
-        cs_options_print(&shim.opts, report_option, NULL);
+        cs_options_print(&shim.opts, log_line, NULL);
     if (!shim.disabled) {
         cs_cache_config config = {
             .cap_for = cap_for,
