@@ -3,6 +3,7 @@
 #include "cs_report.h"
 
 #include <inttypes.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -149,6 +150,19 @@ static void format_cell(const row *r, const cacheshim_stats *s, char *buf, size_
 
 /* ---------------------------------------------------------------- the table */
 
+/* A line outside the table, formatted. (tests/check_messages_doc.py finds emitf's formats,
+ * so docs/troubleshooting.md must show each.) */
+__attribute__((format(printf, 3, 4))) static void emitf(cs_report_fn emit, void *arg,
+                                                        const char *fmt, ...)
+{
+    char text[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+    emit(text, arg);
+}
+
 enum { CELL = 32, MAX_LINES = 2 + NSUMMARY + NDETAILS };
 
 typedef struct {
@@ -206,7 +220,7 @@ void cs_report_stats(cs_cache *cache, bool details, cs_report_fn emit, void *arg
     int devices[CS_MAX_DEVICES];
     int n = cs_cache_devices(cache, devices, CS_MAX_DEVICES);
     if (n == 0)
-        emit("statistics: no device memory was allocated through the shim", arg);
+        emitf(emit, arg, "statistics: no device memory was allocated through the shim");
     for (int first = 0; first < n; first += CS_REPORT_COLUMNS) {
         int cols = n - first < CS_REPORT_COLUMNS ? n - first : CS_REPORT_COLUMNS;
         cacheshim_stats st[CS_REPORT_COLUMNS];
@@ -216,12 +230,9 @@ void cs_report_stats(cs_cache *cache, bool details, cs_report_fn emit, void *arg
     }
     cacheshim_stats all;
     cs_cache_stats(cache, -1, &all);
-    if (all.foreign_frees) {
-        char text[128];
-        snprintf(text, sizeof text,
-                 "foreign frees: %" PRIu64 " (pointers the shim did not hand out, passed to the "
-                 "driver)",
-                 all.foreign_frees);
-        emit(text, arg);
-    }
+    if (all.foreign_frees)
+        emitf(emit, arg,
+              "foreign frees: %" PRIu64 " (pointers the shim did not hand out, passed to the "
+              "driver)",
+              all.foreign_frees);
 }

@@ -217,7 +217,14 @@ void cs_shim_report_failure(const cs_driver *d, const cs_alloc_failure *f)
         cs_bytes_format(f->cap, cap, sizeof cap);
     if (d->cuMemGetInfo_v2 && d->cuMemGetInfo_v2(&free_b, &total_b) == CUDA_SUCCESS)
         cs_bytes_format(free_b, dfree, sizeof dfree);
-    cs_log("allocation of %s failed: %s; in use %s, cached %s, cap %s, device free %s", req,
-           f->by_cap ? "it would exceed CACHESHIM_CAP" : "the device is out of memory", use,
-           cached, cap, dfree);
+    /* Two formats, not one with the reason as %s: docs/troubleshooting.md must show both
+     * (tests/check_messages_doc.py). */
+    if (f->by_cap)
+        cs_log("allocation of %s failed: it would exceed CACHESHIM_CAP; in use %s, cached %s, "
+               "cap %s, device free %s",
+               req, use, cached, cap, dfree);
+    else
+        cs_log("allocation of %s failed: the device is out of memory; in use %s, cached %s, "
+               "cap %s, device free %s",
+               req, use, cached, cap, dfree);
 }

@@ -772,6 +772,9 @@ static void test_exit_table_two_devices_with_details(void **state)
                          "FAKE_CUDA_DEVICES", "2", NULL};
     int status = run_self("exit-two-devices", env, err, sizeof err);
     assert_int_equal(status, 0);
+    assert_non_null(strstr(err, "cacheshim: allocation of 4.00 MiB failed: it would exceed "
+                                "CACHESHIM_CAP; in use 6.00 MiB, cached 0 B, cap 8.00 MiB, "
+                                "device free "));
     const char *table = strstr(err, "cacheshim: statistics ");
     assert_non_null(table);
     /* Device 0: 3 hits of 4, 7 calls saved (3 x 45 + 4 x 31 us). Device 1: the cap refused
