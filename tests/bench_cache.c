@@ -108,8 +108,10 @@ static int run(const mix *m, int threads, long pairs, int runs)
                 return 1;
             }
         }
-        pthread_barrier_wait(&start);
+        /* The clock starts before the threads are let go: were it read after, a thread
+         * could run its pairs while this one waits to be scheduled, and be timed short. */
         double t0 = now();
+        pthread_barrier_wait(&start);
         for (int i = 0; i < threads; i++)
             pthread_join(t[i], NULL);
         rate[r] = (double)pairs * threads / (now() - t0);

@@ -61,7 +61,7 @@ static void be_destroy(void *d, void *f) { (void)d; (void)f; }
 static const cs_backend_ops ops = {be_alloc, be_free, be_record, be_query, be_wait, be_destroy};
 
 static device devs[8];
-static uint64_t cap_bytes = CS_UNLIMITED;
+static uint64_t cap_bytes;
 
 static uint64_t cap_for(void *arg, uint64_t total)
 {
@@ -70,8 +70,10 @@ static uint64_t cap_for(void *arg, uint64_t total)
     return cap_bytes;
 }
 
-static cs_cache *new_cache(void)
+/* A cache with `cap` on every device (CS_UNLIMITED: none) and fresh devices. */
+static cs_cache *new_cache(uint64_t cap)
 {
+    cap_bytes = cap;
     memset(devs, 0, sizeof devs);
     for (int i = 0; i < 8; i++) {
         devs[i].budget = 1ull << 40;
@@ -137,7 +139,7 @@ static void expect_lines(const char *const *want, int n)
 static void test_one_device_summary_and_details(void **state)
 {
     (void)state;
-    cs_cache *c = new_cache();
+    cs_cache *c = new_cache(CS_UNLIMITED);
     cs_heap *h = heap(c, 0);
     /* 3 misses of different sizes, then 5 hits on the 1 MiB block; one block kept. */
     cs_cache_free(c, alloc(c, h, 1 * MiB));
@@ -189,8 +191,7 @@ static void test_one_device_summary_and_details(void **state)
 static void test_two_devices_side_by_side(void **state)
 {
     (void)state;
-    cap_bytes = 8 * MiB;
-    cs_cache *c = new_cache();
+    cs_cache *c = new_cache(8 * MiB);
     cs_heap *h0 = heap(c, 0), *h1 = heap(c, 1);
     for (int i = 0; i < 3; i++)
         cs_cache_free(c, alloc(c, h0, 512));
@@ -227,14 +228,13 @@ static void test_two_devices_side_by_side(void **state)
            "  fence waits                0         0",
            "  OOM failures               0         0",
            "  cap                 8.00 MiB  8.00 MiB");
-    cap_bytes = CS_UNLIMITED;
     cs_cache_destroy(c);
 }
 
 static void test_more_devices_than_columns(void **state)
 {
     (void)state;
-    cs_cache *c = new_cache();
+    cs_cache *c = new_cache(CS_UNLIMITED);
     static const int ids[] = {0, 1, 2, 3, 7};
     for (int i = 0; i < 5; i++)
         cs_cache_free(c, alloc(c, heap(c, ids[i]), 4096));
@@ -271,7 +271,7 @@ static void test_more_devices_than_columns(void **state)
 static void test_more_calls_than_saved_is_negative(void **state)
 {
     (void)state;
-    cs_cache *c = new_cache();
+    cs_cache *c = new_cache(CS_UNLIMITED);
     devs[0].budget = 2 * MiB;
     cs_heap *h = heap(c, 0);
     /* 2 MiB does not fit beside the idle 1 MiB: the driver says out of memory, the cache
@@ -296,7 +296,7 @@ static void test_more_calls_than_saved_is_negative(void **state)
 static void test_nothing_allocated_and_foreign_frees(void **state)
 {
     (void)state;
-    cs_cache *c = new_cache();
+    cs_cache *c = new_cache(CS_UNLIMITED);
     report(c, true);
     EXPECT("statistics: no device memory was allocated through the shim");
     assert_int_equal(cs_cache_free(c, 0x1000), CS_FOREIGN);
