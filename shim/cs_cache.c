@@ -53,7 +53,8 @@ struct cs_heap {
     uint64_t free_seq;   /* frees so far */
     uint64_t safe_seq;   /* every block freed at or before this is ready */
     fence_slot fences[MAX_FENCES]; /* ring, oldest first */
-    int fence_first, fence_count;
+    unsigned fence_first;  /* unsigned: % MAX_FENCES (a power of two) is then one AND */
+    int fence_count;
 };
 
 typedef struct {
@@ -219,7 +220,7 @@ static void idle_unlink(cs_heap *h, cs_block *b)
 
 static fence_slot *fence_at(cs_heap *h, int i)
 {
-    return &h->fences[(h->fence_first + i) % MAX_FENCES];
+    return &h->fences[(h->fence_first + (unsigned)i) % MAX_FENCES];
 }
 
 static void fence_drop_oldest(cs_heap *h)

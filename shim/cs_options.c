@@ -41,11 +41,11 @@ static const cs_option_desc option_table[OPT_COUNT] = {
                                "Idle cached bytes kept per device; above it, idle cached "
                                "blocks go back to the driver."},
     [OPT_STATS] = {"CACHESHIM_STATS", "bool", "0", ACCEPT_BOOL,
-                   "Print a statistics table per device to stderr at exit."},
+                   "Print a table of statistics to stderr at exit, a column per device."},
     [OPT_VERBOSE] = {"CACHESHIM_VERBOSE", "int", "0", "0, 1 or 2",
-                     "0: quiet; 1: print the effective configuration at start and one line "
-                     "for each failed allocation; 2: also one line for each release of cached "
-                     "memory to the driver."},
+                     "0: quiet; 1: print the effective configuration at start, one line for "
+                     "each failed allocation and every counter in the exit statistics; 2: also "
+                     "one line for each release of cached memory to the driver."},
     [OPT_TRACE_FORMAT] = {"CACHESHIM_TRACE_FORMAT", "choice", "text", "text, jsonl or perfetto",
                           "Tracer (LD_AUDIT=libcacheaudit.so) output format: text lines, JSON "
                           "Lines, or a Chrome-trace/Perfetto JSON file."},

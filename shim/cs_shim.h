@@ -37,9 +37,6 @@ void cs_shim_report_failure(const cs_driver *d, const cs_alloc_failure *f);
 /* The one-line messages of the shim ("cacheshim: ..."), written to stderr at once. */
 void cs_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
-/* The exit statistics table, one per device, through cs_log. */
-void cs_report_stats(cs_cache *cache);
-
 /* The wrapper the shim hands out for a driver function `real` that the driver resolved for
  * `name` (a versioned exported name, or a base name with cudaVersion and flags, as
  * cuGetProcAddress takes). Returns `real` itself when the shim does not wrap it. */

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "cs_backend.h"
+#include "cs_report.h"
 
 static cs_shim shim;
 static pthread_once_t shim_once = PTHREAD_ONCE_INIT;
@@ -25,7 +26,8 @@ static int captures;  /* stream captures in progress in the process */
 
 /* ---------------------------------------------------------------- options and limits */
 
-static void report_option(const char *line, void *arg)
+/* A line of the options parser or of the statistics, through cs_log. */
+static void log_line(const char *line, void *arg)
 {
     (void)arg;
     static const char prefix[] = "cacheshim: ";
@@ -103,17 +105,17 @@ __attribute__((destructor)) static void at_exit(void)
 {
     /* No driver calls here: the driver may already be torn down. */
     if (shim_ready && shim.opts.stats && shim.cache)
-        cs_report_stats(shim.cache);
+        cs_report_stats(shim.cache, shim.opts.verbose >= 1, log_line, NULL);
 }
 
 /* ---------------------------------------------------------------- init */
 
 static void init(void)
 {
-    cs_options_load(&shim.opts, env, report_option, NULL);
+    cs_options_load(&shim.opts, env, log_line, NULL);
     shim.disabled = shim.opts.disable;
     if (shim.opts.verbose >= 1)
-        cs_options_print(&shim.opts, report_option, NULL);
+        cs_options_print(&shim.opts, log_line, NULL);
     if (!shim.disabled) {
         cs_cache_config config = {
             .cap_for = cap_for,
@@ -215,7 +217,14 @@ void cs_shim_report_failure(const cs_driver *d, const cs_alloc_failure *f)
         cs_bytes_format(f->cap, cap, sizeof cap);
     if (d->cuMemGetInfo_v2 && d->cuMemGetInfo_v2(&free_b, &total_b) == CUDA_SUCCESS)
         cs_bytes_format(free_b, dfree, sizeof dfree);
-    cs_log("allocation of %s failed: %s; in use %s, cached %s, cap %s, device free %s", req,
-           f->by_cap ? "it would exceed CACHESHIM_CAP" : "the device is out of memory", use,
-           cached, cap, dfree);
+    /* Two formats, not one with the reason as %s: docs/troubleshooting.md must show both
+     * (tests/check_messages_doc.py). */
+    if (f->by_cap)
+        cs_log("allocation of %s failed: it would exceed CACHESHIM_CAP; in use %s, cached %s, "
+               "cap %s, device free %s",
+               req, use, cached, cap, dfree);
+    else
+        cs_log("allocation of %s failed: the device is out of memory; in use %s, cached %s, "
+               "cap %s, device free %s",
+               req, use, cached, cap, dfree);
 }

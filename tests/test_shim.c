@@ -722,9 +722,107 @@ static void test_exit_with_cached_blocks(void **state)
     const char *env[] = {"CACHESHIM_STATS", "1", NULL};
     int status = run_self("exit-cached", env, err, sizeof err);
     assert_int_equal(status, 0);
-    assert_non_null(strstr(err, "cacheshim: statistics for device 0"));
-    assert_non_null(strstr(err, "requests"));
-    assert_null(strstr(err, "after driver teardown"));
+    /* 10 misses of 1..10 MiB, each freed, then a hit on the 1 MiB block. Saved: 11 requests
+     * + 10 frees - 10 driver allocations = 11 calls, 1 x 45 us + 10 x 31 us = 355 us. */
+    assert_string_equal(err,
+                        "cacheshim: statistics            device 0\n"
+                        "cacheshim:   requests                  11\n"
+                        "cacheshim:   hit rate                9.0%\n"
+                        "cacheshim:   peak in use         10.0 MiB\n"
+                        "cacheshim:   peak reserved       55.0 MiB\n"
+                        "cacheshim:   cached now          54.0 MiB\n"
+                        "cacheshim:   driver calls saved        11\n"
+                        "cacheshim:   est. time saved       355 us\n"
+                        "cacheshim:   OOM recoveries             0\n"
+                        "cacheshim:   cap refusals               0\n");
+}
+
+static int exit_two_devices(void)
+{
+    setup(NULL);
+    for (int i = 0; i < 4; i++) {
+        CUdeviceptr p;
+        if (cuMemAlloc(&p, 1 * MiB) != CUDA_SUCCESS || cuMemFree(p) != CUDA_SUCCESS)
+            return 1;
+    }
+    CUdeviceptr foreign;
+    if (((alloc_fn)real_fn("cuMemAlloc_v2"))(&foreign, 4096) != CUDA_SUCCESS ||
+        cuMemFree(foreign) != CUDA_SUCCESS)
+        return 2;
+    CUdevice dev;
+    CUcontext ctx;
+    if (cuDeviceGet(&dev, 1) != CUDA_SUCCESS || cuDevicePrimaryCtxRetain(&ctx, dev) != CUDA_SUCCESS ||
+        cuCtxSetCurrent(ctx) != CUDA_SUCCESS)
+        return 3;
+    CUdeviceptr a, b;
+    if (cuMemAlloc(&a, 6 * MiB) != CUDA_SUCCESS ||
+        cuMemAlloc(&b, 4 * MiB) != CUDA_ERROR_OUT_OF_MEMORY ||  /* over CACHESHIM_CAP */
+        cuMemFree(a) != CUDA_SUCCESS ||
+        cuMemAlloc(&b, 7 * MiB) != CUDA_SUCCESS ||  /* the idle 6 MiB go back first */
+        cuMemFree(b) != CUDA_SUCCESS)
+        return 4;
+    exit(0);
+}
+
+static void test_exit_table_two_devices_with_details(void **state)
+{
+    (void)state;
+    char err[16384];
+    const char *env[] = {"CACHESHIM_STATS", "1", "CACHESHIM_VERBOSE", "1", "CACHESHIM_CAP", "8MiB",
+                         "FAKE_CUDA_DEVICES", "2", NULL};
+    int status = run_self("exit-two-devices", env, err, sizeof err);
+    assert_int_equal(status, 0);
+    assert_non_null(strstr(err, "cacheshim: allocation of 4.00 MiB failed: it would exceed "
+                                "CACHESHIM_CAP; in use 6.00 MiB, cached 0 B, cap 8.00 MiB, "
+                                "device free "));
+    const char *table = strstr(err, "cacheshim: statistics ");
+    assert_non_null(table);
+    /* Device 0: 3 hits of 4, 7 calls saved (3 x 45 + 4 x 31 us). Device 1: the cap refused
+     * one request and one release made room for another: 3 requests + 2 frees - 2 driver
+     * allocations - 1 driver free = 2 calls (45 + 31 us). */
+    assert_string_equal(table,
+                        "cacheshim: statistics            device 0  device 1\n"
+                        "cacheshim:   requests                   4         3\n"
+                        "cacheshim:   hit rate               75.0%      0.0%\n"
+                        "cacheshim:   peak in use         1.00 MiB  7.00 MiB\n"
+                        "cacheshim:   peak reserved       1.00 MiB  7.00 MiB\n"
+                        "cacheshim:   cached now          1.00 MiB  7.00 MiB\n"
+                        "cacheshim:   driver calls saved         7         2\n"
+                        "cacheshim:   est. time saved       259 us   76.0 us\n"
+                        "cacheshim:   OOM recoveries             0         0\n"
+                        "cacheshim:   cap refusals               0         1\n"
+                        "cacheshim: details               device 0  device 1\n"
+                        "cacheshim:   hits                       3         0\n"
+                        "cacheshim:   misses                     1         3\n"
+                        "cacheshim:   frees                      4         2\n"
+                        "cacheshim:   in use now               0 B       0 B\n"
+                        "cacheshim:   peak requested      1.00 MiB  7.00 MiB\n"
+                        "cacheshim:   driver allocations         1         2\n"
+                        "cacheshim:   driver frees               0         1\n"
+                        "cacheshim:   releases                   0         1\n"
+                        "cacheshim:   fences                     3         0\n"
+                        "cacheshim:   fence waits                0         0\n"
+                        "cacheshim:   OOM failures               0         0\n"
+                        "cacheshim:   cap                 8.00 MiB  8.00 MiB\n"
+                        "cacheshim: foreign frees: 1 (pointers the shim did not hand out, passed "
+                        "to the driver)\n");
+}
+
+static int exit_nothing(void)
+{
+    setup(NULL);
+    /* cudaFree(NULL), as programs start the runtime: the shim starts, no heap is made. */
+    exit(cuMemFree(0) == CUDA_SUCCESS ? 0 : 1);
+}
+
+static void test_exit_nothing_allocated(void **state)
+{
+    (void)state;
+    char err[8192];
+    const char *env[] = {"CACHESHIM_STATS", "1", NULL};
+    assert_int_equal(run_self("exit-nothing", env, err, sizeof err), 0);
+    assert_string_equal(err,
+                        "cacheshim: statistics: no device memory was allocated through the shim\n");
 }
 
 static void test_bad_option_is_reported(void **state)
@@ -767,6 +865,10 @@ int main(int argc, char **argv)
     const char *group = argc > 1 ? argv[1] : "";
     if (!strcmp(group, "exit-cached"))
         return exit_with_cached_blocks();
+    if (!strcmp(group, "exit-two-devices"))
+        return exit_two_devices();
+    if (!strcmp(group, "exit-nothing"))
+        return exit_nothing();
     if (!strcmp(group, "oom-report"))
         return oom_report();
 
@@ -783,6 +885,8 @@ int main(int argc, char **argv)
     const struct CMUnitTest failures[] = {T(test_driver_errors_pass_through),
                                           T(test_event_query_error_is_not_ready)};
     const struct CMUnitTest process[] = {T(test_fork_child_is_usable), T(test_exit_with_cached_blocks),
+                                         T(test_exit_table_two_devices_with_details),
+                                         T(test_exit_nothing_allocated),
                                          T(test_bad_option_is_reported), T(test_oom_report_line)};
     const struct CMUnitTest cap[] = {T(test_cap), T(test_cap_waits_for_busy_block)};
     const struct CMUnitTest cap_percent[] = {T(test_cap_percent)};
