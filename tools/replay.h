@@ -10,6 +10,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #define REPLAY_NAME "cacheshim-replay"
 
@@ -20,6 +21,7 @@ typedef struct {
     uint64_t size;  /* 'a', 'e' */
     uint64_t ptr;   /* 'a', 'f' */
     uint64_t ns;    /* trace time */
+    uint64_t err;   /* 'e': the CUresult */
 } replay_event;
 
 typedef struct {
@@ -33,6 +35,15 @@ typedef struct {
  * on an unreadable file a message and 2; 0 on success. */
 int replay_trace_load(replay_trace *t, const char *path);
 void replay_trace_free(replay_trace *t);
+
+/* The pieces of replay_trace_load that cacheshim-report shares; tool names the program in
+ * messages. Open: a stream of the text, plain or through `gzip -dc`, or NULL after a message.
+ * Parse: one line (cut up in place) into an event; 1 for an event, 0 for a blank or comment
+ * line, -1 if malformed. Close: -1 after a message when gzip failed on a file read to its
+ * end (read_all), else 0. */
+FILE *replay_trace_open(const char *path, const char *tool, bool *is_pipe);
+int replay_trace_parse_line(char *buf, replay_event *e);
+int replay_trace_close(FILE *f, bool is_pipe, bool read_all, const char *path, const char *tool);
 
 /* ---------------------------------------------------------------- simulation (replay_sim.c) */
 

@@ -45,11 +45,11 @@ static bool push(replay_trace *t, replay_event e)
 
 /* Gzipped files are recognised by their magic bytes, not their name, and read through
  * `gzip -dc`: no zlib dependency for one tool. */
-static FILE *open_trace(const char *path, bool *is_pipe)
+FILE *replay_trace_open(const char *path, const char *tool, bool *is_pipe)
 {
     FILE *f = fopen(path, "rb");
     if (!f) {
-        fprintf(stderr, REPLAY_NAME ": %s: %s\n", path, strerror(errno));
+        fprintf(stderr, "%s: %s: %s\n", tool, path, strerror(errno));
         return NULL;
     }
     unsigned char magic[2] = {0, 0};
@@ -78,13 +78,12 @@ static FILE *open_trace(const char *path, bool *is_pipe)
     FILE *pf = popen(cmd, "r");
     free(cmd);
     if (!pf)
-        fprintf(stderr, REPLAY_NAME ": %s: cannot run gzip -dc: %s\n", path, strerror(errno));
+        fprintf(stderr, "%s: %s: cannot run gzip -dc: %s\n", tool, path, strerror(errno));
     *is_pipe = pf != NULL;
     return pf;
 }
 
-/* One line into an event; returns 1 for an event, 0 for a line to skip, -1 if malformed. */
-static int parse_line(char *buf, replay_event *e)
+int replay_trace_parse_line(char *buf, replay_event *e)
 {
     char *tok[5];
     int ntok = 0;
@@ -93,7 +92,6 @@ static int parse_line(char *buf, replay_event *e)
         tok[ntok++] = s;
     if (ntok == 0 || tok[0][0] == '#')
         return 0;
-    uint64_t err;
     *e = (replay_event){.kind = tok[0][0]};
     if (!strcmp(tok[0], "a"))
         return ntok == 4 && parse_u64(tok[1], 10, &e->size) && parse_u64(tok[2], 16, &e->ptr) &&
@@ -104,7 +102,7 @@ static int parse_line(char *buf, replay_event *e)
         return ntok == 3 && parse_u64(tok[1], 16, &e->ptr) && parse_u64(tok[2], 10, &e->ns) ? 1
                                                                                            : -1;
     if (!strcmp(tok[0], "e"))
-        return ntok == 4 && parse_u64(tok[1], 10, &e->size) && parse_u64(tok[2], 10, &err) &&
+        return ntok == 4 && parse_u64(tok[1], 10, &e->size) && parse_u64(tok[2], 10, &e->err) &&
                        parse_u64(tok[3], 10, &e->ns)
                    ? 1
                    : -1;
@@ -115,7 +113,7 @@ int replay_trace_load(replay_trace *t, const char *path)
 {
     *t = (replay_trace){.path = path};
     bool is_pipe;
-    FILE *f = open_trace(path, &is_pipe);
+    FILE *f = replay_trace_open(path, REPLAY_NAME, &is_pipe);
     if (!f)
         return 2;
     int rc = 0;
@@ -134,7 +132,7 @@ int replay_trace_load(replay_trace *t, const char *path)
         char copy[256];
         snprintf(copy, sizeof copy, "%s", buf);
         replay_event e;
-        int r = parse_line(buf, &e);
+        int r = replay_trace_parse_line(buf, &e);
         if (r < 0)
             rc = malformed(path, lineno, copy);
         else if (r > 0 && !push(t, e)) {
@@ -147,19 +145,26 @@ int replay_trace_load(replay_trace *t, const char *path)
         rc = 2;
     }
     free(buf);
-    if (is_pipe) {
-        /* On an early stop gzip may die of SIGPIPE: only its status on a full read counts. */
-        int st = pclose(f);
-        if (rc == 0 && st != 0) {
-            fprintf(stderr, REPLAY_NAME ": %s: gzip -dc failed (status %d)\n", path, st);
-            rc = 2;
-        }
-    } else {
-        fclose(f);
-    }
+    if (replay_trace_close(f, is_pipe, rc == 0, path, REPLAY_NAME) && rc == 0)
+        rc = 2;
     if (rc)
         replay_trace_free(t);
     return rc;
+}
+
+int replay_trace_close(FILE *f, bool is_pipe, bool read_all, const char *path, const char *tool)
+{
+    if (!is_pipe) {
+        fclose(f);
+        return 0;
+    }
+    /* On an early stop gzip may die of SIGPIPE: only its status on a full read counts. */
+    int st = pclose(f);
+    if (read_all && st != 0) {
+        fprintf(stderr, "%s: %s: gzip -dc failed (status %d)\n", tool, path, st);
+        return -1;
+    }
+    return 0;
 }
 
 void replay_trace_free(replay_trace *t)
