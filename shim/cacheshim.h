@@ -1,18 +1,22 @@
 /* cacheshim public API: statistics and control for programs that want them.
  *
- * These functions live in libcacheshim.so. A program that should run with or without the
- * shim finds them at run time instead of linking them:
+ * cacheshim_get_stats and cacheshim_trim live in libcacheshim.so, which is loaded with
+ * LD_PRELOAD (or `cacheshim run`), not linked. A program that should run with or without the
+ * shim calls the helpers at the end of this file instead: they find the functions at run
+ * time and answer CACHESHIM_NOT_LOADED when the shim is absent, so the program needs no link
+ * flag for cacheshim (pkg-config --cflags cacheshim is all it takes):
  *
- *     int (*get)(int, cacheshim_stats *, size_t) =
- *         (int (*)(int, cacheshim_stats *, size_t))dlsym(RTLD_DEFAULT, "cacheshim_get_stats");
  *     cacheshim_stats s;
- *     if (get && get(-1, &s, sizeof s) == 0) printf("hits %llu\n", (unsigned long long)s.hits);
+ *     if (cacheshim_get_stats_if_loaded(-1, &s) == 0)
+ *         printf("hits %llu\n", (unsigned long long)s.hits);
  */
 #ifndef CACHESHIM_H
 #define CACHESHIM_H
 
+#include <dlfcn.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -52,6 +56,54 @@ int cacheshim_get_stats(int device, cacheshim_stats *out, size_t size);
 /* Give every idle cached block whose last use has completed back to the driver. Returns the
  * number of bytes released. */
 uint64_t cacheshim_trim(void);
+
+/* ---- with or without the shim: run-time lookups ---------------------------------------------
+ * dlsym(RTLD_DEFAULT, ...) finds the functions when libcacheshim.so is loaded (preloaded, or
+ * dlopened with RTLD_GLOBAL). Each call looks them up again: they are not for hot paths.
+ * glibc before 2.34 needs -ldl for dlsym. */
+
+#define CACHESHIM_NOT_LOADED (-2)
+
+/* RTLD_DEFAULT needs _GNU_SOURCE on glibc; its value there (and on musl) is 0. */
+#ifdef RTLD_DEFAULT
+#define CACHESHIM_RTLD_DEFAULT_ RTLD_DEFAULT
+#else
+#define CACHESHIM_RTLD_DEFAULT_ ((void *)0)
+#endif
+
+/* 1 when libcacheshim.so is loaded in this process, else 0. */
+static inline int cacheshim_loaded(void)
+{
+    return dlsym(CACHESHIM_RTLD_DEFAULT_, "cacheshim_get_stats") != NULL;
+}
+
+/* cacheshim_get_stats(device, out, sizeof *out) when the shim is loaded (0, or -1 as it
+ * answers); CACHESHIM_NOT_LOADED, out untouched, when it is not. */
+static inline int cacheshim_get_stats_if_loaded(int device, cacheshim_stats *out)
+{
+    int (*get)(int, cacheshim_stats *, size_t);
+    void *sym = dlsym(CACHESHIM_RTLD_DEFAULT_, "cacheshim_get_stats");
+    if (!sym)
+        return CACHESHIM_NOT_LOADED;
+    memcpy(&get, &sym, sizeof get); /* object to function pointer, without a cast ISO C forbids */
+    return get(device, out, sizeof *out);
+}
+
+/* cacheshim_trim() when the shim is loaded: 0, and the bytes released in *released (when
+ * released is not NULL); CACHESHIM_NOT_LOADED, *released = 0, when it is not. */
+static inline int cacheshim_trim_if_loaded(uint64_t *released)
+{
+    uint64_t (*trim)(void);
+    uint64_t bytes = 0;
+    void *sym = dlsym(CACHESHIM_RTLD_DEFAULT_, "cacheshim_trim");
+    if (sym) {
+        memcpy(&trim, &sym, sizeof trim);
+        bytes = trim();
+    }
+    if (released)
+        *released = bytes;
+    return sym ? 0 : CACHESHIM_NOT_LOADED;
+}
 
 #ifdef __cplusplus
 }

@@ -532,12 +532,15 @@ static void load_defaults(cs_options *opts)
         (void)parse_into(i, option_table[i].fallback, opts); /* tests check these parse */
 }
 
-/* The value as the user wrote it, made safe for a one-line message: control characters as
- * \xNN, and only the first SHOWN_MAX bytes followed by "...". */
 #define SHOWN_MAX 64
+_Static_assert(CS_VALUE_SHOWN_LEN >= SHOWN_MAX * 4 + 4, "room for every byte as \\xNN, ... and NUL");
 
-static void show_value(const char *value, char *buf, size_t len)
+void cs_value_show(const char *value, char *buf, size_t len)
 {
+    if (!buf || len < CS_VALUE_SHOWN_LEN)
+        return;
+    if (!value)
+        value = "";
     size_t o = 0, i = 0;
     for (; value[i] != '\0' && i < SHOWN_MAX; i++) {
         unsigned char c = (unsigned char)value[i];
@@ -570,9 +573,9 @@ int cs_options_load(cs_options *opts, cs_getenv_fn getenv_fn, cs_report_fn repor
             continue;
         bad++;
         if (report) {
-            char shown[SHOWN_MAX * 4 + 4];
+            char shown[CS_VALUE_SHOWN_LEN];
             char line[sizeof shown + 512];
-            show_value(value, shown, sizeof shown);
+            cs_value_show(value, shown, sizeof shown);
             snprintf(line, sizeof line,
                      "cacheshim: %s='%s' is not valid: expected %s; using the default (%s)",
                      d->name, shown, d->accepted, d->fallback);
@@ -580,6 +583,17 @@ int cs_options_load(cs_options *opts, cs_getenv_fn getenv_fn, cs_report_fn repor
         }
     }
     return bad;
+}
+
+int cs_option_parse(cs_options *opts, const char *name, const char *value)
+{
+    if (!opts || !name || !value)
+        return -1;
+    for (size_t i = 0; i < OPT_COUNT; i++) {
+        if (strcmp(option_table[i].name, name) == 0)
+            return parse_into(i, value, opts);
+    }
+    return -2;
 }
 
 static bool sizes_equal(const cs_size_spec *a, const cs_size_spec *b)

@@ -65,6 +65,18 @@ uint64_t cs_size_resolve(const cs_size_spec *spec, uint64_t device_total);
 void cs_size_format(const cs_size_spec *spec, char *buf, size_t len);
 void cs_bytes_format(uint64_t bytes, char *buf, size_t len);
 
+/* One variable of the table, by name, parsed into opts as cs_options_load would parse it
+ * (the launcher checks its command line with this). Returns 0; -1 for a bad value or a NULL
+ * argument, opts untouched; -2 when name is not in the table. An empty value is bad here:
+ * only cs_options_load reads "set to nothing" as unset. */
+int cs_option_parse(cs_options *opts, const char *name, const char *value);
+
+/* value as the user wrote it, made safe for a one-line message: control characters as \xNN,
+ * the first 64 bytes only, then "...". buf must hold CS_VALUE_SHOWN_LEN bytes (else nothing
+ * is written); NULL shows as "". */
+#define CS_VALUE_SHOWN_LEN 260
+void cs_value_show(const char *value, char *buf, size_t len);
+
 /* Every variable with its effective value, one line each, through report. */
 void cs_options_print(const cs_options *opts, cs_report_fn report, void *arg);
 

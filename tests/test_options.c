@@ -589,6 +589,89 @@ static void test_long_bad_value_is_cut(void **state)
     assert_int_equal(strlen(r.line[0]), strlen("cacheshim: CACHESHIM_VERBOSE='' " TAIL_INT) + 64 * 4);
 }
 
+/* ---- one variable by name (cs_option_parse) and the shown value ------------------------- */
+
+static void test_option_parse(void **state)
+{
+    (void)state;
+    cs_options o, before;
+    cs_options_load(&o, NULL, NULL, NULL);
+
+    /* every bad value of the table above: -1 and nothing written */
+    for (size_t i = 0; i < sizeof bad_values / sizeof bad_values[0]; i++) {
+        memcpy(&before, &o, sizeof o);
+        if (cs_option_parse(&o, bad_values[i].name, bad_values[i].value) != -1)
+            fail_msg("%s='%s' parsed", bad_values[i].name, bad_values[i].value);
+        assert_memory_equal(&o, &before, sizeof o);
+    }
+    /* empty is bad here (cs_options_load reads it as unset) */
+    assert_int_equal(cs_option_parse(&o, "CACHESHIM_CAP", ""), -1);
+    assert_memory_equal(&o, &before, sizeof o);
+
+    /* good values land in their fields */
+    assert_int_equal(cs_option_parse(&o, "CACHESHIM_CAP", "8G"), 0);
+    assert_int_equal(o.cap.kind, CS_SIZE_BYTES);
+    assert_int_equal(o.cap.bytes, 8 * GiB);
+    assert_int_equal(cs_option_parse(&o, "CACHESHIM_RELEASE_THRESHOLD", "25%"), 0);
+    assert_int_equal(o.release_threshold.kind, CS_SIZE_PERCENT);
+    assert_int_equal(cs_option_parse(&o, "CACHESHIM_STATS", "yes"), 0);
+    assert_true(o.stats);
+    assert_int_equal(cs_option_parse(&o, "CACHESHIM_DISABLE", "1"), 0);
+    assert_true(o.disable);
+    assert_int_equal(cs_option_parse(&o, "CACHESHIM_VERBOSE", "2"), 0);
+    assert_int_equal(o.verbose, 2);
+    assert_int_equal(cs_option_parse(&o, "CACHESHIM_TRACE_FORMAT", "perfetto"), 0);
+    assert_int_equal(o.trace_format, CS_TRACE_PERFETTO);
+    assert_int_equal(cs_option_parse(&o, "CACHESHIM_TRACE_FILE", "t.%p.jsonl"), 0);
+    assert_string_equal(o.trace_file, "t.%p.jsonl");
+    assert_int_equal(cs_option_parse(&o, "CACHESHIM_TRACE_FILTER", " cuMemAlloc* , cuInit"), 0);
+    assert_string_equal(o.trace_filter, "cuMemAlloc*,cuInit");
+
+    /* not in the table, or NULL arguments */
+    memcpy(&before, &o, sizeof o);
+    assert_int_equal(cs_option_parse(&o, "CACHESHIM_CAPS", "8G"), -2);
+    assert_int_equal(cs_option_parse(&o, "cacheshim_cap", "8G"), -2);
+    assert_int_equal(cs_option_parse(&o, NULL, "8G"), -1);
+    assert_int_equal(cs_option_parse(&o, "CACHESHIM_CAP", NULL), -1);
+    assert_int_equal(cs_option_parse(NULL, "CACHESHIM_CAP", "8G"), -1);
+    assert_memory_equal(&o, &before, sizeof o);
+}
+
+static void test_value_show(void **state)
+{
+    (void)state;
+    char buf[CS_VALUE_SHOWN_LEN];
+    cs_value_show("8X", buf, sizeof buf);
+    assert_string_equal(buf, "8X");
+    cs_value_show(NULL, buf, sizeof buf);
+    assert_string_equal(buf, "");
+    cs_value_show("a\tb\x7f", buf, sizeof buf);
+    assert_string_equal(buf, "a\\x09b\\x7f");
+
+    char v[80];
+    memset(v, 'y', sizeof v - 1);
+    v[sizeof v - 1] = '\0';
+    v[64] = '\0'; /* exactly 64 bytes: shown whole */
+    cs_value_show(v, buf, sizeof buf);
+    assert_string_equal(buf, v);
+    v[64] = 'y'; /* 79: cut after 64 */
+    cs_value_show(v, buf, sizeof buf);
+    assert_int_equal(strlen(buf), 64 + 3);
+    assert_string_equal(buf + 64, "...");
+
+    /* 64 control characters then more: the longest result fits */
+    memset(v, '\n', sizeof v - 1);
+    cs_value_show(v, buf, sizeof buf);
+    assert_int_equal(strlen(buf), 64 * 4 + 3);
+
+    /* a buffer too small for the longest result is left alone */
+    char small[CS_VALUE_SHOWN_LEN - 1];
+    memset(small, 'q', sizeof small);
+    cs_value_show("8X", small, sizeof small);
+    assert_int_equal(small[0], 'q');
+    cs_value_show("8X", NULL, sizeof buf); /* no crash */
+}
+
 /* ---- printing ----------------------------------------------------------------------------------- */
 
 static void test_print_defaults(void **state)
@@ -790,6 +873,8 @@ int main(void)
         cmocka_unit_test_setup(test_bad_values, setup),
         cmocka_unit_test_setup(test_size_overflow_boundary, setup),
         cmocka_unit_test_setup(test_long_bad_value_is_cut, setup),
+        cmocka_unit_test_setup(test_option_parse, setup),
+        cmocka_unit_test_setup(test_value_show, setup),
         cmocka_unit_test_setup(test_print_defaults, setup),
         cmocka_unit_test_setup(test_print_set, setup),
         cmocka_unit_test_setup(test_size_format, setup),

@@ -1,0 +1,94 @@
+/* cacheshim: the launcher. `cacheshim run|trace [OPTIONS] [--] PROGRAM [ARGS...]` sets up the
+ * environment and becomes PROGRAM (exec: same pid, so its exit status and signals are the
+ * launcher's); `cacheshim report|replay ...` runs the sibling tool cacheshim-report|replay.
+ * See docs/cli.md. */
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "launch.h"
+#include "launch_config.h"
+
+static void usage(FILE *f)
+{
+    fputs("usage: " LAUNCH_NAME " COMMAND [OPTIONS] [--] PROGRAM [ARGS...]\n"
+          "       " LAUNCH_NAME " report|replay [ARGS...]\n"
+          "       " LAUNCH_NAME " --help | --version\n"
+          "\n"
+          "Commands:\n"
+          "  run      run PROGRAM with the caching allocator (libcacheshim.so preloaded)\n"
+          "  trace    run PROGRAM with the driver-call tracer (libcacheaudit.so as LD_AUDIT)\n"
+          "  report   summarise a trace (runs cacheshim-report)\n"
+          "  replay   replay allocation traces through the cache, offline (runs cacheshim-replay)\n"
+          "\n"
+          "'" LAUNCH_NAME " COMMAND --help' describes each command; see also cacheshim(1).\n",
+          f);
+}
+
+int launch_flush_stdout(int status)
+{
+    if (fflush(stdout) != 0 || ferror(stdout)) {
+        fprintf(stderr, LAUNCH_NAME ": cannot write to standard output: %s\n", strerror(errno));
+        return LAUNCH_SETUP;
+    }
+    return status;
+}
+
+static int launch(launch_cmd cmd, int argc, char **argv)
+{
+    launch_args a;
+    int rc = launch_parse(cmd, argc, argv, &a);
+    if (rc != LAUNCH_GO)
+        return rc;
+    cs_options opts;
+    if ((rc = launch_apply(&a, &opts)) != 0)
+        return rc;
+    char dir[PATH_MAX];
+    if ((rc = launch_self_dir(dir, sizeof dir)) != 0)
+        return rc;
+    if (cmd == LAUNCH_RUN || a.value[LOPT_CACHE]) {
+        rc = launch_library(&a, dir, "LD_PRELOAD", "libcacheshim.so", CS_SHIM_FROM_TOOLS);
+        if (rc != 0)
+            return rc;
+    }
+    if (cmd == LAUNCH_TRACE) {
+        rc = launch_library(&a, dir, "LD_AUDIT", "libcacheaudit.so", CS_AUDIT_FROM_TOOLS);
+        if (rc == 0)
+            rc = launch_trace_output(&a, &opts);
+        if (rc != 0)
+            return rc;
+    }
+    return launch_exec(&a);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return LAUNCH_USAGE;
+    }
+    const char *cmd = argv[1];
+    if (strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0) {
+        usage(stdout);
+        return launch_flush_stdout(0);
+    }
+    if (strcmp(cmd, "--version") == 0) {
+        printf(LAUNCH_NAME " %s\n", CS_VERSION);
+        return launch_flush_stdout(0);
+    }
+    if (strcmp(cmd, "run") == 0)
+        return launch(LAUNCH_RUN, argc - 1, argv + 1);
+    if (strcmp(cmd, "trace") == 0)
+        return launch(LAUNCH_TRACE, argc - 1, argv + 1);
+    if (strcmp(cmd, "report") == 0 || strcmp(cmd, "replay") == 0) {
+        char dir[PATH_MAX];
+        int rc = launch_self_dir(dir, sizeof dir);
+        return rc != 0 ? rc : launch_dispatch(dir, argv + 1);
+    }
+    char shown[CS_VALUE_SHOWN_LEN];
+    cs_value_show(cmd, shown, sizeof shown);
+    fprintf(stderr, LAUNCH_NAME ": unknown %s '%s' (try: " LAUNCH_NAME " --help)\n",
+            cmd[0] == '-' ? "option" : "command", shown);
+    return LAUNCH_USAGE;
+}
