@@ -150,9 +150,18 @@ static int expand_path(const char *tmpl, int pid, int child, char *out, size_t c
     return 0;
 }
 
+/* 1 when the named file already existed at start: this process traces to PATH.PID, created
+ * at its first write, where it says so once (2: said, or a child of fork, which needn't). */
+static int g_name_taken;
+
 /* Under g_out_lock. A new file only (O_EXCL), never through a symbolic link (O_NOFOLLOW on
  * the last component; O_EXCL also refuses a dangling link), mode 0600. On failure: one
- * line, and the trace goes to stderr. */
+ * line, and the trace goes to stderr.
+ *
+ * A program started by the traced program (subprocess, popen, torchrun's workers) inherits
+ * CACHESHIM_TRACE_FILE and finds the file of its ancestor there. With no %p in the name it
+ * then traces to PATH.PID, created at its first write: a shell or gzip that never calls the
+ * driver leaves no file and prints nothing. */
 static void open_output(int child)
 {
     g_pid = (int)getpid();
@@ -160,10 +169,16 @@ static void open_output(int child)
     g_fd = 2;
     if (g_path[0] != '\0') {
         char path[CS_TRACE_TEXT_MAX + 32];
-        if (expand_path(g_path, g_pid, child, path, sizeof path) != 0) {
+        if (expand_path(g_path, g_pid, child || g_name_taken, path, sizeof path) != 0) {
             report_line("cacheshim: trace file name too long; tracing to stderr", NULL);
         } else {
             int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+            if (fd < 0 && errno == EEXIST && !child && !g_name_taken &&
+                strstr(g_path, "%p") == NULL) {
+                g_name_taken = 1;
+                g_fd = FD_PENDING;
+                return;
+            }
             if (fd < 0) {
                 char line[sizeof path + 128];
                 snprintf(line, sizeof line, "cacheshim: cannot create trace file '%s': %s; "
@@ -171,6 +186,13 @@ static void open_output(int child)
                 report_line(line, NULL);
             } else {
                 g_fd = fd;
+                if (g_name_taken == 1) {
+                    g_name_taken = 2;
+                    char line[2 * sizeof path + 128];
+                    snprintf(line, sizeof line, "cacheshim: trace file '%s' exists; process %d "
+                                                "traces to '%s'", g_path, g_pid, path);
+                    report_line(line, NULL);
+                }
             }
         }
     }
@@ -600,6 +622,8 @@ void ca_fork_child(void)
          * that the program it runs, with the same pid, will want for its own trace. */
         g_fd = FD_PENDING;
     }
+    if (g_name_taken)
+        g_name_taken = 2;
     g_pid = (int)getpid();
     g_ctx.pid = g_pid;
     ca_mem_after_fork();

@@ -190,6 +190,24 @@ static void forked(void)
     printf("child %d\n", (int)pid);
 }
 
+/* spawn: the program's own 8 calls (as direct), a shell that never calls the driver, then a
+ * copy of this program run as "direct" in a new process (fork + exec, as subprocess does). */
+static void spawn(const char *self)
+{
+    direct();
+    fflush(NULL);
+    CHECK(system("exit 0") == 0);
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        execl(self, self, "direct", (char *)NULL);
+        _exit(127);
+    }
+    int status = 0;
+    CHECK(waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    printf("child %d\n", (int)pid);
+}
+
 /* exit-thread: a second thread makes 50 pairs and calls exit() while main waits. */
 static void *exiter(void *arg)
 {
@@ -246,6 +264,8 @@ int main(int argc, char **argv)
         threads();
     else if (strcmp(s, "fork") == 0)
         forked();
+    else if (strcmp(s, "spawn") == 0)
+        spawn(argv[0]);
     else if (strcmp(s, "exit-thread") == 0)
         exit_from_thread();
     else if (strcmp(s, "bench") == 0)

@@ -276,17 +276,38 @@ def case_file_mode():
 
 
 def case_file_exists():
+    """A file already there is never touched: the process traces to PATH.PID and says so."""
     path = trace_file("existing")
     with open(path, "w") as f:
         f.write("precious\n")
     p = run("direct", CACHESHIM_TRACE_FORMAT="jsonl", CACHESHIM_TRACE_FILE=path)
     check(read(path) == "precious\n", "an existing file was changed")
-    check(f"cacheshim: cannot create trace file '{path}': File exists; tracing to stderr"
-          in p.stderr, "the message")
-    check(len(jsonl(p.stderr)) == 8, "the trace went to stderr instead")
+    m = re.search(rf"cacheshim: trace file '{re.escape(path)}' exists; process (\d+) traces to "
+                  rf"'{re.escape(path)}\.(\d+)'\n", p.stderr)
+    check(m and m.group(1) == m.group(2), f"the message: {p.stderr!r}")
+    check(len(jsonl(read(f"{path}.{m.group(1)}"))) == 8, "the trace is in PATH.PID")
+    check(sorted(os.listdir(WORK)) == ["existing", f"existing.{m.group(1)}"], "other files")
+
+
+def case_spawn():
+    """Programs the traced program starts inherit the variables: one with driver calls gets
+    PATH.PID, a shell without any leaves no file and prints nothing."""
+    path = trace_file("trace.jsonl")
+    p = run("spawn", CACHESHIM_TRACE_FORMAT="jsonl", CACHESHIM_TRACE_FILE=path)
+    child = int(re.search(r"child (\d+)", p.stdout).group(1))
+    check(sorted(os.listdir(WORK)) == ["trace.jsonl", f"trace.jsonl.{child}"],
+          f"files: {sorted(os.listdir(WORK))}")
+    ev, cev = jsonl(read(path)), jsonl(read(f"{path}.{child}"))
+    check(len(ev) == 8 and len(cev) == 8, f"events: parent {len(ev)}, child {len(cev)}")
+    check(all(e["pid"] == child for e in cev), "the child's file has the child's calls")
+    check(all(e["pid"] != child for e in ev), "the parent's file has the parent's calls")
+    check(p.stderr == f"cacheshim: trace file '{path}' exists; process {child} traces to "
+                      f"'{path}.{child}'\n", f"stderr: {p.stderr!r}")
 
 
 def case_file_symlink():
+    """A link is never written through, dangling or not: like an existing file, the process
+    traces to PATH.PID."""
     target = os.path.join(WORK, "target")
     with open(target, "w") as f:
         f.write("precious\n")
@@ -296,8 +317,10 @@ def case_file_symlink():
     os.symlink(os.path.join(WORK, "nowhere"), dangling)
     for path in (link, dangling):
         p = run("direct", CACHESHIM_TRACE_FORMAT="jsonl", CACHESHIM_TRACE_FILE=path)
-        check(f"cannot create trace file '{path}'" in p.stderr, f"no message for {path}")
-        check(len(jsonl(p.stderr)) == 8, "the trace went to stderr instead")
+        m = re.search(rf"trace file '{re.escape(path)}' exists; process (\d+) traces to", p.stderr)
+        check(m, f"no message for {path}: {p.stderr!r}")
+        check(len(jsonl(read(f"{path}.{m.group(1)}"))) == 8, "the trace is in PATH.PID")
+        check(not os.path.islink(f"{path}.{m.group(1)}"), "PATH.PID is a link")
     check(read(target) == "precious\n", "the symlink was followed")
     check(not os.path.exists(os.path.join(WORK, "nowhere")), "the dangling link was followed")
 
