@@ -1,5 +1,6 @@
 /* cacheshim-replay: the command line and the reports. See docs/replay.md. */
 #include "replay.h"
+#include "tool_args.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -97,23 +98,6 @@ typedef struct {
     int nfiles;
 } args;
 
-/* --opt VALUE or --opt=VALUE: the value, advancing *i as needed; NULL if opt is not argv[*i]. */
-static const char *opt_value(int argc, char **argv, int *i, const char *opt, bool *missing)
-{
-    size_t n = strlen(opt);
-    if (strncmp(argv[*i], opt, n))
-        return NULL;
-    if (argv[*i][n] == '=')
-        return argv[*i] + n + 1;
-    if (argv[*i][n])
-        return NULL;
-    if (*i + 1 >= argc) {
-        *missing = true;
-        return NULL;
-    }
-    return argv[++*i];
-}
-
 static int parse_args(int argc, char **argv, args *a)
 {
     *a = (args){.cfg = {.costs = {45, 31, 0.36, 0.30}}, .ncaps = 1, .nthresholds = 1};
@@ -138,41 +122,41 @@ static int parse_args(int argc, char **argv, args *a)
         } else if (!strcmp(arg, "--")) {
             while (++i < argc)
                 a->files[a->nfiles++] = argv[i];
-        } else if ((v = opt_value(argc, argv, &i, "--cap", &missing))) {
+        } else if ((v = cs_tool_opt_value(argc, argv, &i, "--cap", &missing))) {
             if (parse_setting("--cap", v, &a->caps[0]))
                 return 2;
-        } else if ((v = opt_value(argc, argv, &i, "--threshold", &missing))) {
+        } else if ((v = cs_tool_opt_value(argc, argv, &i, "--threshold", &missing))) {
             if (parse_setting("--threshold", v, &a->thresholds[0]))
                 return 2;
-        } else if ((v = opt_value(argc, argv, &i, "--device-size", &missing))) {
+        } else if ((v = cs_tool_opt_value(argc, argv, &i, "--device-size", &missing))) {
             if (cs_parse_size(v, false, &a->device.spec) || a->device.spec.kind != CS_SIZE_BYTES ||
                 !a->device.spec.bytes)
                 return bad_value("--device-size", v);
             snprintf(a->device.text, sizeof a->device.text, "%.31s", v);
-        } else if ((v = opt_value(argc, argv, &i, "--gpu-lag-us", &missing))) {
+        } else if ((v = cs_tool_opt_value(argc, argv, &i, "--gpu-lag-us", &missing))) {
             if (!parse_double(v, &lag_us) || lag_us > 1e12)
                 return bad_value("--gpu-lag-us", v);
-        } else if ((v = opt_value(argc, argv, &i, "--alloc-us", &missing))) {
+        } else if ((v = cs_tool_opt_value(argc, argv, &i, "--alloc-us", &missing))) {
             if (!parse_double(v, &a->cfg.costs.alloc_us))
                 return bad_value("--alloc-us", v);
-        } else if ((v = opt_value(argc, argv, &i, "--free-us", &missing))) {
+        } else if ((v = cs_tool_opt_value(argc, argv, &i, "--free-us", &missing))) {
             if (!parse_double(v, &a->cfg.costs.free_us))
                 return bad_value("--free-us", v);
-        } else if ((v = opt_value(argc, argv, &i, "--fence-record-us", &missing))) {
+        } else if ((v = cs_tool_opt_value(argc, argv, &i, "--fence-record-us", &missing))) {
             if (!parse_double(v, &a->cfg.costs.fence_record_us))
                 return bad_value("--fence-record-us", v);
-        } else if ((v = opt_value(argc, argv, &i, "--fence-query-us", &missing))) {
+        } else if ((v = cs_tool_opt_value(argc, argv, &i, "--fence-query-us", &missing))) {
             if (!parse_double(v, &a->cfg.costs.fence_query_us))
                 return bad_value("--fence-query-us", v);
-        } else if ((v = opt_value(argc, argv, &i, "--caps", &missing))) {
+        } else if ((v = cs_tool_opt_value(argc, argv, &i, "--caps", &missing))) {
             if (parse_list("--caps", v, a->caps, &a->ncaps))
                 return 2;
             a->sweep = true;
-        } else if ((v = opt_value(argc, argv, &i, "--thresholds", &missing))) {
+        } else if ((v = cs_tool_opt_value(argc, argv, &i, "--thresholds", &missing))) {
             if (parse_list("--thresholds", v, a->thresholds, &a->nthresholds))
                 return 2;
             a->sweep = true;
-        } else if ((v = opt_value(argc, argv, &i, "--sweep", &missing))) {
+        } else if ((v = cs_tool_opt_value(argc, argv, &i, "--sweep", &missing))) {
             int r = !strncmp(v, "caps=", 5)
                         ? parse_list("--sweep caps", v + 5, a->caps, &a->ncaps)
                     : !strncmp(v, "thresholds=", 11)
@@ -181,7 +165,7 @@ static int parse_args(int argc, char **argv, args *a)
             if (r)
                 return 2;
             a->sweep = true;
-        } else if ((v = opt_value(argc, argv, &i, "--plot", &missing))) {
+        } else if ((v = cs_tool_opt_value(argc, argv, &i, "--plot", &missing))) {
             a->plot = v;
         } else if (missing) {
             fprintf(stderr, REPLAY_NAME ": %s needs a value (try --help)\n", arg);

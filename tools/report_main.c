@@ -1,5 +1,6 @@
 /* cacheshim-report: the command line. See docs/report.md. */
 #include "report.h"
+#include "tool_args.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -29,23 +30,6 @@ typedef struct {
     size_t slices;
 } args;
 
-/* --opt VALUE or --opt=VALUE: the value, advancing *i as needed; NULL if opt is not argv[*i]. */
-static const char *opt_value(int argc, char **argv, int *i, const char *opt, bool *missing)
-{
-    size_t n = strlen(opt);
-    if (strncmp(argv[*i], opt, n))
-        return NULL;
-    if (argv[*i][n] == '=')
-        return argv[*i] + n + 1;
-    if (argv[*i][n])
-        return NULL;
-    if (*i + 1 >= argc) {
-        *missing = true;
-        return NULL;
-    }
-    return argv[++*i];
-}
-
 static int one_trace(args *a, const char *path)
 {
     if (a->trace) {
@@ -74,13 +58,13 @@ static int parse_args(int argc, char **argv, args *a)
             while (++i < argc)
                 if (one_trace(a, argv[i]))
                     return 2;
-        } else if ((v = opt_value(argc, argv, &i, "--html", &missing))) {
+        } else if ((v = cs_tool_opt_value(argc, argv, &i, "--html", &missing))) {
             if (!*v) {
                 fprintf(stderr, REPORT_NAME ": --html: bad value '' (expected a file name)\n");
                 return 2;
             }
             a->html = v;
-        } else if ((v = opt_value(argc, argv, &i, "--slices", &missing))) {
+        } else if ((v = cs_tool_opt_value(argc, argv, &i, "--slices", &missing))) {
             char *end;
             errno = 0;
             long n = strtol(v, &end, 10);
