@@ -35,6 +35,8 @@ typedef struct {
  * on an unreadable file a message and 2; 0 on success. */
 int replay_trace_load(replay_trace *t, const char *path);
 void replay_trace_free(replay_trace *t);
+/* Appends e; false when out of memory. */
+bool replay_trace_push(replay_trace *t, replay_event e);
 
 /* The pieces of replay_trace_load that cacheshim-report shares; tool names the program in
  * messages. Open: a stream of the text, plain or through `gzip -dc`, or NULL after a message.
@@ -44,6 +46,21 @@ void replay_trace_free(replay_trace *t);
 FILE *replay_trace_open(const char *path, const char *tool, bool *is_pipe);
 int replay_trace_parse_line(char *buf, replay_event *e);
 int replay_trace_close(FILE *f, bool is_pipe, bool read_all, const char *path, const char *tool);
+
+/* What replay_trace_load_any took from a JSON Lines trace of libcacheaudit.so. */
+typedef struct {
+    bool jsonl;           /* the file was JSON Lines (else the allocation format) */
+    const char *level;    /* "shim" or "driver": whose calls were taken */
+    uint64_t skipped;     /* allocations and frees of other calls (cuMemAllocAsync, ...) */
+} replay_source;
+
+/* Reads a trace in either format, told apart as cacheshim-report does (the first line that
+ * starts with '{' or with "a ", "f ", "e "; JSON Lines are read by cacheshim-report's reader,
+ * replay_jsonl.c). From JSON Lines
+ * it takes the program's cuMemAlloc/cuMemFree calls, the ones libcacheshim.so serves: those
+ * that reached the shim when the trace has any, else those that reached the driver and were
+ * not made by the shim. Returns as replay_trace_load. */
+int replay_trace_load_any(replay_trace *t, const char *path, replay_source *src);
 
 /* ---------------------------------------------------------------- simulation (replay_sim.c) */
 

@@ -17,8 +17,9 @@
 static void usage(FILE *f)
 {
     fputs("usage: " REPLAY_NAME " [OPTIONS] TRACE...\n"
-          "Replays allocation traces (a SIZE PTR NS / f PTR NS / e SIZE ERR NS; plain or gzipped)\n"
-          "through the cacheshim cache on a simulated device and reports what the cache did.\n"
+          "Replays allocation traces (a SIZE PTR NS / f PTR NS / e SIZE ERR NS) or JSON Lines of\n"
+          "libcacheaudit.so (cacheshim trace), plain or gzipped, through the cacheshim cache on\n"
+          "a simulated device and reports what the cache did.\n"
           "\n"
           "  --cap SIZE             hard cap on bytes held (default none)\n"
           "  --threshold SIZE       release threshold for idle cached bytes (default none)\n"
@@ -216,11 +217,22 @@ static void json_limit(const char *key, uint64_t v)
         printf("\"%s\": %" PRIu64, key, v);
 }
 
-static void print_json_run(const char *path, const setting *cap, const setting *thr,
-                           const replay_config *cfg, const replay_result *r, bool first)
+/* Where the events came from, for the reports: one line, or nothing for allocation traces. */
+static void print_source(const replay_source *src)
+{
+    if (src->jsonl)
+        printf("  source              JSON Lines: cuMemAlloc/cuMemFree calls at the %s (%" PRIu64
+               " other allocation calls skipped)\n", src->level, src->skipped);
+}
+
+static void print_json_run(const char *path, const replay_source *src, const setting *cap,
+                           const setting *thr, const replay_config *cfg, const replay_result *r,
+                           bool first)
 {
     printf("%s\n    {\"trace\": ", first ? "" : ",");
     json_string(path);
+    printf(", \"source\": \"%s%s\", \"skipped_calls\": %" PRIu64, src->jsonl ? "jsonl-" : "alloc",
+           src->level, src->skipped);
     printf(", \"cap_spec\": ");
     json_string(cap->text);
     printf(", \"threshold_spec\": ");
@@ -253,12 +265,13 @@ static const char *mib(uint64_t b, char *buf)
     return buf;
 }
 
-static void print_text_run(const char *path, const setting *cap, const setting *thr,
-                           const args *a, const replay_result *r)
+static void print_text_run(const char *path, const replay_source *src, const setting *cap,
+                           const setting *thr, const args *a, const replay_result *r)
 {
     char b1[48], b2[48];
     printf("%s: cap %s, threshold %s, device %s, gpu lag %.3f us\n", path, cap->text, thr->text,
            a->device.text, (double)a->cfg.gpu_lag_ns / 1000);
+    print_source(src);
     printf("  events              %" PRIu64 "\n", r->events);
     printf("  allocations         %" PRIu64 "\n", r->allocs);
     printf("  frees               %" PRIu64 "\n", r->frees);
@@ -287,10 +300,11 @@ static void print_text_run(const char *path, const setting *cap, const setting *
            r->baseline_us / 1000, r->cached_us / 1000, r->saved_us / 1000);
 }
 
-static void print_sweep_header(const char *path, const args *a)
+static void print_sweep_header(const char *path, const replay_source *src, const args *a)
 {
     printf("%s: sweep, device %s, gpu lag %.3f us\n", path, a->device.text,
            (double)a->cfg.gpu_lag_ns / 1000);
+    print_source(src);
     printf("  %-10s %-10s %8s %8s %8s %12s %7s %8s %7s %7s %7s %10s\n", "cap", "threshold",
            "hit%", "d.alloc", "d.free", "reserved_MiB", "res/liv", "releases", "oomrec",
            "oomfail", "capref", "saved_ms");
@@ -320,13 +334,14 @@ int main(int argc, char **argv)
     replay_point *pts = calloc(nruns, sizeof *pts);
     char(*labels)[80] = calloc(nruns, sizeof *labels);
     replay_trace *traces = calloc((size_t)ntraces, sizeof *traces);
-    if (!pts || !labels || !traces) {
+    replay_source *srcs = calloc((size_t)ntraces, sizeof *srcs);
+    if (!pts || !labels || !traces || !srcs) {
         fprintf(stderr, REPLAY_NAME ": out of memory\n");
         return 1;
     }
     /* Every trace is read before anything is replayed: a bad file fails with no output. */
     for (int t = 0; t < ntraces && !rc; t++)
-        rc = replay_trace_load(&traces[t], a.files[t]);
+        rc = replay_trace_load_any(&traces[t], a.files[t], &srcs[t]);
 
     if (!rc && a.json)
         printf("{\"tool\": \"" REPLAY_NAME "\", \"version\": \"%s\", \"device_size\": %" PRIu64
@@ -339,7 +354,7 @@ int main(int argc, char **argv)
     for (int t = 0; t < ntraces && !rc; t++) {
         const char *path = a.files[t];
         if (a.sweep && !a.json)
-            print_sweep_header(path, &a);
+            print_sweep_header(path, &srcs[t], &a);
         for (int ci = 0; ci < a.ncaps && !rc; ci++)
             for (int ti = 0; ti < a.nthresholds && !rc; ti++) {
                 replay_config cfg = a.cfg;
@@ -352,11 +367,12 @@ int main(int argc, char **argv)
                     break;
                 }
                 if (a.json)
-                    print_json_run(path, &a.caps[ci], &a.thresholds[ti], &cfg, &r, n == 0);
+                    print_json_run(path, &srcs[t], &a.caps[ci], &a.thresholds[ti], &cfg, &r,
+                                   n == 0);
                 else if (a.sweep)
                     print_sweep_row(&a.caps[ci], &a.thresholds[ti], &r);
                 else
-                    print_text_run(path, &a.caps[ci], &a.thresholds[ti], &a, &r);
+                    print_text_run(path, &srcs[t], &a.caps[ci], &a.thresholds[ti], &a, &r);
                 snprintf(labels[n], sizeof labels[n], "cap=%s thr=%s", a.caps[ci].text,
                          a.thresholds[ti].text);
                 pts[n] = (replay_point){base_name(path), labels[n], (double)r.peak_reserved,
@@ -377,6 +393,7 @@ int main(int argc, char **argv)
     for (int t = 0; t < ntraces; t++)
         replay_trace_free(&traces[t]);
     free(traces);
+    free(srcs);
     free(a.files);
     free(labels);
     free(pts);

@@ -29,7 +29,7 @@ static bool parse_u64(const char *tok, int base, uint64_t *out)
     return true;
 }
 
-static bool push(replay_trace *t, replay_event e)
+bool replay_trace_push(replay_trace *t, replay_event e)
 {
     if (t->nev == t->cap) {
         size_t n = t->cap ? t->cap * 2 : 4096;
@@ -135,7 +135,7 @@ int replay_trace_load(replay_trace *t, const char *path)
         int r = replay_trace_parse_line(buf, &e);
         if (r < 0)
             rc = malformed(path, lineno, copy);
-        else if (r > 0 && !push(t, e)) {
+        else if (r > 0 && !replay_trace_push(t, e)) {
             fprintf(stderr, REPLAY_NAME ": out of memory\n");
             rc = 2;
         }

@@ -16,7 +16,10 @@
 #include <stdint.h>
 #include <stdio.h>
 
+/* The tool named in messages: cacheshim-replay compiles the readers with its own name. */
+#ifndef REPORT_NAME
 #define REPORT_NAME "cacheshim-report"
+#endif
 
 /* ---------------------------------------------------------------- events (report_read.c) */
 

@@ -5,8 +5,9 @@
 
 PART: exact (hand-written traces, every number worked out by hand from the cache's rules in
 shim/cs_cache.c: see the comments in each trace), malformed (each bad line with its line
-number, exit 2), sweep (the sweep's SVG parsed as XML), shared (the recorded traces in
-TRACES; exit 77 when they are absent). Python standard library only."""
+number, exit 2), sweep (the sweep's SVG parsed as XML), jsonl (traces of libcacheaudit.so:
+the same events as basic.trace give the same numbers, from the driver's or the shim's calls),
+shared (the recorded traces in TRACES; exit 77 when they are absent). Python standard library only."""
 import gzip
 import json
 import os
@@ -198,11 +199,82 @@ def part_shared(replay, traces):
         check(f"{name}: capped hit rate <= uncapped", c["hit_rate"] <= r["hit_rate"], True)
 
 
+def jsonl_record(name, lib, frm, ns, args, out, result):
+    return json.dumps({"pid": 7, "tid": 7, "ts_ns": ns, "dur_ns": 0, "lib": lib, "from": frm,
+                       "name": name, "args": args, "out": out, "result": result,
+                       "result_name": None})
+
+
+def jsonl_of(trace_path, lib, frm):
+    """basic.trace's events as libcacheaudit.so records of calls to lib made by frm."""
+    lines = []
+    for line in open(trace_path):
+        f = line.split()
+        if not f or f[0].startswith("#"):
+            continue
+        if f[0] == "a":
+            lines.append(jsonl_record("cuMemAlloc_v2", lib, frm, int(f[3]),
+                                      {"dptr": "0x10", "bytesize": int(f[1])},
+                                      {"dptr": hex(int(f[2], 16))}, 0))
+        elif f[0] == "f":
+            lines.append(jsonl_record("cuMemFree_v2", lib, frm, int(f[2]),
+                                      {"dptr": hex(int(f[1], 16))}, {}, 0))
+        else:
+            lines.append(jsonl_record("cuMemAlloc_v2", lib, frm, int(f[3]),
+                                      {"dptr": "0x10", "bytesize": int(f[1])}, {}, int(f[2])))
+    return lines
+
+
+def part_jsonl(replay, data):
+    basic = os.path.join(data, "basic.trace")
+    want = replay_json(replay, basic)[0]
+    keys = ["events", "allocs", "frees", "skipped_frees", "failed_allocs", "hits", "misses",
+            "driver_allocs", "driver_frees", "peak_live", "peak_reserved", "fences"]
+    # Program output, a call that is not an allocation, one the shim does not serve
+    # (counted as skipped), and in the shim's trace the shim's own driver calls (ignored).
+    extra = ["program output", jsonl_record("cuInit", "driver", "app", 1, {"Flags": 0}, {}, 0),
+             jsonl_record("cuMemAllocAsync", "driver", "app", 5,
+                          {"dptr": "0x10", "bytesize": 64, "hStream": "0x0"},
+                          {"dptr": "0x5000"}, 0)]
+    shim_own = [jsonl_record("cuMemAlloc_v2", "driver", "shim", 15,
+                             {"dptr": "0x10", "bytesize": 8 * MiB}, {"dptr": "0x900000"}, 0)]
+    with tempfile.TemporaryDirectory() as d:
+        for level, lines in (("driver", extra + jsonl_of(basic, "driver", "app")),
+                             ("shim", extra + shim_own + jsonl_of(basic, "shim", "cudart"))):
+            path = os.path.join(d, f"{level}.jsonl")
+            with open(path, "w") as f:
+                f.write("\n".join(lines) + "\n")
+            runs = replay_json(replay, path)
+            if len(runs) != 1:
+                failures.append(f"{level}: {len(runs)} runs")
+                continue
+            for k in keys:
+                check(f"jsonl {level}: {k}", runs[0][k], want[k])
+            check(f"jsonl {level}: source", runs[0]["source"], "jsonl-" + level)
+            check(f"jsonl {level}: skipped_calls", runs[0]["skipped_calls"],
+                  1 if level == "driver" else 0)
+            p = run(replay, path)
+            check(f"jsonl {level}: text", f"  source              JSON Lines: cuMemAlloc/cuMemFree "
+                  f"calls at the {level} ({runs[0]['skipped_calls']} other allocation calls "
+                  "skipped)\n" in p.stdout, True)
+        check("allocation trace: source", want["source"], "alloc")
+        # A malformed record: its line number, nothing on stdout, exit 2.
+        path = os.path.join(d, "bad.jsonl")
+        with open(path, "w") as f:
+            f.write(extra[1] + "\n" + '{"pid": 7, "tid": 7, "ts_ns": -1}' + "\n")
+        p = run(replay, path)
+        check("bad jsonl: exit", p.returncode, 2)
+        check("bad jsonl: stderr", p.stderr.startswith(f"cacheshim-replay: {path}:2: malformed "
+                                                       "line ("), True)
+        check("bad jsonl: stdout", p.stdout, "")
+
+
 def main():
     part, replay, data, traces = sys.argv[1:5]
     {"exact": lambda: part_exact(replay, data),
      "malformed": lambda: part_malformed(replay, data),
      "sweep": lambda: part_sweep(replay, data),
+     "jsonl": lambda: part_jsonl(replay, data),
      "shared": lambda: part_shared(replay, traces)}[part]()
     for f in failures:
         print("FAIL", f)
