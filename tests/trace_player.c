@@ -53,6 +53,7 @@
 #include <time.h>
 
 #include "../shim/cacheshim.h"
+#include "replay.h"
 
 /* ------------------------------------------------------------------------------------------ */
 /* Events                                                                                      */
@@ -191,22 +192,6 @@ static void malformed(const char *path, long line, const char *text)
     exit(2);
 }
 
-/* Parse a whole token as an unsigned number in base 10 or 16; false on anything else. */
-static bool parse_u64(const char *tok, int base, uint64_t *out)
-{
-    if (!tok || !*tok || *tok == '-' || *tok == '+')
-        return false;
-    if (base == 16 && tok[0] == '0' && (tok[1] == 'x' || tok[1] == 'X') && !tok[2])
-        return false;
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(tok, &end, base);
-    if (errno || *end)
-        return false;
-    *out = (uint64_t)v;
-    return true;
-}
-
 static void push_event(trace *t, event e)
 {
     if (t->nev == t->cap) {
@@ -220,48 +205,14 @@ static void push_event(trace *t, event e)
     t->ev[t->nev++] = e;
 }
 
-static FILE *open_trace(const char *path, bool *is_pipe)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        fprintf(stderr, "trace_player: %s: %s\n", path, strerror(errno));
-        exit(2);
-    }
-    unsigned char magic[2] = {0, 0};
-    size_t got = fread(magic, 1, 2, f);
-    if (got == 2 && magic[0] == 0x1f && magic[1] == 0x8b) {
-        fclose(f);
-        /* Single-quote the path for the shell: ' becomes '\''. */
-        size_t n = strlen(path);
-        char *cmd = xcalloc(n * 4 + 32, 1);
-        char *p = cmd + sprintf(cmd, "gzip -dc -- '");
-        for (const char *s = path; *s; s++) {
-            if (*s == '\'') {
-                memcpy(p, "'\\''", 4);
-                p += 4;
-            } else {
-                *p++ = *s;
-            }
-        }
-        strcpy(p, "'");
-        FILE *pf = popen(cmd, "r");
-        free(cmd);
-        if (!pf) {
-            fprintf(stderr, "trace_player: %s: cannot run gzip -dc: %s\n", path, strerror(errno));
-            exit(2);
-        }
-        *is_pipe = true;
-        return pf;
-    }
-    rewind(f);
-    *is_pipe = false;
-    return f;
-}
-
+/* The format is read with cacheshim-replay's opener and line parser (tools/replay_trace.c);
+ * what is the player's own is the PTR -> slot resolution. */
 static void parse_trace(trace *t)
 {
     bool is_pipe;
-    FILE *f = open_trace(t->path, &is_pipe);
+    FILE *f = replay_trace_open(t->path, "trace_player", &is_pipe);
+    if (!f)
+        exit(2);
     ptrmap live;
     map_init(&live, 1024);
 
@@ -278,42 +229,22 @@ static void parse_trace(trace *t)
 
         char copy[256];
         snprintf(copy, sizeof copy, "%s", buf);
-
-        char *tok[6];
-        int ntok = 0;
-        char *save = NULL;
-        for (char *s = strtok_r(buf, " \t", &save); s; s = strtok_r(NULL, " \t", &save)) {
-            if (ntok == 6)
-                break;
-            tok[ntok++] = s;
-        }
-        if (ntok == 0 || tok[0][0] == '#')
+        replay_event r;
+        int got = replay_trace_parse_line(buf, &r);
+        if (got < 0)
+            malformed(t->path, lineno, copy);
+        if (got == 0)
             continue;
 
-        event e = {.kind = 0, .line = lineno, .size = 0, .slot = -1, .ptr = 0};
-        uint64_t ns, err;
-        if (!strcmp(tok[0], "a")) {
-            if (ntok != 4 || !parse_u64(tok[1], 10, &e.size) || !parse_u64(tok[2], 16, &e.ptr) ||
-                !parse_u64(tok[3], 10, &ns) || e.ptr == 0)
-                malformed(t->path, lineno, copy);
-            e.kind = EV_ALLOC;
+        event e = {.kind = r.kind, .line = lineno, .size = r.size, .slot = -1, .ptr = r.ptr};
+        if (e.kind == EV_ALLOC) {
             e.slot = (int64_t)t->nslots++;
             /* If PTR is still live here, the earlier block was freed by an unrecorded path;
              * the new mapping replaces it and the old slot stays live until the end-of-trace
              * cleanup (never a double use of one real pointer). */
             map_put(&live, e.ptr, e.slot);
-        } else if (!strcmp(tok[0], "f")) {
-            if (ntok != 3 || !parse_u64(tok[1], 16, &e.ptr) || !parse_u64(tok[2], 10, &ns))
-                malformed(t->path, lineno, copy);
-            e.kind = EV_FREE;
+        } else if (e.kind == EV_FREE) {
             e.slot = e.ptr ? map_take(&live, e.ptr) : -1;
-        } else if (!strcmp(tok[0], "e")) {
-            if (ntok != 4 || !parse_u64(tok[1], 10, &e.size) || !parse_u64(tok[2], 10, &err) ||
-                !parse_u64(tok[3], 10, &ns))
-                malformed(t->path, lineno, copy);
-            e.kind = EV_FAILED;
-        } else {
-            malformed(t->path, lineno, copy);
         }
         push_event(t, e);
     }
@@ -323,15 +254,8 @@ static void parse_trace(trace *t)
     }
     free(buf);
     map_free(&live);
-    if (is_pipe) {
-        int st = pclose(f);
-        if (st != 0) {
-            fprintf(stderr, "trace_player: %s: gzip -dc failed (status %d)\n", t->path, st);
-            exit(2);
-        }
-    } else {
-        fclose(f);
-    }
+    if (replay_trace_close(f, is_pipe, true, t->path, "trace_player"))
+        exit(2);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -504,12 +428,14 @@ static void usage(void)
 
 static long parse_count(const char *s, const char *opt, long min)
 {
-    uint64_t v;
-    if (!parse_u64(s, 10, &v) || v > 1000000000 || (long)v < min) {
+    char *end = NULL;
+    errno = 0;
+    long v = s && *s >= '0' && *s <= '9' ? strtol(s, &end, 10) : -1;
+    if (v < 0 || errno || *end || v > 1000000000 || v < min) {
         fprintf(stderr, "trace_player: %s: bad value '%s'\n", opt, s ? s : "");
         exit(2);
     }
-    return (long)v;
+    return v;
 }
 
 typedef int (*fn_get_stats)(int, cacheshim_stats *, size_t);
