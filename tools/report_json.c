@@ -197,8 +197,17 @@ static int parse_number(parser *ps, jval *v)
 
 static int parse_value(parser *ps, jval *v, int depth);
 
-/* An object; its members go into m (up to *n), or nowhere when m is NULL. */
-static int parse_object(parser *ps, member *m, size_t *n, int depth)
+/* A member whose value, when an object, goes into arrays of its own (the record's "args" and
+ * "out"). */
+typedef struct {
+    const char *key;
+    member *m;
+    size_t *n;
+} sub_object;
+
+/* An object; its members go into m (up to *n), or nowhere when m is NULL; the object values
+ * of the members named in subs (ended by a NULL key; subs may be NULL) into theirs. */
+static int parse_object(parser *ps, member *m, size_t *n, int depth, const sub_object *subs)
 {
     size_t max = n ? *n : 0, k = 0;
     if (depth > MAX_DEPTH)
@@ -221,12 +230,22 @@ static int parse_object(parser *ps, member *m, size_t *n, int depth)
             return fail(ps, "expected ':'");
         ps->p++;
         skip_ws(ps);
-        if (parse_value(ps, &val, depth + 1))
-            return -1;
-        if (m) {
-            if (k == max)
-                return fail(ps, "too many members in an object");
-            m[k++] = (member){key.s, val};
+        const sub_object *sub = NULL;
+        for (const sub_object *s = subs; s && s->key && !sub; s++)
+            if (*ps->p == '{' && !strcmp(key.s, s->key))
+                sub = s;
+        if (sub) {
+            *sub->n = MAX_MEMBERS;
+            if (parse_object(ps, sub->m, sub->n, depth + 1, NULL))
+                return -1;
+        } else {
+            if (parse_value(ps, &val, depth + 1))
+                return -1;
+            if (m) {
+                if (k == max)
+                    return fail(ps, "too many members in an object");
+                m[k++] = (member){key.s, val};
+            }
         }
         skip_ws(ps);
         if (*ps->p == ',') {
@@ -286,7 +305,7 @@ static int parse_value(parser *ps, jval *v, int depth)
     *v = (jval){.type = J_NULL};
     switch (*ps->p) {
     case '"': return parse_string(ps, v);
-    case '{': v->type = J_OBJECT; return parse_object(ps, NULL, NULL, depth);
+    case '{': v->type = J_OBJECT; return parse_object(ps, NULL, NULL, depth, NULL);
     case '[': v->type = J_ARRAY; return parse_array(ps, depth);
     case 't': return literal(ps, "true", J_BOOL, v);
     case 'f': return literal(ps, "false", J_BOOL, v);
@@ -435,50 +454,13 @@ static const char *memory_role(const char *name, const member *args, size_t narg
 static int parse_record(parser *ps, member *top, size_t *ntop, member *args, size_t *nargs,
                         member *out, size_t *nout)
 {
-    size_t k = 0;
     skip_ws(ps);
     if (*ps->p != '{')
         return fail(ps, "expected '{'");
-    ps->p++;
-    skip_ws(ps);
-    if (*ps->p == '}') {
-        ps->p++;
-    } else {
-        for (;;) {
-            jval key, val;
-            skip_ws(ps);
-            if (parse_key(ps, &key))
-                return -1;
-            skip_ws(ps);
-            if (*ps->p != ':')
-                return fail(ps, "expected ':'");
-            ps->p++;
-            skip_ws(ps);
-            bool is_args = !strcmp(key.s, "args"), is_out = !strcmp(key.s, "out");
-            if ((is_args || is_out) && *ps->p == '{') {
-                size_t *n = is_args ? nargs : nout;
-                *n = MAX_MEMBERS;
-                if (parse_object(ps, is_args ? args : out, n, 1))
-                    return -1;
-            } else {
-                if (parse_value(ps, &val, 1))
-                    return -1;
-                if (k == MAX_MEMBERS)
-                    return fail(ps, "too many members in an object");
-                top[k++] = (member){key.s, val};
-            }
-            skip_ws(ps);
-            if (*ps->p == ',') {
-                ps->p++;
-                continue;
-            }
-            if (*ps->p != '}')
-                return fail(ps, "expected ',' or '}'");
-            ps->p++;
-            break;
-        }
-    }
-    *ntop = k;
+    const sub_object subs[] = {{"args", args, nargs}, {"out", out, nout}, {NULL, NULL, NULL}};
+    *ntop = MAX_MEMBERS;
+    if (parse_object(ps, top, ntop, 0, subs))
+        return -1;
     skip_ws(ps);
     return *ps->p ? fail(ps, "text after the object") : 0;
 }
