@@ -45,6 +45,8 @@ typedef struct cacheshim_stats {
     uint64_t oom_failures;      /* allocations that failed after recovery */
     uint64_t cap_refusals;      /* allocations refused because of the cap */
     uint64_t cap_bytes;         /* the cap in force (UINT64_MAX: none) */
+    uint64_t ordered_hits;      /* hits reused before their fence completed, the streams made
+                                   to wait for it on the GPU (CACHESHIM_REUSE=ordered) */
 } cacheshim_stats;
 
 /* Statistics of one device (its ordinal), or the sum of all devices with device = -1

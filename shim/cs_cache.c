@@ -1,9 +1,13 @@
-/* The cache core. One mutex guards everything: the hot path is a hash lookup and a few list
- * operations, so an uncontended lock costs less than anything finer would save.
+/* The cache core. One mutex guards the bookkeeping; it is never held across a driver call
+ * that can block (allocation, free, a host wait for a fence): those run after the lock is
+ * dropped, with their bytes counted as held meanwhile, so a thread waiting on the driver never
+ * stalls the others.
  *
  * Every block is its own driver allocation (never split), so the driver's answers about a
- * pointer stay true. A freed block waits in its class's idle list; it may be handed out again
- * once a fence recorded after its free has completed (see the "fences" section). */
+ * pointer stay true. A freed block waits in its class's idle list with the fence epoch the
+ * backend gave at its free. It is reused once that epoch has completed or, in ordered mode,
+ * at once, after the backend has arranged that every stream's next work waits for the epoch
+ * on the GPU (see "reuse"). */
 #include "cs_cache.h"
 
 #include <pthread.h>
@@ -12,15 +16,11 @@
 
 enum { BLOCK_IN_USE = 1, BLOCK_IDLE = 2 };
 
-/* Unfinished fences a heap keeps at most; past that the GPU is far behind and a miss is
- * better than another fence. */
-#define MAX_FENCES 32
-
 typedef struct cs_block {
     uint64_t addr;
     uint64_t size;       /* class bytes: what the driver allocated */
     uint64_t requested;  /* what the program asked for, for honest address ranges */
-    uint64_t free_seq;   /* the heap's free counter when this block was freed */
+    uint64_t epoch;      /* the fence epoch covering all work issued before its free */
     cs_heap *heap;
     struct cs_block *hash_next;
     struct cs_block *cls_prev, *cls_next; /* idle list of its class, oldest first */
@@ -37,11 +37,6 @@ typedef struct {
     cs_block *head, *tail;
 } block_list;
 
-typedef struct {
-    void *handle;
-    uint64_t seq;  /* covers every block with free_seq <= seq */
-} fence_slot;
-
 struct cs_heap {
     const void *key;
     int device;
@@ -50,18 +45,17 @@ struct cs_heap {
     cs_heap *next;
     block_list classes[CS_NUM_CLASSES];
     cs_block *lru_head, *lru_tail;
-    uint64_t free_seq;   /* frees so far */
-    uint64_t safe_seq;   /* every block freed at or before this is ready */
-    fence_slot fences[MAX_FENCES]; /* ring, oldest first */
-    unsigned fence_first;  /* unsigned: % MAX_FENCES (a power of two) is then one AND */
-    int fence_count;
+    uint64_t safe_epoch;  /* every epoch up to this one is known complete */
+    uint64_t last_epoch;  /* the newest epoch seen from fence(), for the statistics */
 };
 
 typedef struct {
     bool present;
     uint64_t total, cap, threshold;
     uint64_t idle_bytes;
-    uint64_t releasing_bytes;  /* left the cache, not yet freed: still held */
+    /* Bytes in driver calls made without the lock: allocations under way (reserved against
+     * the cap) and blocks being given back. Held all the same. */
+    uint64_t pending_bytes;
     cacheshim_stats st;
 } device_state;
 
@@ -72,7 +66,6 @@ struct cs_cache {
     cs_heap *last_heap;      /* most programs use one context: skip the search */
     cs_block **buckets;
     size_t nbuckets, nblocks;
-    bool capturing;  /* a stream capture is running: no fences, no releases */
     uint64_t foreign_frees;
     device_state devices[CS_MAX_DEVICES];
 };
@@ -211,80 +204,16 @@ static void idle_unlink(cs_heap *h, cs_block *b)
         h->lru_tail = b->lru_prev;
 }
 
-/* ---------------------------------------------------------------- fences
- *
- * A block freed as the heap's n-th free may be reused once a fence recorded after that free
- * has completed. Fences are recorded lazily, when an allocation wants such a block, and one
- * fence covers every free before it; the backend makes a later fence imply the earlier ones,
- * so one completed fence makes everything freed before it ready (safe_seq). */
+/* ---------------------------------------------------------------- readiness */
 
-static fence_slot *fence_at(cs_heap *h, int i)
+/* Has the work before this block's free completed? Asks the backend (never blocks). */
+static bool block_ready(cs_heap *h, const cs_block *b)
 {
-    return &h->fences[(h->fence_first + (unsigned)i) % MAX_FENCES];
-}
-
-static void fence_drop_oldest(cs_heap *h)
-{
-    fence_slot *f = fence_at(h, 0);
-    h->ops->fence_destroy(h->dev, f->handle);
-    h->fence_first = (h->fence_first + 1) % MAX_FENCES;
-    h->fence_count--;
-}
-
-/* The index of the oldest fence that covers a free at `seq`, recorded now if there is none;
- * -1 if none can be had (capture running, too many in flight, or the record failed). */
-static int covering_fence(cs_cache *c, cs_heap *h, uint64_t seq)
-{
-    int i = 0;
-    while (i < h->fence_count && fence_at(h, i)->seq < seq)
-        i++;
-    if (i < h->fence_count)
-        return i;
-    if (c->capturing || h->fence_count == MAX_FENCES)
-        return -1;
-    void *handle;
-    if (h->ops->fence_record(h->dev, &handle) != 0)
-        return -1;
-    *fence_at(h, h->fence_count) = (fence_slot){handle, h->free_seq};
-    h->fence_count++;
-    c->devices[h->device].st.fences++;
-    return i;
-}
-
-/* Fence i completed: everything it covers is ready, and so are the fences before it. */
-static void fence_completed(cs_heap *h, int i)
-{
-    h->safe_seq = fence_at(h, i)->seq;
-    for (int k = 0; k <= i; k++)
-        fence_drop_oldest(h);
-}
-
-/* Is a block freed at `seq` ready? May record or query fences, never waits. */
-static bool seq_ready(cs_cache *c, cs_heap *h, uint64_t seq)
-{
-    if (seq <= h->safe_seq)
+    if (b->epoch <= h->safe_epoch)
         return true;
-    if (c->capturing)
-        return false;  /* even an event query may break a capture in global mode */
-    int i = covering_fence(c, h, seq);
-    if (i < 0 || h->ops->fence_query(h->dev, fence_at(h, i)->handle) != 1)
+    if (h->ops->reached(h->dev, b->epoch) != 1)
         return false;
-    fence_completed(h, i);
-    return true;
-}
-
-/* Block until a block freed at `seq` is ready; false if that cannot be known. */
-static bool wait_seq(cs_cache *c, cs_heap *h, uint64_t seq)
-{
-    if (seq_ready(c, h, seq))
-        return true;
-    int i = c->capturing ? -1 : covering_fence(c, h, seq);
-    if (i < 0)
-        return false;
-    c->devices[h->device].st.fence_waits++;
-    if (h->ops->fence_wait(h->dev, fence_at(h, i)->handle) != 0)
-        return false;
-    fence_completed(h, i);
+    h->safe_epoch = b->epoch;
     return true;
 }
 
@@ -292,7 +221,7 @@ static bool wait_seq(cs_cache *c, cs_heap *h, uint64_t seq)
 
 static uint64_t held(const device_state *d)
 {
-    return d->st.bytes_in_use + d->idle_bytes + d->releasing_bytes;
+    return d->st.bytes_in_use + d->idle_bytes + d->pending_bytes;
 }
 
 static void note_in_use(device_state *d, cs_block *b)
@@ -308,10 +237,13 @@ static void note_in_use(device_state *d, cs_block *b)
         d->st.peak_reserved = reserved;
 }
 
-/* ---------------------------------------------------------------- release */
+/* ---------------------------------------------------------------- release
+ *
+ * Blocks go back to the driver outside the lock: a driver free waits for the whole device
+ * (which also makes it safe whether or not the block's fence completed), and other threads
+ * need not wait with it. Under the lock a block is only detached onto a list; its bytes stay
+ * held (pending) until the free returned. */
 
-/* Give an idle block back to the driver. The driver's free waits for the device itself, so
- * this is safe whether or not the block's fence completed. */
 static void detach_idle(cs_cache *c, cs_block *b)
 {
     cs_heap *h = b->heap;
@@ -321,32 +253,11 @@ static void detach_idle(cs_cache *c, cs_block *b)
     c->devices[h->device].st.bytes_cached = c->devices[h->device].idle_bytes;
 }
 
-static void count_release(cs_cache *c, int device, cs_block *b, cs_release_reason why)
-{
-    device_state *d = &c->devices[device];
-    d->st.driver_frees++;
-    d->st.releases++;
-    if (c->config.on_release)
-        c->config.on_release(c->config.release_arg, device, b->addr, b->size, why);
-}
-
-static void release_block(cs_cache *c, cs_block *b, cs_release_reason why)
-{
-    cs_heap *h = b->heap;
-    detach_idle(c, b);
-    int raw;
-    h->ops->free(h->dev, b->addr, &raw);  /* a failure leaves nothing we could do better */
-    count_release(c, h->device, b, why);
-    free(b);
-}
-
-/* Detach a block to be freed after the lock is dropped (finish_releases): a driver free
- * waits for the whole device, and other threads need not wait with it. */
 static void defer_release(cs_cache *c, cs_block *b, cs_block **list)
 {
     cs_heap *h = b->heap;
     detach_idle(c, b);
-    c->devices[h->device].releasing_bytes += b->size;
+    c->devices[h->device].pending_bytes += b->size;
     b->release_ops = h->ops;
     b->release_dev = h->dev;
     b->hash_next = *list;
@@ -360,46 +271,43 @@ static void finish_releases(cs_cache *c, int device, cs_block *list, cs_release_
         cs_block *b = list;
         list = b->hash_next;
         int raw;
-        b->release_ops->free(b->release_dev, b->addr, &raw);
+        b->release_ops->free(b->release_dev, b->addr, &raw); /* nothing better to do on error */
         pthread_mutex_lock(&c->lock);
-        c->devices[device].releasing_bytes -= b->size;
-        count_release(c, device, b, why);
+        device_state *d = &c->devices[device];
+        d->pending_bytes -= b->size;
+        d->st.driver_frees++;
+        d->st.releases++;
+        if (c->config.on_release)
+            c->config.on_release(c->config.release_arg, device, b->addr, b->size, why);
         pthread_mutex_unlock(&c->lock);
         free(b);
     }
 }
 
-/* Release idle blocks of a device, oldest first, until at most target_idle bytes are idle.
- * With ready_only, only blocks whose fence completed (found without waiting). With
- * `deferred`, blocks are only detached onto that list. Returns bytes released. */
+/* Detach idle blocks of a device, oldest first, until at most target_idle bytes are idle.
+ * With ready_only, only blocks whose fence completed (found without waiting). Nothing while
+ * a capture runs. Returns bytes detached. */
 static uint64_t release_idle_to(cs_cache *c, int device, bool ready_only, uint64_t target_idle,
-                                cs_release_reason why, cs_block **deferred)
+                                cs_block **deferred)
 {
     device_state *d = &c->devices[device];
     uint64_t released = 0;
+    if (c->config.capturing && c->config.capturing())
+        return 0;  /* a driver free could break a running capture */
     for (cs_heap *h = c->heaps; h && d->idle_bytes > target_idle; h = h->next) {
         if (h->device != device)
             continue;
         cs_block *b = h->lru_head;
         while (b && d->idle_bytes > target_idle) {
             cs_block *next = b->lru_next;
-            if (!ready_only || seq_ready(c, h, b->free_seq)) {
+            if (!ready_only || block_ready(h, b)) {
                 released += b->size;
-                if (deferred)
-                    defer_release(c, b, deferred);
-                else
-                    release_block(c, b, why);
+                defer_release(c, b, deferred);
             }
             b = next;
         }
     }
     return released;
-}
-
-static uint64_t release_idle(cs_cache *c, int device, bool ready_only, uint64_t target_idle,
-                             cs_release_reason why)
-{
-    return release_idle_to(c, device, ready_only, target_idle, why, NULL);
 }
 
 /* ---------------------------------------------------------------- heaps */
@@ -525,113 +433,128 @@ void cs_cache_forget_heap(cs_cache *c, const void *key)
             }
         }
         d->st.bytes_cached = d->idle_bytes;
-        while (h->fence_count)
-            fence_drop_oldest(h);
         free(h);
     }
     pthread_mutex_unlock(&c->lock);
 }
 
-void cs_cache_set_capturing(cs_cache *c, bool capturing)
-{
-    pthread_mutex_lock(&c->lock);
-    c->capturing = capturing;
-    pthread_mutex_unlock(&c->lock);
-}
 
-/* ---------------------------------------------------------------- allocation */
+/* ---------------------------------------------------------------- reuse
+ *
+ * Which idle block serves a request: the oldest of its class, or of a larger class up to
+ * twice the size asked for (the memory is already reserved; replays of real traces hold less
+ * and hit more so). The oldest has the smallest epoch, so if it is not ready, none of its
+ * class is. First a block whose fence completed; else, in ordered mode, the oldest block that
+ * fits, once the backend has made every stream's next work wait for its epoch: reuse never
+ * waits on the host and memory never grows with how far the GPU lags behind. */
 
-/* The oldest idle block of the class, if its fence completed. */
-static cs_block *take_ready(cs_cache *c, cs_heap *h, int cls)
+static void take(cs_cache *c, cs_heap *h, cs_block *b)
 {
-    cs_block *b = h->classes[cls].head;
-    if (!b || !seq_ready(c, h, b->free_seq))
-        return NULL;
     idle_unlink(h, b);
     c->devices[h->device].idle_bytes -= b->size;
-    return b;
 }
 
-/* The oldest idle block that fits (its class, up to twice the size asked for), once the GPU
- * is done with it: waiting beats giving memory back and asking for more. */
-static cs_block *take_waiting(cs_cache *c, cs_heap *h, int cls, uint64_t size)
+static bool fits(int k, int cls, uint64_t size)
 {
-    for (int k = cls; k < CS_NUM_CLASSES && (k == cls || class_bytes_of(k) <= 2 * size); k++) {
+    return k == cls || class_bytes_of(k) <= 2 * size;
+}
+
+static cs_block *take_ready(cs_cache *c, cs_heap *h, int cls, uint64_t size)
+{
+    for (int k = cls; k < CS_NUM_CLASSES && fits(k, cls, size); k++) {
         cs_block *b = h->classes[k].head;
-        if (b && wait_seq(c, h, b->free_seq)) {
-            idle_unlink(h, b);
-            c->devices[h->device].idle_bytes -= b->size;
+        if (b && block_ready(h, b)) {
+            take(c, h, b);
             return b;
         }
     }
     return NULL;
 }
 
-/* Make room under the cap for `need` more bytes: release idle blocks. */
-static bool fit_cap(cs_cache *c, device_state *d, int device, uint64_t need)
+static cs_block *take_ordered(cs_cache *c, cs_heap *h, int cls, uint64_t size)
 {
-    if (d->cap == CS_UNLIMITED || held(d) + need <= d->cap)
-        return true;
-    if (c->capturing || d->st.bytes_in_use + need > d->cap)
-        return false;  /* even an empty cache would not make room */
-    uint64_t target = d->cap - d->st.bytes_in_use - need;
-    release_idle(c, device, false, target, CS_RELEASE_CAP);
-    return held(d) + need <= d->cap;
-}
-
-/* Ask the driver; on out-of-memory release the cache step by step and retry. */
-static int driver_alloc(cs_cache *c, cs_heap *h, uint64_t size, uint64_t *addr, int *raw)
-{
-    c->devices[h->device].st.driver_allocs++;
-    return h->ops->alloc(h->dev, size, addr, raw);
-}
-
-/* The driver said out of memory: release the cache step by step and retry. */
-static int recover_oom(cs_cache *c, cs_heap *h, uint64_t size, uint64_t *addr, int *raw)
-{
-    device_state *d = &c->devices[h->device];
-    int r = CS_BE_OOM;
-    /* Step 1: idle blocks the GPU is done with. */
-    if (release_idle(c, h->device, true, 0, CS_RELEASE_OOM) > 0) {
-        d->st.driver_allocs++;
-        r = h->ops->alloc(h->dev, size, addr, raw);
-        if (r == CS_BE_OK)
-            d->st.oom_recoveries++;
-        if (r != CS_BE_OOM)
-            return r;
-    }
-    /* Step 2: wait for every pending fence of the device, then give back all idle memory. */
-    if (d->idle_bytes > 0) {
-        for (cs_heap *o = c->heaps; o; o = o->next)
-            if (o->device == h->device)
-                wait_seq(c, o, o->free_seq);
-        release_idle(c, h->device, false, 0, CS_RELEASE_OOM);
-        d->st.driver_allocs++;
-        r = h->ops->alloc(h->dev, size, addr, raw);
-        if (r == CS_BE_OK)
-            d->st.oom_recoveries++;
-    }
-    return r;
-}
-
-/* Bookkeeping for memory the driver just gave; NULL (and the memory given back) when the
- * host has no memory for it. */
-static cs_block *new_block(cs_cache *c, cs_heap *h, uint64_t addr, uint64_t bytes, int cls)
-{
-    cs_block *b = calloc(1, sizeof *b);
-    if (b) {
-        b->addr = addr;
-        b->size = bytes;
-        b->heap = h;
-        b->cls = (uint16_t)cls;
-        if (registry_add(c, b))
+    for (int k = cls; k < CS_NUM_CLASSES && fits(k, cls, size); k++) {
+        cs_block *b = h->classes[k].head;
+        if (b && h->ops->order_after(h->dev, b->epoch) == 0) {
+            take(c, h, b);
+            c->devices[h->device].st.ordered_hits++;
             return b;
-        free(b);
+        }
     }
-    int raw;
-    h->ops->free(h->dev, addr, &raw);
     return NULL;
 }
+
+/* The oldest idle block that fits, taken out of the lists to be waited for (without the
+ * lock): at the cap or out of memory, waiting beats failing. */
+static cs_block *take_any(cs_cache *c, cs_heap *h, int cls, uint64_t size)
+{
+    for (int k = cls; k < CS_NUM_CLASSES && fits(k, cls, size); k++) {
+        cs_block *b = h->classes[k].head;
+        if (b) {
+            take(c, h, b);
+            return b;
+        }
+    }
+    return NULL;
+}
+
+/* A block back from take_any whose wait failed: first in its lists again (it is the oldest). */
+static void untake(cs_cache *c, cs_heap *h, cs_block *b)
+{
+    block_list *l = &h->classes[b->cls];
+    b->cls_prev = NULL;
+    b->cls_next = l->head;
+    if (l->head)
+        l->head->cls_prev = b;
+    else
+        l->tail = b;
+    l->head = b;
+    b->lru_prev = NULL;
+    b->lru_next = h->lru_head;
+    if (h->lru_head)
+        h->lru_head->lru_prev = b;
+    else
+        h->lru_tail = b;
+    h->lru_head = b;
+    c->devices[h->device].idle_bytes += b->size;
+}
+
+/* Hand b to the program. */
+static void give(cs_cache *c, cs_heap *h, cs_block *b, uint64_t size, uint64_t *addr)
+{
+    device_state *d = &c->devices[h->device];
+    b->state = BLOCK_IN_USE;
+    b->requested = size;
+    note_in_use(d, b);
+    d->st.bytes_cached = d->idle_bytes;
+    *addr = b->addr;
+}
+
+/* Called with the lock held; returns with it held. Waits for a busy idle block that fits
+ * (dropping the lock meanwhile) and hands it out. */
+static bool wait_for_block(cs_cache *c, cs_heap *h, int cls, uint64_t size, uint64_t *addr)
+{
+    cs_block *b = take_any(c, h, cls, size);
+    if (!b)
+        return false;
+    device_state *d = &c->devices[h->device];
+    d->pending_bytes += b->size;  /* out of the lists, still held */
+    d->st.fence_waits++;
+    pthread_mutex_unlock(&c->lock);
+    bool ok = h->ops->wait(h->dev, b->epoch) == 0;
+    pthread_mutex_lock(&c->lock);
+    d->pending_bytes -= b->size;
+    if (!ok) {
+        untake(c, h, b);
+        return false;
+    }
+    if (b->epoch > h->safe_epoch)
+        h->safe_epoch = b->epoch;
+    give(c, h, b, size, addr);
+    return true;
+}
+
+/* ---------------------------------------------------------------- allocation */
 
 static void fill_failure(cs_alloc_failure *f, const device_state *d, uint64_t size, bool by_cap)
 {
@@ -642,6 +565,134 @@ static void fill_failure(cs_alloc_failure *f, const device_state *d, uint64_t si
     f->cached = d->idle_bytes;
     f->cap = d->cap;
     f->by_cap = by_cap;
+}
+
+/* One driver allocation, without the lock. */
+static int driver_alloc(cs_cache *c, cs_heap *h, uint64_t bytes, uint64_t *addr, int *raw)
+{
+    pthread_mutex_lock(&c->lock);
+    c->devices[h->device].st.driver_allocs++;
+    pthread_mutex_unlock(&c->lock);
+    return h->ops->alloc(h->dev, bytes, addr, raw);
+}
+
+/* The driver is out of memory: give idle memory back and retry, first the blocks the GPU is
+ * done with, then all (the driver's free waits for the device). Without the lock. */
+static int recover_oom(cs_cache *c, cs_heap *h, uint64_t bytes, uint64_t *addr, int *raw)
+{
+    int r = CS_BE_OOM;
+    for (int step = 1; step <= 2 && r == CS_BE_OOM; step++) {
+        cs_block *released = NULL;
+        pthread_mutex_lock(&c->lock);
+        uint64_t n = release_idle_to(c, h->device, step == 1, 0, &released);
+        pthread_mutex_unlock(&c->lock);
+        finish_releases(c, h->device, released, CS_RELEASE_OOM);
+        if (n > 0 && (r = driver_alloc(c, h, bytes, addr, raw)) == CS_BE_OK) {
+            pthread_mutex_lock(&c->lock);
+            c->devices[h->device].st.oom_recoveries++;
+            pthread_mutex_unlock(&c->lock);
+        }
+    }
+    return r;
+}
+
+/* Bookkeeping for memory the driver just gave, under the lock; NULL when the host has no
+ * memory for it (the caller gives the memory back). */
+static cs_block *new_block(cs_cache *c, cs_heap *h, uint64_t addr, uint64_t bytes, int cls)
+{
+    cs_block *b = calloc(1, sizeof *b);
+    if (!b)
+        return NULL;
+    b->addr = addr;
+    b->size = bytes;
+    b->heap = h;
+    b->cls = (uint16_t)cls;
+    if (registry_add(c, b))
+        return b;
+    free(b);
+    return NULL;
+}
+
+/* Reserve `need` bytes under the cap, giving idle blocks back to make room. Called with the
+ * lock held and returns with it held; the lock is dropped while blocks go to the driver.
+ * False when even an empty cache would not make room. */
+static bool reserve_under_cap(cs_cache *c, device_state *d, int device, uint64_t need)
+{
+    while (d->cap != CS_UNLIMITED && held(d) + need > d->cap) {
+        if (d->st.bytes_in_use + d->pending_bytes + need > d->cap)
+            return false;
+        cs_block *released = NULL;
+        release_idle_to(c, device, false, d->cap - d->st.bytes_in_use - d->pending_bytes - need,
+                        &released);
+        if (!released)
+            return false;  /* nothing idle can go now (a capture runs) */
+        pthread_mutex_unlock(&c->lock);
+        finish_releases(c, device, released, CS_RELEASE_CAP);
+        pthread_mutex_lock(&c->lock);
+    }
+    d->pending_bytes += need;
+    return true;
+}
+
+/* A miss: called with the lock held, returns with it released. */
+static cs_result alloc_miss(cs_cache *c, cs_heap *h, uint64_t size, uint64_t bytes, int cls,
+                            uint64_t *addr, int *raw, cs_alloc_failure *failure)
+{
+    device_state *d = &c->devices[h->device];
+    /* At the cap, a busy block worth waiting for beats a refusal. */
+    if (d->cap != CS_UNLIMITED && held(d) + bytes > d->cap &&
+        wait_for_block(c, h, cls, size, addr)) {
+        d->st.hits++;
+        pthread_mutex_unlock(&c->lock);
+        return CS_OK;
+    }
+    d->st.misses++;
+    if (!reserve_under_cap(c, d, h->device, bytes)) {
+        d->st.cap_refusals++;
+        fill_failure(failure, d, size, true);
+        pthread_mutex_unlock(&c->lock);
+        return CS_OOM;
+    }
+    pthread_mutex_unlock(&c->lock);
+
+    uint64_t a = 0;
+    int r = driver_alloc(c, h, bytes, &a, raw);
+    if (r == CS_BE_OOM) {
+        /* Out of memory. First a cached block that fits, once the GPU is done with it: no
+         * memory changes hands. Then give idle memory back and retry. */
+        pthread_mutex_lock(&c->lock);
+        if (wait_for_block(c, h, cls, size, addr)) {
+            d->pending_bytes -= bytes;
+            d->st.oom_recoveries++;
+            pthread_mutex_unlock(&c->lock);
+            return CS_OK;
+        }
+        pthread_mutex_unlock(&c->lock);
+        r = recover_oom(c, h, bytes, &a, raw);
+    }
+    pthread_mutex_lock(&c->lock);
+    d->pending_bytes -= bytes;
+    cs_block *b = NULL;
+    if (r == CS_BE_OK && !(b = new_block(c, h, a, bytes, cls))) {
+        d->pending_bytes += bytes;
+        pthread_mutex_unlock(&c->lock);
+        int ignored;
+        h->ops->free(h->dev, a, &ignored);
+        pthread_mutex_lock(&c->lock);
+        d->pending_bytes -= bytes;
+        r = CS_BE_OOM;
+    }
+    if (r != CS_BE_OK) {
+        if (r == CS_BE_OOM) {
+            d->st.oom_failures++;
+            fill_failure(failure, d, size, false);
+        }
+        pthread_mutex_unlock(&c->lock);
+        return r == CS_BE_OOM ? CS_OOM : CS_ERROR;
+    }
+    give(c, h, b, size, addr);
+    pthread_mutex_unlock(&c->lock);
+    return CS_OK;
 }
 
 cs_result cs_cache_alloc(cs_cache *c, cs_heap *h, uint64_t size, uint64_t *addr, int *raw,
@@ -659,52 +710,13 @@ cs_result cs_cache_alloc(cs_cache *c, cs_heap *h, uint64_t size, uint64_t *addr,
         pthread_mutex_unlock(&c->lock);
         return CS_OOM;
     }
-
-    cs_block *b = take_ready(c, h, cls);
-    /* A ready block of a larger class, up to twice the size asked for, beats a new one: the
-     * memory is already reserved, and replays of real traces hold less and hit more so. */
-    for (int k = cls + 1; !b && k < CS_NUM_CLASSES && class_bytes_of(k) <= 2 * size; k++)
-        b = take_ready(c, h, k);
-    /* At the cap, a block still in use by the GPU is worth waiting for. */
-    if (!b && d->cap != CS_UNLIMITED && held(d) + bytes > d->cap)
-        b = take_waiting(c, h, cls, size);
-    if (b) {
-        d->st.hits++;
-    } else {
-        d->st.misses++;
-        if (!fit_cap(c, d, h->device, bytes)) {
-            d->st.cap_refusals++;
-            fill_failure(failure, d, size, true);
-            pthread_mutex_unlock(&c->lock);
-            return CS_OOM;
-        }
-        uint64_t a = 0;
-        int r = driver_alloc(c, h, bytes, &a, raw);
-        if (r == CS_BE_OOM && !c->capturing) {
-            /* Out of memory. Step 0: a cached block that fits, once the GPU is done with it. */
-            if ((b = take_waiting(c, h, cls, size))) {
-                d->st.oom_recoveries++;
-                r = CS_BE_OK;
-            } else {
-                r = recover_oom(c, h, bytes, &a, raw);
-            }
-        }
-        if (r == CS_BE_OK && !b && !(b = new_block(c, h, a, bytes, cls)))
-            r = CS_BE_OOM;
-        if (r != CS_BE_OK) {
-            if (r == CS_BE_OOM) {
-                d->st.oom_failures++;
-                fill_failure(failure, d, size, false);
-            }
-            pthread_mutex_unlock(&c->lock);
-            return r == CS_BE_OOM ? CS_OOM : CS_ERROR;
-        }
-    }
-    b->state = BLOCK_IN_USE;
-    b->requested = size;
-    note_in_use(d, b);
-    d->st.bytes_cached = d->idle_bytes;
-    *addr = b->addr;
+    cs_block *b = take_ready(c, h, cls, size);
+    if (!b && c->config.reuse == CS_REUSE_ORDERED)
+        b = take_ordered(c, h, cls, size);
+    if (__builtin_expect(!b, 0))
+        return alloc_miss(c, h, size, bytes, cls, addr, raw, failure);
+    d->st.hits++;
+    give(c, h, b, size, addr);
     pthread_mutex_unlock(&c->lock);
     return CS_OK;
 }
@@ -724,8 +736,12 @@ cs_result cs_cache_free(cs_cache *c, uint64_t addr)
     }
     cs_heap *h = b->heap;
     device_state *d = &c->devices[h->device];
+    b->epoch = h->ops->fence(h->dev);
+    if (b->epoch > h->last_epoch) {
+        h->last_epoch = b->epoch;
+        d->st.fences++;
+    }
     b->state = BLOCK_IDLE;
-    b->free_seq = ++h->free_seq;
     d->st.frees++;
     d->st.bytes_in_use -= b->size;
     d->st.bytes_requested -= b->requested;
@@ -733,8 +749,11 @@ cs_result cs_cache_free(cs_cache *c, uint64_t addr)
     idle_push(h, b);
     cs_block *released = NULL;
     int device = h->device;
-    if (d->idle_bytes > d->threshold && !c->capturing)
-        release_idle_to(c, device, false, d->threshold, CS_RELEASE_THRESHOLD, &released);
+    if (d->idle_bytes > d->threshold) {
+        /* The blocks the GPU is done with first: giving back a busy one waits for it. */
+        release_idle_to(c, device, true, d->threshold, &released);
+        release_idle_to(c, device, false, d->threshold, &released);
+    }
     d->st.bytes_cached = d->idle_bytes;
     pthread_mutex_unlock(&c->lock);
     finish_releases(c, device, released, CS_RELEASE_THRESHOLD);
@@ -763,7 +782,7 @@ void cs_cache_mem_view(cs_cache *c, int device, uint64_t driver_free, uint64_t d
     if (device >= 0 && device < CS_MAX_DEVICES && c->devices[device].present) {
         device_state *d = &c->devices[device];
         idle = d->idle_bytes;
-        in_use = d->st.bytes_in_use;
+        in_use = d->st.bytes_in_use + d->pending_bytes;
         cap = d->cap;
     }
     pthread_mutex_unlock(&c->lock);
@@ -786,13 +805,16 @@ void cs_cache_mem_view(cs_cache *c, int device, uint64_t driver_free, uint64_t d
 uint64_t cs_cache_trim(cs_cache *c)
 {
     uint64_t released = 0;
-    pthread_mutex_lock(&c->lock);
-    for (int i = 0; i < CS_MAX_DEVICES && !c->capturing; i++)
+    for (int i = 0; i < CS_MAX_DEVICES; i++) {
+        cs_block *list = NULL;
+        pthread_mutex_lock(&c->lock);
         if (c->devices[i].present) {
-            released += release_idle(c, i, true, 0, CS_RELEASE_TRIM);
+            released += release_idle_to(c, i, true, 0, &list);
             c->devices[i].st.bytes_cached = c->devices[i].idle_bytes;
         }
-    pthread_mutex_unlock(&c->lock);
+        pthread_mutex_unlock(&c->lock);
+        finish_releases(c, i, list, CS_RELEASE_TRIM);
+    }
     return released;
 }
 
@@ -805,6 +827,7 @@ static void add_stats(cacheshim_stats *to, const cacheshim_stats *from)
     size_t n = offsetof(cacheshim_stats, cap_bytes) / sizeof(uint64_t);
     for (size_t i = 0; i < n; i++)
         t[i] += f[i];
+    to->ordered_hits += from->ordered_hits;  /* after cap_bytes, which is not a sum */
 }
 
 bool cs_cache_stats(cs_cache *c, int device, cacheshim_stats *out)
@@ -868,6 +891,5 @@ void cs_cache_reset_after_fork(cs_cache *c)
     free_all(c);
     memset(c->devices, 0, sizeof c->devices);
     c->foreign_frees = 0;
-    c->capturing = false;
     pthread_mutex_unlock(&c->lock);
 }

@@ -22,16 +22,29 @@ enum {
 };
 
 /* The device as the cache sees it: one per heap (one heap per driver context). `dev` is the
- * backend's own state for that heap. Raw driver codes travel as int. */
+ * backend's own state for that heap. Raw driver codes travel as int.
+ *
+ * Fences are epochs: fence() returns an epoch that covers all work issued so far that can
+ * touch the heap's memory; epochs complete in order. None of these calls may block except
+ * wait(), and the cache calls alloc, free and wait without holding its lock. */
 typedef struct cs_backend_ops {
     int (*alloc)(void *dev, uint64_t size, uint64_t *addr, int *raw);
     int (*free)(void *dev, uint64_t addr, int *raw);
-    /* A fence marks "all work issued so far that can touch this heap's memory". */
-    int (*fence_record)(void *dev, void **fence);
-    int (*fence_query)(void *dev, void *fence);  /* 1 complete, 0 not yet, <0 error */
-    int (*fence_wait)(void *dev, void *fence);   /* 0 once complete */
-    void (*fence_destroy)(void *dev, void *fence);
+    uint64_t (*fence)(void *dev);
+    /* 1 when all work up to epoch has completed, else 0 (it may also be unknowable). */
+    int (*reached)(void *dev, uint64_t epoch);
+    /* Blocks until epoch has completed: 0, or -1 when that cannot be known. */
+    int (*wait)(void *dev, uint64_t epoch);
+    /* Every stream's next work will wait for epoch on the GPU (stream-ordered reuse): 0, or
+     * -1 when that cannot be arranged now. */
+    int (*order_after)(void *dev, uint64_t epoch);
 } cs_backend_ops;
+
+/* How a freed block whose fence has not completed may be reused. */
+typedef enum {
+    CS_REUSE_ORDERED = 0,  /* at once, with streams made to wait for its fence (default) */
+    CS_REUSE_COMPLETED,    /* only once its fence has completed */
+} cs_reuse_mode;
 
 /* Why memory went back to the driver, for the release hook and statistics. */
 typedef enum {
@@ -50,6 +63,11 @@ typedef struct cs_cache_config {
     /* Told about every block given back to the driver (may be NULL). Called under the lock. */
     void (*on_release)(void *arg, int device, uint64_t addr, uint64_t size, cs_release_reason why);
     void *release_arg;
+    cs_reuse_mode reuse;
+    /* Does a stream capture run anywhere in the process? While one does, the cache gives
+     * nothing back to the driver (a free could break it); the cap then refuses what it
+     * cannot fit without a release. May be NULL (never). */
+    bool (*capturing)(void);
 } cs_cache_config;
 
 typedef enum {
@@ -81,10 +99,6 @@ cs_heap *cs_cache_add_heap(cs_cache *cache, const void *key, int device, uint64_
 /* The context is gone with all its memory: forget its blocks without driver calls. */
 void cs_cache_forget_heap(cs_cache *cache, const void *key);
 
-/* While a stream capture runs, the driver calls the cache would add (fence events on the
- * legacy stream, frees of cached blocks) could break it: none are made. Blocks already known
- * ready still serve; the cap refuses what it cannot fit without a release. */
-void cs_cache_set_capturing(cs_cache *cache, bool capturing);
 
 cs_result cs_cache_alloc(cs_cache *cache, cs_heap *heap, uint64_t size, uint64_t *addr,
                          int *raw, cs_alloc_failure *failure);
@@ -96,7 +110,8 @@ cs_block_state cs_cache_lookup(cs_cache *cache, uint64_t addr, uint64_t *request
 /* What a capped program should see of the device, given the driver's own numbers. */
 void cs_cache_mem_view(cs_cache *cache, int device, uint64_t driver_free, uint64_t driver_total,
                        uint64_t *free, uint64_t *total);
-/* Give back idle blocks whose fences completed; returns bytes released. */
+/* Give back idle blocks whose fences completed; returns bytes released. Calls the driver
+ * without the lock. */
 uint64_t cs_cache_trim(cs_cache *cache);
 
 /* Statistics of one device, or all with device = -1; false if that device has no heap. */

@@ -46,8 +46,6 @@ static void load_driver(void)
         LOAD(cuMemAlloc);
         LOAD(cuMemFree);
         LOAD(cuMemGetInfo);
-        LOAD(cuStreamCreate);
-        LOAD(cuStreamCreateWithPriority);
         LOAD(cuStreamDestroy_v2);
         LOAD(cuStreamDestroy);
         LOAD(cuCtxDestroy_v2);
@@ -81,6 +79,9 @@ static void load_driver(void)
         LOAD(cuEventSynchronize);
         LOAD(cuEventDestroy_v2);
         LOAD(cuThreadExchangeStreamCaptureMode);
+        LOAD(cuStreamIsCapturing);
+        LOAD(cuStreamWaitEvent);
+        LOAD(cuCtxSynchronize);
     }
     loading = 0;
 }
@@ -94,4 +95,23 @@ const cs_driver *cs_driver_get(void)
 CS_NO_SANITIZE int cs_driver_loading(void)
 {
     return loading;
+}
+
+bool cs_ctx_enter(CUcontext ctx, bool *pushed)
+{
+    CUcontext cur = NULL;
+    *pushed = false;
+    if (driver.cuCtxGetCurrent(&cur) == CUDA_SUCCESS && cur == ctx)
+        return true;
+    if (driver.cuCtxPushCurrent_v2(ctx) != CUDA_SUCCESS)
+        return false;
+    *pushed = true;
+    return true;
+}
+
+void cs_ctx_leave(bool pushed)
+{
+    CUcontext popped;
+    if (pushed)
+        driver.cuCtxPopCurrent_v2(&popped);
 }

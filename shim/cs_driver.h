@@ -2,6 +2,8 @@
 #ifndef CS_DRIVER_H
 #define CS_DRIVER_H
 
+#include <stdbool.h>
+
 #include "cs_exports.h"
 
 /* Every real entry point the shim calls or wraps, with its exact ABI. The v1 names take
@@ -17,8 +19,6 @@ typedef struct cs_driver {
     CUresult (*cuMemAlloc)(unsigned int *, unsigned int);
     CUresult (*cuMemFree)(unsigned int);
     CUresult (*cuMemGetInfo)(unsigned int *, unsigned int *);
-    CUresult (*cuStreamCreate)(CUstream *, unsigned int);
-    CUresult (*cuStreamCreateWithPriority)(CUstream *, unsigned int, int);
     CUresult (*cuStreamDestroy_v2)(CUstream);
     CUresult (*cuStreamDestroy)(CUstream);
     CUresult (*cuCtxDestroy_v2)(CUcontext);
@@ -42,7 +42,7 @@ typedef struct cs_driver {
     CUresult (*cuGetProcAddress_v2)(const char *, void **, int, cuuint64_t,
                                     CUdriverProcAddressQueryResult *);
 
-    /* used by the backend */
+    /* used by the backend and the stream layer */
     CUresult (*cuCtxGetCurrent)(CUcontext *);
     CUresult (*cuCtxGetDevice)(CUdevice *);
     CUresult (*cuCtxPushCurrent_v2)(CUcontext);
@@ -58,10 +58,18 @@ typedef struct cs_driver {
     CUresult (*cuEventSynchronize)(CUevent);
     CUresult (*cuEventDestroy_v2)(CUevent);
     CUresult (*cuThreadExchangeStreamCaptureMode)(CUstreamCaptureMode *);
+    CUresult (*cuStreamIsCapturing)(CUstream, CUstreamCaptureStatus *);
+    CUresult (*cuStreamWaitEvent)(CUstream, CUevent, unsigned int);
+    CUresult (*cuCtxSynchronize)(void);
 } cs_driver;
 
 /* The table, loaded once (thread-safe). Entries the driver lacks are NULL. */
 const cs_driver *cs_driver_get(void);
+
+/* Make ctx current for a driver call that depends on it; *pushed says to pop it after with
+ * cs_ctx_leave. False when it cannot be made current. */
+bool cs_ctx_enter(CUcontext ctx, bool *pushed);
+void cs_ctx_leave(bool pushed);
 /* dlsym is called by sanitizer runtimes while they start, before instrumented code may run:
  * what our dlsym reaches on its way to the real one is not instrumented. */
 #define CS_NO_SANITIZE __attribute__((no_sanitize("address", "undefined", "thread")))

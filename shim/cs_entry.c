@@ -3,8 +3,8 @@
  */
 #include "cs_exports.h"
 
-#include "cs_backend.h"
 #include "cs_shim.h"
+#include "cs_streams.h"
 
 /* The real driver, or NOT_INITIALIZED from a wrapper when there is none (the program found
  * the shim's symbol without a libcuda in the process). */
@@ -48,6 +48,9 @@ CS_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
         return d->cuMemFree_v2(dptr);
     switch (cs_cache_free(s->cache, (uint64_t)dptr)) {
     case CS_OK:
+        /* The driver's free waits for the whole device; the cache's does not, unless asked. */
+        if (s->opts.sync_free && d->cuCtxSynchronize)
+            return d->cuCtxSynchronize();
         return CUDA_SUCCESS;
     case CS_NOT_IN_USE:
         return CUDA_ERROR_INVALID_VALUE;  /* what the driver says to a double free */
@@ -135,29 +138,13 @@ CS_EXPORT CUresult cuMemGetInfo(unsigned int *free, unsigned int *total)
 
 /* ---------------------------------------------------------------- streams */
 
-CS_EXPORT CUresult cuStreamCreate(CUstream *phStream, unsigned int flags)
-{
-    REAL(d, cuStreamCreate);
-    CUresult r = d->cuStreamCreate(phStream, flags);
-    if (r == CUDA_SUCCESS && !cs_shim_get()->disabled)
-        cs_backend_stream_created(*phStream, flags);
-    return r;
-}
-
-CS_EXPORT CUresult cuStreamCreateWithPriority(CUstream *phStream, unsigned int flags, int priority)
-{
-    REAL(d, cuStreamCreateWithPriority);
-    CUresult r = d->cuStreamCreateWithPriority(phStream, flags, priority);
-    if (r == CUDA_SUCCESS && !cs_shim_get()->disabled)
-        cs_backend_stream_created(*phStream, flags);
-    return r;
-}
-
+/* Streams are learnt from the work put on them (cs_work.h); a destroyed one's last work
+ * still runs and is fenced before the handle goes. */
 CS_EXPORT CUresult cuStreamDestroy_v2(CUstream hStream)
 {
     REAL(d, cuStreamDestroy_v2);
     if (!cs_shim_get()->disabled)
-        cs_backend_stream_destroying(hStream);
+        cs_streams_destroying(hStream);
     return d->cuStreamDestroy_v2(hStream);
 }
 
@@ -165,7 +152,7 @@ CS_EXPORT CUresult cuStreamDestroy(CUstream hStream)
 {
     REAL(d, cuStreamDestroy);
     if (!cs_shim_get()->disabled)
-        cs_backend_stream_destroying(hStream);
+        cs_streams_destroying(hStream);
     return d->cuStreamDestroy(hStream);
 }
 
@@ -250,47 +237,52 @@ CS_EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice dev)
 
 /* ---------------------------------------------------------------- stream capture
  *
- * While a stream captures, an event on the legacy stream would join or break the capture:
- * the cache records no fences and releases nothing until every capture has ended. */
+ * Nothing may be recorded into a capturing stream, nor waited from it: the capture state is
+ * kept per stream (cs_streams.c), learnt from the driver after every begin and end, however
+ * the end went. */
 
-static CUresult capture_begun(CUresult r)
+static CUresult capture_begin(CUstream stream, int per_thread, CUresult (*begin)(CUstream),
+                              CUresult (*begin_mode)(CUstream, CUstreamCaptureMode),
+                              CUstreamCaptureMode mode)
 {
-    if (r == CUDA_SUCCESS && !cs_shim_get()->disabled)
-        cs_shim_capture_begun();
+    bool track = !cs_shim_get()->disabled;
+    if (track)
+        cs_streams_capture_beginning(stream, per_thread);
+    CUresult r = begin ? begin(stream) : begin_mode(stream, mode);
+    if (track)
+        cs_streams_capture_begun(stream, per_thread, r);
     return r;
 }
 
-static CUresult capture_ended(CUresult r)
+static CUresult capture_end(CUstream stream, int per_thread, CUresult r)
 {
-    /* An invalidated capture has ended as well. */
-    if ((r == CUDA_SUCCESS || r == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED) &&
-        !cs_shim_get()->disabled)
-        cs_shim_capture_ended();
+    if (!cs_shim_get()->disabled)
+        cs_streams_capture_ended(stream, per_thread);
     return r;
 }
 
 CS_EXPORT CUresult cuStreamBeginCapture(CUstream hStream)
 {
     REAL(d, cuStreamBeginCapture);
-    return capture_begun(d->cuStreamBeginCapture(hStream));
+    return capture_begin(hStream, 0, d->cuStreamBeginCapture, NULL, 0);
 }
 
 CS_EXPORT CUresult cuStreamBeginCapture_ptsz(CUstream hStream)
 {
     REAL(d, cuStreamBeginCapture_ptsz);
-    return capture_begun(d->cuStreamBeginCapture_ptsz(hStream));
+    return capture_begin(hStream, 1, d->cuStreamBeginCapture_ptsz, NULL, 0);
 }
 
 CS_EXPORT CUresult cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode)
 {
     REAL(d, cuStreamBeginCapture_v2);
-    return capture_begun(d->cuStreamBeginCapture_v2(hStream, mode));
+    return capture_begin(hStream, 0, NULL, d->cuStreamBeginCapture_v2, mode);
 }
 
 CS_EXPORT CUresult cuStreamBeginCapture_v2_ptsz(CUstream hStream, CUstreamCaptureMode mode)
 {
     REAL(d, cuStreamBeginCapture_v2_ptsz);
-    return capture_begun(d->cuStreamBeginCapture_v2_ptsz(hStream, mode));
+    return capture_begin(hStream, 1, NULL, d->cuStreamBeginCapture_v2_ptsz, mode);
 }
 
 CS_EXPORT CUresult cuStreamBeginCaptureToGraph(CUstream hStream, CUgraph hGraph,
@@ -299,8 +291,14 @@ CS_EXPORT CUresult cuStreamBeginCaptureToGraph(CUstream hStream, CUgraph hGraph,
                                                size_t numDependencies, CUstreamCaptureMode mode)
 {
     REAL(d, cuStreamBeginCaptureToGraph);
-    return capture_begun(d->cuStreamBeginCaptureToGraph(hStream, hGraph, dependencies,
-                                                        dependencyData, numDependencies, mode));
+    bool track = !cs_shim_get()->disabled;
+    if (track)
+        cs_streams_capture_beginning(hStream, 0);
+    CUresult r = d->cuStreamBeginCaptureToGraph(hStream, hGraph, dependencies, dependencyData,
+                                                numDependencies, mode);
+    if (track)
+        cs_streams_capture_begun(hStream, 0, r);
+    return r;
 }
 
 CS_EXPORT CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream hStream, CUgraph hGraph,
@@ -310,19 +308,24 @@ CS_EXPORT CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream hStream, CUgraph hG
                                                     CUstreamCaptureMode mode)
 {
     REAL(d, cuStreamBeginCaptureToGraph_ptsz);
-    return capture_begun(d->cuStreamBeginCaptureToGraph_ptsz(hStream, hGraph, dependencies,
-                                                             dependencyData, numDependencies,
-                                                             mode));
+    bool track = !cs_shim_get()->disabled;
+    if (track)
+        cs_streams_capture_beginning(hStream, 1);
+    CUresult r = d->cuStreamBeginCaptureToGraph_ptsz(hStream, hGraph, dependencies,
+                                                     dependencyData, numDependencies, mode);
+    if (track)
+        cs_streams_capture_begun(hStream, 1, r);
+    return r;
 }
 
 CS_EXPORT CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph)
 {
     REAL(d, cuStreamEndCapture);
-    return capture_ended(d->cuStreamEndCapture(hStream, phGraph));
+    return capture_end(hStream, 0, d->cuStreamEndCapture(hStream, phGraph));
 }
 
 CS_EXPORT CUresult cuStreamEndCapture_ptsz(CUstream hStream, CUgraph *phGraph)
 {
     REAL(d, cuStreamEndCapture_ptsz);
-    return capture_ended(d->cuStreamEndCapture_ptsz(hStream, phGraph));
+    return capture_end(hStream, 1, d->cuStreamEndCapture_ptsz(hStream, phGraph));
 }

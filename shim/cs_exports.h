@@ -23,8 +23,6 @@ CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr 
 CUresult cuMemAlloc(unsigned int *dptr, unsigned int bytesize);
 CUresult cuMemFree(unsigned int dptr);
 CUresult cuMemGetInfo(unsigned int *free, unsigned int *total);
-CUresult cuStreamCreate(CUstream *phStream, unsigned int flags);
-CUresult cuStreamCreateWithPriority(CUstream *phStream, unsigned int flags, int priority);
 CUresult cuStreamDestroy_v2(CUstream hStream);
 CUresult cuStreamDestroy(CUstream hStream);
 CUresult cuCtxDestroy_v2(CUcontext ctx);

@@ -17,8 +17,6 @@
     X(cuMemGetInfo_v2, cuMemGetInfo, 3020, 0) \
     X(cuMemGetInfo, cuMemGetInfo, 0, 0) \
     X(cuMemGetAddressRange_v2, cuMemGetAddressRange, 3020, 0) \
-    X(cuStreamCreate, cuStreamCreate, 0, 0) \
-    X(cuStreamCreateWithPriority, cuStreamCreateWithPriority, 0, 0) \
     X(cuStreamDestroy_v2, cuStreamDestroy, 4000, 0) \
     X(cuStreamDestroy, cuStreamDestroy, 0, 0) \
     X(cuCtxDestroy_v2, cuCtxDestroy, 4000, 0) \

@@ -16,6 +16,8 @@ enum {
     OPT_RELEASE_THRESHOLD,
     OPT_STATS,
     OPT_VERBOSE,
+    OPT_REUSE,
+    OPT_SYNC_FREE,
     OPT_TRACE_FORMAT,
     OPT_TRACE_FILE,
     OPT_TRACE_FILTER,
@@ -46,6 +48,14 @@ static const cs_option_desc option_table[OPT_COUNT] = {
                      "0: quiet; 1: print the effective configuration at start, one line for "
                      "each failed allocation and every counter in the exit statistics; 2: also "
                      "one line for each release of cached memory to the driver."},
+    [OPT_REUSE] = {"CACHESHIM_REUSE", "choice", "ordered", "ordered or completed",
+                   "When a freed block may be reused: ordered hands it out at once and makes "
+                   "every stream wait on the GPU for its last work first; completed waits "
+                   "until that work has finished, taking new memory meanwhile."},
+    [OPT_SYNC_FREE] = {"CACHESHIM_SYNC_FREE", "bool", "0", ACCEPT_BOOL,
+                       "Make every free of a cached block wait for all work on the device, "
+                       "as the driver's cuMemFree/cudaFree does, for programs that use a free "
+                       "as a synchronization point."},
     [OPT_TRACE_FORMAT] = {"CACHESHIM_TRACE_FORMAT", "choice", "text", "text, jsonl or perfetto",
                           "Tracer (LD_AUDIT=libcacheaudit.so) output format: text lines, JSON "
                           "Lines, or a Chrome-trace/Perfetto JSON file."},
@@ -69,6 +79,7 @@ typedef struct {
 } option_slot;
 
 static const char *const trace_formats[] = {"text", "jsonl", "perfetto", NULL};
+static const char *const reuse_modes[] = {"ordered", "completed", NULL};
 
 static const option_slot option_slots[OPT_COUNT] = {
     [OPT_DISABLE] = {VALUE_BOOL, offsetof(cs_options, disable), 0, 0, false},
@@ -76,6 +87,8 @@ static const option_slot option_slots[OPT_COUNT] = {
     [OPT_RELEASE_THRESHOLD] = {VALUE_SIZE, offsetof(cs_options, release_threshold), 0, 0, true},
     [OPT_STATS] = {VALUE_BOOL, offsetof(cs_options, stats), 0, 0, false},
     [OPT_VERBOSE] = {VALUE_INT, offsetof(cs_options, verbose), 0, 2, false},
+    [OPT_REUSE] = {VALUE_CHOICE, offsetof(cs_options, reuse), 0, 0, false, reuse_modes},
+    [OPT_SYNC_FREE] = {VALUE_BOOL, offsetof(cs_options, sync_free), 0, 0, false},
     [OPT_TRACE_FORMAT] = {VALUE_CHOICE, offsetof(cs_options, trace_format), 0, 0, false,
                           trace_formats},
     [OPT_TRACE_FILE] = {VALUE_PATH, offsetof(cs_options, trace_file), 0, 0, false},

@@ -27,10 +27,6 @@ cs_heap *cs_shim_current_heap(const cs_driver *d, CUcontext *ctx_out);
 /* A context and all its memory are gone. */
 void cs_shim_context_gone(CUcontext ctx);
 
-/* Stream capture in progress anywhere: no fences and no releases meanwhile. */
-void cs_shim_capture_begun(void);
-void cs_shim_capture_ended(void);
-
 /* A failed allocation, reported on stderr when CACHESHIM_VERBOSE >= 1. */
 void cs_shim_report_failure(const cs_driver *d, const cs_alloc_failure *f);
 

@@ -8,6 +8,7 @@
 
 #include "cs_backend.h"
 #include "cs_report.h"
+#include "cs_streams.h"
 
 static cs_shim shim;
 static pthread_once_t shim_once = PTHREAD_ONCE_INIT;
@@ -21,8 +22,6 @@ static _Thread_local struct {
     cs_heap *heap;
     uint64_t generation;
 } last;
-
-static int captures;  /* stream captures in progress in the process */
 
 /* ---------------------------------------------------------------- options and limits */
 
@@ -81,12 +80,12 @@ static void before_fork(void)
 {
     if (shim.cache)
         cs_cache_lock(shim.cache);
-    cs_backend_lock();
+    cs_streams_lock_all();
 }
 
 static void after_fork_parent(void)
 {
-    cs_backend_unlock();
+    cs_streams_unlock_all();
     if (shim.cache)
         cs_cache_unlock(shim.cache);
 }
@@ -96,9 +95,8 @@ static void after_fork_child(void)
     /* The child cannot use the parent's device memory; it starts with an empty cache. */
     if (shim.cache)
         cs_cache_reset_after_fork(shim.cache);
-    cs_backend_reset_after_fork();
+    cs_streams_reset_after_fork();
     __atomic_add_fetch(&heap_generation, 1, __ATOMIC_RELEASE);
-    captures = 0;
 }
 
 __attribute__((destructor)) static void at_exit(void)
@@ -121,6 +119,8 @@ static void init(void)
             .cap_for = cap_for,
             .threshold_for = threshold_for,
             .on_release = on_release,
+            .reuse = shim.opts.reuse == 1 ? CS_REUSE_COMPLETED : CS_REUSE_ORDERED,
+            .capturing = cs_streams_capturing,
         };
         shim.cache = cs_cache_create(&config);
         if (!shim.cache) {
@@ -128,6 +128,7 @@ static void init(void)
             shim.disabled = true;
         }
     }
+    cs_streams_enable(!shim.disabled);
     pthread_atfork(before_fork, after_fork_parent, after_fork_child);
     shim_ready = true;
 }
@@ -157,7 +158,7 @@ cs_heap *cs_shim_current_heap(const cs_driver *d, CUcontext *ctx_out)
         if (d->cuCtxGetDevice(&dev) != CUDA_SUCCESS ||
             d->cuDeviceTotalMem_v2(&total, dev) != CUDA_SUCCESS)
             return NULL;
-        cs_ctx_dev *be = cs_backend_for(ctx);
+        void *be = cs_backend_for(ctx);
         if (!be)
             return NULL;
         h = cs_cache_add_heap(shim.cache, ctx, (int)dev, total, &cs_cuda_ops, be);
@@ -174,30 +175,10 @@ void cs_shim_context_gone(CUcontext ctx)
 {
     if (!shim.cache)
         return;
-    /* Backend first: it marks the context dead, so the cache's cleanup calls no driver. */
-    cs_backend_forget(ctx);
+    /* Streams first: the context is marked dead, so the cache's cleanup calls no driver. */
+    cs_streams_forget(ctx);
     __atomic_add_fetch(&heap_generation, 1, __ATOMIC_RELEASE);
     cs_cache_forget_heap(shim.cache, ctx);
-}
-
-/* ---------------------------------------------------------------- capture */
-
-void cs_shim_capture_begun(void)
-{
-    if (shim.cache && __atomic_add_fetch(&captures, 1, __ATOMIC_ACQ_REL) == 1)
-        cs_cache_set_capturing(shim.cache, true);
-}
-
-void cs_shim_capture_ended(void)
-{
-    if (!shim.cache)
-        return;
-    int n = __atomic_load_n(&captures, __ATOMIC_ACQUIRE);
-    while (n > 0 && !__atomic_compare_exchange_n(&captures, &n, n - 1, false, __ATOMIC_ACQ_REL,
-                                                 __ATOMIC_ACQUIRE))
-        ;
-    if (n == 1)
-        cs_cache_set_capturing(shim.cache, false);
 }
 
 /* ---------------------------------------------------------------- failures */

@@ -29,11 +29,11 @@ static int be_alloc(void *d, uint64_t size, uint64_t *addr, int *raw)
     return CS_BE_OK;
 }
 static int be_free(void *d, uint64_t a, int *raw) { (void)d; (void)a; (void)raw; return CS_BE_OK; }
-static int be_record(void *d, void **f) { (void)d; *f = (void *)1; return 0; }
-static int be_query(void *d, void *f) { (void)d; (void)f; return 1; }
-static int be_wait(void *d, void *f) { (void)d; (void)f; return 0; }
-static void be_destroy(void *d, void *f) { (void)d; (void)f; }
-static const cs_backend_ops ops = {be_alloc, be_free, be_record, be_query, be_wait, be_destroy};
+static uint64_t be_fence(void *d) { (void)d; return 0; }
+static int be_reached(void *d, uint64_t e) { (void)d; (void)e; return 1; }
+static int be_wait(void *d, uint64_t e) { (void)d; (void)e; return 0; }
+static int be_order(void *d, uint64_t e) { (void)d; (void)e; return 0; }
+static const cs_backend_ops ops = {be_alloc, be_free, be_fence, be_reached, be_wait, be_order};
 
 typedef struct {
     const char *name;

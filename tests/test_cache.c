@@ -14,36 +14,39 @@
 
 #define MiB (1024ull * 1024)
 
-/* ---------------------------------------------------------------- fake backend */
-
-typedef struct {
-    uint64_t epoch;  /* a fence recorded at epoch e is done once completed > e */
-} test_fence;
+/* ---------------------------------------------------------------- fake backend
+ *
+ * One stream of work. gpu_busy() issues work; a fence at a free then takes a new epoch,
+ * which completes only when the test says so (gpu_idle, or a wait). */
 
 static struct {
     uint64_t next_addr, used, budget;
-    uint64_t epoch, completed;
-    int allocs, frees, records, queries, waits, destroys, live_fences;
+    bool dirty;                  /* work issued since the last fence */
+    uint64_t epoch, completed;   /* newest epoch; every epoch up to completed is done */
+    int allocs, frees, fences, reaches, waits, orders;
     int fail_alloc_raw;  /* non-zero: the next alloc fails with this raw code */
-    int fail_record;
+    bool stuck;          /* fences never complete by themselves (an unrecordable event) */
+    bool fail_order;     /* stream-ordered reuse cannot be arranged */
+    bool capturing;      /* a stream capture runs */
 } be;
 
 static int fb_alloc(void *dev, uint64_t size, uint64_t *addr, int *raw)
 {
     (void)dev;
-    be.allocs++;
+    __atomic_add_fetch(&be.allocs, 1, __ATOMIC_RELAXED);  /* runs without the cache's lock */
     if (be.fail_alloc_raw) {
         *raw = be.fail_alloc_raw;
         be.fail_alloc_raw = 0;
         return CS_BE_ERROR;
     }
-    if (be.used + size > be.budget) {
+    uint64_t at = __atomic_fetch_add(&be.used, size, __ATOMIC_RELAXED);
+    if (at + size > be.budget) {
+        __atomic_sub_fetch(&be.used, size, __ATOMIC_RELAXED);
         *raw = 2;
         return CS_BE_OOM;
     }
-    be.used += size;
-    *addr = be.next_addr;
-    be.next_addr += (size + MiB - 1) / MiB * MiB + MiB;
+    *addr = __atomic_fetch_add(&be.next_addr, (size + MiB - 1) / MiB * MiB + MiB,
+                               __ATOMIC_RELAXED);
     return CS_BE_OK;
 }
 
@@ -52,52 +55,57 @@ static int fb_free(void *dev, uint64_t addr, int *raw)
     (void)dev;
     (void)addr;
     (void)raw;
-    __atomic_add_fetch(&be.frees, 1, __ATOMIC_RELAXED);  /* threshold releases run unlocked */
+    __atomic_add_fetch(&be.frees, 1, __ATOMIC_RELAXED);  /* releases run unlocked */
     return CS_BE_OK;
 }
 
-static int fb_record(void *dev, void **out)
+static uint64_t fb_fence(void *dev)
 {
     (void)dev;
-    if (be.fail_record)
-        return -1;
-    test_fence *f = malloc(sizeof *f);
-    f->epoch = be.epoch;
-    *out = f;
-    be.records++;
-    be.live_fences++;
-    return 0;
+    if (be.dirty) {
+        be.epoch++;
+        be.dirty = false;
+        be.fences++;
+    }
+    return be.epoch;
 }
 
-static int fb_query(void *dev, void *f)
+static int fb_reached(void *dev, uint64_t epoch)
 {
     (void)dev;
-    be.queries++;
-    return be.completed > ((test_fence *)f)->epoch ? 1 : 0;
+    be.reaches++;
+    return epoch <= be.completed && (!be.stuck || epoch == 0);
 }
 
-static int fb_wait(void *dev, void *f)
+static int fb_wait(void *dev, uint64_t epoch)
 {
     (void)dev;
     be.waits++;
-    if (be.completed <= ((test_fence *)f)->epoch)
-        be.completed = ((test_fence *)f)->epoch + 1;
+    if (epoch > be.completed)
+        be.completed = epoch;
     return 0;
 }
 
-static void fb_destroy(void *dev, void *f)
+static int fb_order_after(void *dev, uint64_t epoch)
 {
     (void)dev;
-    be.destroys++;
-    be.live_fences--;
-    free(f);
+    (void)epoch;
+    be.orders++;
+    return be.fail_order ? -1 : 0;
 }
 
-static const cs_backend_ops ops = {fb_alloc, fb_free, fb_record, fb_query, fb_wait, fb_destroy};
+static bool fb_capturing(void) { return be.capturing; }
+
+static const cs_backend_ops ops = {fb_alloc, fb_free, fb_fence, fb_reached, fb_wait,
+                                   fb_order_after};
 
 /* Work is issued (the GPU is busy from now) / everything issued so far completes. */
-static void gpu_busy(void) { be.epoch++; }
-static void gpu_idle(void) { be.completed = be.epoch + 1; }
+static void gpu_busy(void) { be.dirty = true; }
+static void gpu_idle(void)
+{
+    fb_fence(NULL);
+    be.completed = be.epoch;
+}
 
 /* ---------------------------------------------------------------- fixtures */
 
@@ -116,16 +124,16 @@ typedef struct {
     cs_heap *heap;
 } fx;
 
-static int setup_with(void **state, uint64_t cap, uint64_t threshold, uint64_t budget)
+static int setup_mode(void **state, uint64_t cap, uint64_t threshold, uint64_t budget,
+                      cs_reuse_mode reuse)
 {
     memset(&be, 0, sizeof be);
     be.next_addr = 0x100000000ull;
     be.budget = budget;
-    be.completed = 1;  /* idle GPU: fences complete at once */
     cap_limit = cap;
     threshold_limit = threshold;
     released_count = 0;
-    cs_cache_config cfg = {cap_for, thr_for, NULL, on_release, NULL};
+    cs_cache_config cfg = {cap_for, thr_for, NULL, on_release, NULL, reuse, fb_capturing};
     fx *f = calloc(1, sizeof *f);
     f->cache = cs_cache_create(&cfg);
     f->heap = cs_cache_add_heap(f->cache, (void *)0x1, 0, 80 * 1024 * MiB, &ops, NULL);
@@ -133,16 +141,27 @@ static int setup_with(void **state, uint64_t cap, uint64_t threshold, uint64_t b
     return 0;
 }
 
+/* Most tests look at when a block becomes ready: reuse only once complete. */
+static int setup_with(void **state, uint64_t cap, uint64_t threshold, uint64_t budget)
+{
+    return setup_mode(state, cap, threshold, budget, CS_REUSE_COMPLETED);
+}
+
 static int setup(void **state) { return setup_with(state, CS_UNLIMITED, CS_UNLIMITED, 1ull << 40); }
+static int setup_ordered(void **state)
+{
+    return setup_mode(state, CS_UNLIMITED, CS_UNLIMITED, 1ull << 40, CS_REUSE_ORDERED);
+}
+static int setup_ordered_cap(void **state)
+{
+    return setup_mode(state, 10 * MiB, CS_UNLIMITED, 1ull << 40, CS_REUSE_ORDERED);
+}
 
 static int teardown(void **state)
 {
     fx *f = *state;
-    /* Forgetting the heaps hands pending fences back to the backend; destroy alone would not
-     * (it must not call a driver that may be gone). */
     cs_cache_forget_heap(f->cache, (void *)0x1);
     cs_cache_forget_heap(f->cache, (void *)0x2);
-    assert_int_equal(be.live_fences, 0);
     cs_cache_destroy(f->cache);
     free(f);
     return 0;
@@ -247,60 +266,127 @@ static void test_block_not_reused_while_gpu_busy(void **state)
     assert_int_equal(cs_cache_free(f->cache, a), CS_OK);
     uint64_t b = must_alloc(f, 2 * MiB);
     assert_true(b != a);          /* the fence has not completed: a new block */
-    assert_int_equal(be.records, 1);
+    assert_int_equal(be.fences, 1);
     gpu_idle();
     assert_int_equal(cs_cache_free(f->cache, b), CS_OK);
     uint64_t c = must_alloc(f, 2 * MiB);
     assert_int_equal(c, a);       /* oldest first, now complete */
     cacheshim_stats s = stats(f);
     assert_int_equal(s.hits, 1);
-    assert_int_equal(s.fences, 1);  /* the first fence covers a; b is not needed yet */
+    assert_int_equal(s.fences, 1);  /* b's free had no new work to fence */
 }
 
-static void test_fence_recorded_after_free(void **state)
+static void test_fence_covers_work_before_free_only(void **state)
 {
     fx *f = *state;
     uint64_t a = must_alloc(f, 1 * MiB);
     uint64_t b = must_alloc(f, 1 * MiB);
+    uint64_t c = must_alloc(f, 1 * MiB);
+    /* No work since the last fence: a is ready at once, without a new fence. */
     assert_int_equal(cs_cache_free(f->cache, a), CS_OK);
+    assert_int_equal(must_alloc(f, 1 * MiB), a);
+    assert_int_equal(be.fences, 0);
     gpu_busy();
-    /* A fence now covers a only. */
-    uint64_t c = must_alloc(f, 1 * MiB);
-    assert_true(c != a);
+    assert_int_equal(cs_cache_free(f->cache, b), CS_OK);  /* fence 1 covers b */
     gpu_idle();
-    gpu_busy();  /* new work, possibly on b */
-    assert_int_equal(cs_cache_free(f->cache, b), CS_OK);
-    /* a is covered by the completed fence; b needs a new one, still pending. */
-    assert_int_equal(must_alloc(f, 1 * MiB), a);
+    gpu_busy();  /* new work, possibly on c */
+    assert_int_equal(cs_cache_free(f->cache, c), CS_OK);  /* fence 2, still pending */
+    assert_int_equal(must_alloc(f, 1 * MiB), b);
     uint64_t d = must_alloc(f, 1 * MiB);
-    assert_true(d != b);
+    assert_true(d != c);
+    assert_int_equal(stats(f).fences, 2);
 }
 
-static void test_no_fences_during_capture(void **state)
+static void test_no_release_during_capture(void **state)
 {
     fx *f = *state;
     uint64_t a = must_alloc(f, 1 * MiB);
-    uint64_t b = must_alloc(f, 1 * MiB);
-    assert_int_equal(cs_cache_free(f->cache, a), CS_OK);
-    assert_int_equal(must_alloc(f, 1 * MiB), a);  /* fence recorded, complete */
-    assert_int_equal(cs_cache_free(f->cache, a), CS_OK);
-    cs_cache_set_capturing(f->cache, true);
-    int records = be.records;
-    uint64_t c = must_alloc(f, 1 * MiB);
-    assert_true(c != a);
-    assert_int_equal(be.records, records);
-    cs_cache_set_capturing(f->cache, false);
-    assert_int_equal(must_alloc(f, 1 * MiB), a);
-    (void)b;
+    cs_cache_free(f->cache, a);
+    be.capturing = true;  /* a driver free now could break the capture */
+    assert_int_equal(cs_cache_trim(f->cache), 0);
+    assert_int_equal(be.frees, 0);
+    assert_int_equal(must_alloc(f, 1 * MiB), a);  /* reuse itself is fine */
+    cs_cache_free(f->cache, a);
+    be.capturing = false;
+    assert_int_equal(cs_cache_trim(f->cache), 1 * MiB);
+    assert_int_equal(be.frees, 1);
 }
 
-static void test_fence_record_failure_is_a_miss(void **state)
+static void test_unreachable_fence_is_a_miss(void **state)
 {
     fx *f = *state;
     uint64_t a = must_alloc(f, 1 * MiB);
+    gpu_busy();
     assert_int_equal(cs_cache_free(f->cache, a), CS_OK);
-    be.fail_record = 1;
+    be.stuck = true;
+    gpu_idle();
     assert_true(must_alloc(f, 1 * MiB) != a);
+}
+
+/* ---------------------------------------------------------------- stream-ordered reuse */
+
+static void test_ordered_reuse_while_busy(void **state)
+{
+    fx *f = *state;
+    uint64_t a = must_alloc(f, 2 * MiB);
+    gpu_busy();
+    cs_cache_free(f->cache, a);
+    /* The GPU still works on a: handed out at once, the streams made to wait first. */
+    assert_int_equal(must_alloc(f, 2 * MiB), a);
+    assert_int_equal(be.orders, 1);
+    assert_int_equal(be.waits, 0);
+    cacheshim_stats s = stats(f);
+    assert_int_equal(s.hits, 1);
+    assert_int_equal(s.ordered_hits, 1);
+    /* A ready block is preferred and needs no ordering. */
+    uint64_t b = must_alloc(f, 2 * MiB);
+    cs_cache_free(f->cache, b);
+    gpu_idle();
+    gpu_busy();
+    cs_cache_free(f->cache, a);  /* pending */
+    assert_int_equal(must_alloc(f, 2 * MiB), b);
+    assert_int_equal(be.orders, 1);
+}
+
+static void test_ordered_refused_is_a_miss(void **state)
+{
+    fx *f = *state;
+    uint64_t a = must_alloc(f, 2 * MiB);
+    gpu_busy();
+    cs_cache_free(f->cache, a);
+    be.fail_order = true;
+    assert_true(must_alloc(f, 2 * MiB) != a);
+    assert_int_equal(stats(f).ordered_hits, 0);
+}
+
+/* The pipelined loop: allocate, issue work, free, never waiting for the GPU. Ordered reuse
+ * holds one block however far behind the GPU is; completed reuse takes a new one each time
+ * (bounded only by a cap, where it waits). */
+static void test_pipeline_memory_does_not_follow_lag(void **state)
+{
+    fx *f = *state;
+    for (int i = 0; i < 1000; i++) {
+        uint64_t a = must_alloc(f, 16 * MiB);
+        gpu_busy();
+        cs_cache_free(f->cache, a);
+    }
+    cacheshim_stats s = stats(f);
+    assert_int_equal(s.driver_allocs, 1);
+    assert_int_equal(s.peak_reserved, 16 * MiB);
+    assert_int_equal(s.ordered_hits, 999);
+    assert_int_equal(be.waits, 0);
+}
+
+static void test_pipeline_completed_mode_grows(void **state)
+{
+    fx *f = *state;
+    for (int i = 0; i < 100; i++) {
+        uint64_t a = must_alloc(f, 16 * MiB);
+        gpu_busy();
+        cs_cache_free(f->cache, a);
+    }
+    assert_int_equal(stats(f).driver_allocs, 100);
+    assert_int_equal(be.orders, 0);
 }
 
 static void test_foreign_double_and_null_free(void **state)
@@ -472,11 +558,10 @@ static void test_forget_heap(void **state)
     uint64_t a = must_alloc(f, 1 * MiB), b = must_alloc(f, 1 * MiB);
     gpu_busy();
     cs_cache_free(f->cache, a);
-    must_alloc(f, 1 * MiB); /* records a pending fence */
+    must_alloc(f, 1 * MiB); /* a new block: a's fence is pending */
     int frees = be.frees;
     cs_cache_forget_heap(f->cache, (void *)0x1);
     assert_int_equal(be.frees, frees);  /* no driver frees for a dead context */
-    assert_int_equal(be.live_fences, 0);
     assert_int_equal(cs_cache_free(f->cache, b), CS_FOREIGN);
     cacheshim_stats s = stats(f);
     assert_int_equal(s.bytes_in_use, 0);
@@ -488,14 +573,12 @@ static void test_trim(void **state)
 {
     fx *f = *state;
     uint64_t a = must_alloc(f, 1 * MiB), b = must_alloc(f, 2 * MiB);
-    cs_cache_free(f->cache, a);
+    cs_cache_free(f->cache, a);  /* no work before it: ready */
     gpu_busy();
-    cs_cache_free(f->cache, b);
-    /* Fences are recorded when needed, so the one that would cover a is recorded now, after
-     * the work: nothing is known complete, and trim releases nothing. */
-    assert_int_equal(cs_cache_trim(f->cache), 0);
+    cs_cache_free(f->cache, b);  /* its fence is pending: trim leaves it */
+    assert_int_equal(cs_cache_trim(f->cache), 1 * MiB);
     gpu_idle();
-    assert_int_equal(cs_cache_trim(f->cache), 3 * MiB);
+    assert_int_equal(cs_cache_trim(f->cache), 2 * MiB);
     assert_int_equal(stats(f).bytes_cached, 0);
 }
 
@@ -537,7 +620,8 @@ static int oom_free(void *dev, uint64_t addr, int *raw)
     oom_used -= oom_sizes[(addr - 0x100000000ull) / (64 * MiB)];
     return CS_BE_OK;
 }
-static const cs_backend_ops oom_ops = {oom_alloc, oom_free, fb_record, fb_query, fb_wait, fb_destroy};
+static const cs_backend_ops oom_ops = {oom_alloc, oom_free, fb_fence, fb_reached, fb_wait,
+                                       fb_order_after};
 
 static uint64_t oom_must(fx *f, uint64_t size)
 {
@@ -562,15 +646,16 @@ static void test_oom_sequence(void **state)
     cacheshim_stats s = stats(f);
     assert_int_equal(s.oom_recoveries, 1);
     assert_int_equal(be.waits, 0);
-    /* Step 2: b freed while the GPU is busy: nothing ready, so wait, then release. */
+    /* Step 2: b and c freed while the GPU is busy, neither fits 7 MiB: nothing is ready, so
+     * everything goes back (the driver's free waits for the device itself). */
     gpu_busy();
     cs_cache_free(f->cache, b);
     cs_cache_free(f->cache, c);
     uint64_t d = oom_must(f, 7 * MiB);
     s = stats(f);
     assert_int_equal(s.oom_recoveries, 2);
-    assert_true(be.waits >= 1);
-    assert_true(s.fence_waits >= 1);
+    assert_int_equal(be.waits, 0);
+    assert_int_equal(s.releases, 3);
     /* Step 3: nothing cached, the device is full: the failure remains, with numbers. */
     uint64_t x;
     int raw;
@@ -659,14 +744,20 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_hit_and_miss, setup, teardown),
         cmocka_unit_test_setup_teardown(test_larger_block_reused_up_to_twice, setup, teardown),
         cmocka_unit_test_setup_teardown(test_block_not_reused_while_gpu_busy, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_fence_recorded_after_free, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_no_fences_during_capture, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_fence_record_failure_is_a_miss, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_fence_covers_work_before_free_only, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_no_release_during_capture, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_unreachable_fence_is_a_miss, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_ordered_reuse_while_busy, setup_ordered, teardown),
+        cmocka_unit_test_setup_teardown(test_ordered_refused_is_a_miss, setup_ordered, teardown),
+        cmocka_unit_test_setup_teardown(test_pipeline_memory_does_not_follow_lag, setup_ordered,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_pipeline_completed_mode_grows, setup, teardown),
         cmocka_unit_test_setup_teardown(test_foreign_double_and_null_free, setup, teardown),
         cmocka_unit_test_setup_teardown(test_lookup, setup, teardown),
         cmocka_unit_test_setup_teardown(test_cap_never_exceeded, setup_cap, teardown),
         cmocka_unit_test_setup_teardown(test_cap_waits_for_busy_block, setup_cap, teardown),
         cmocka_unit_test_setup_teardown(test_cap_random_never_exceeded, setup_cap, teardown),
+        cmocka_unit_test_setup_teardown(test_cap_random_never_exceeded, setup_ordered_cap, teardown),
         cmocka_unit_test_setup_teardown(test_mem_view, setup_cap, teardown),
         cmocka_unit_test_setup_teardown(test_mem_view_uncapped, setup, teardown),
         cmocka_unit_test_setup_teardown(test_threshold_honoured, setup_threshold, teardown),

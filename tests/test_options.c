@@ -82,6 +82,8 @@ static void assert_defaults(const cs_options *o)
     assert_int_equal(o->release_threshold.kind, CS_SIZE_UNLIMITED);
     assert_false(o->stats);
     assert_int_equal(o->verbose, 0);
+    assert_int_equal(o->reuse, 0);
+    assert_false(o->sync_free);
     assert_int_equal(o->trace_format, CS_TRACE_TEXT);
     assert_string_equal(o->trace_file, "");
     assert_string_equal(o->trace_filter, "memory");
@@ -94,12 +96,13 @@ static void test_table(void **state)
     (void)state;
     static const char *const names[] = {"CACHESHIM_DISABLE", "CACHESHIM_CAP",
                                         "CACHESHIM_RELEASE_THRESHOLD", "CACHESHIM_STATS",
-                                        "CACHESHIM_VERBOSE", "CACHESHIM_TRACE_FORMAT",
+                                        "CACHESHIM_VERBOSE", "CACHESHIM_REUSE",
+                                        "CACHESHIM_SYNC_FREE", "CACHESHIM_TRACE_FORMAT",
                                         "CACHESHIM_TRACE_FILE", "CACHESHIM_TRACE_FILTER"};
     size_t n = 0;
     const cs_option_desc *t = cs_option_table(&n);
     assert_non_null(t);
-    assert_int_equal(n, 8);
+    assert_int_equal(n, 10);
     assert_ptr_equal(cs_option_table(NULL), t);
     for (size_t i = 0; i < n; i++) {
         assert_string_equal(t[i].name, names[i]);
@@ -146,7 +149,7 @@ static void test_defaults_when_nothing_set(void **state)
     assert_int_equal(cs_options_load(&o, fake_getenv, collect, &r), 0);
     assert_int_equal(r.count, 0);
     assert_defaults(&o);
-    assert_int_equal(env.misses, 8); /* each variable asked for exactly once */
+    assert_int_equal(env.misses, 10); /* each variable asked for exactly once */
 
     memset(&o, 0xa5, sizeof o);
     assert_int_equal(cs_options_load(&o, NULL, collect, &r), 0);
@@ -168,7 +171,7 @@ static void test_each_variable_read_once(void **state)
     for (int i = 0; i < 5; i++)
         assert_int_equal(env.lookups[i], 1);
     assert_int_equal(env.lookups[5], 0);
-    assert_int_equal(env.misses, 3); /* the three CACHESHIM_TRACE_* variables, unset */
+    assert_int_equal(env.misses, 5); /* REUSE, SYNC_FREE and the three TRACE_*, unset */
 }
 
 static void test_empty_is_unset(void **state)
@@ -414,6 +417,7 @@ static void test_parse_size_bad_arguments(void **state)
     "memory like 75%, or none; using the default (unlimited)"
 
 #define TAIL_FORMAT "is not valid: expected text, jsonl or perfetto; using the default (text)"
+#define TAIL_REUSE "is not valid: expected ordered or completed; using the default (ordered)"
 #define TAIL_FILE                                                                            \
     "is not valid: expected stderr or a file path of at most 1023 bytes, %p standing for the " \
     "process id; using the default (stderr)"
@@ -506,6 +510,9 @@ static const struct {
     BAD("CAP", "no", TAIL_SIZE),
     BAD("CAP", "12 bytes", TAIL_SIZE),
     /* the tracer's variables */
+    BAD("REUSE", "later", TAIL_REUSE),
+    BAD("REUSE", "ordered,completed", TAIL_REUSE),
+    BAD("SYNC_FREE", "sometimes", TAIL_BOOL),
     BAD("TRACE_FORMAT", "json", TAIL_FORMAT),
     BAD("TRACE_FORMAT", "chrome", TAIL_FORMAT),
     BAD("TRACE_FORMAT", "text,jsonl", TAIL_FORMAT),
@@ -681,10 +688,12 @@ static void test_print_defaults(void **state)
     assert_int_equal(cs_options_load(&o, fake_getenv, NULL, NULL), 0);
     reports r = {0};
     cs_options_print(&o, collect, &r);
-    assert_int_equal(r.count, 8);
-    assert_string_equal(r.line[5], "cacheshim: CACHESHIM_TRACE_FORMAT = text (default)");
-    assert_string_equal(r.line[6], "cacheshim: CACHESHIM_TRACE_FILE = stderr (default)");
-    assert_string_equal(r.line[7], "cacheshim: CACHESHIM_TRACE_FILTER = memory (default)");
+    assert_int_equal(r.count, 10);
+    assert_string_equal(r.line[5], "cacheshim: CACHESHIM_REUSE = ordered (default)");
+    assert_string_equal(r.line[6], "cacheshim: CACHESHIM_SYNC_FREE = 0 (default)");
+    assert_string_equal(r.line[7], "cacheshim: CACHESHIM_TRACE_FORMAT = text (default)");
+    assert_string_equal(r.line[8], "cacheshim: CACHESHIM_TRACE_FILE = stderr (default)");
+    assert_string_equal(r.line[9], "cacheshim: CACHESHIM_TRACE_FILTER = memory (default)");
     assert_string_equal(r.line[0], "cacheshim: CACHESHIM_DISABLE = 0 (default)");
     assert_string_equal(r.line[1], "cacheshim: CACHESHIM_CAP = unlimited (default)");
     assert_string_equal(r.line[2], "cacheshim: CACHESHIM_RELEASE_THRESHOLD = unlimited (default)");
@@ -700,6 +709,8 @@ static void test_print_set(void **state)
     env_set("CACHESHIM_RELEASE_THRESHOLD", "12.5%");
     env_set("CACHESHIM_STATS", "off"); /* set, but to the default */
     env_set("CACHESHIM_VERBOSE", "2");
+    env_set("CACHESHIM_REUSE", " Completed ");
+    env_set("CACHESHIM_SYNC_FREE", "yes");
     env_set("CACHESHIM_TRACE_FORMAT", " Perfetto ");
     env_set("CACHESHIM_TRACE_FILE", " /tmp/trace.%p ");
     env_set("CACHESHIM_TRACE_FILTER", " cuMemAlloc* , cuLaunchKernel ");
@@ -707,10 +718,12 @@ static void test_print_set(void **state)
     assert_int_equal(cs_options_load(&o, fake_getenv, NULL, NULL), 0);
     reports r = {0};
     cs_options_print(&o, collect, &r);
-    assert_int_equal(r.count, 8);
-    assert_string_equal(r.line[5], "cacheshim: CACHESHIM_TRACE_FORMAT = perfetto (set)");
-    assert_string_equal(r.line[6], "cacheshim: CACHESHIM_TRACE_FILE = /tmp/trace.%p (set)");
-    assert_string_equal(r.line[7],
+    assert_int_equal(r.count, 10);
+    assert_string_equal(r.line[5], "cacheshim: CACHESHIM_REUSE = completed (set)");
+    assert_string_equal(r.line[6], "cacheshim: CACHESHIM_SYNC_FREE = 1 (set)");
+    assert_string_equal(r.line[7], "cacheshim: CACHESHIM_TRACE_FORMAT = perfetto (set)");
+    assert_string_equal(r.line[8], "cacheshim: CACHESHIM_TRACE_FILE = /tmp/trace.%p (set)");
+    assert_string_equal(r.line[9],
                         "cacheshim: CACHESHIM_TRACE_FILTER = cuMemAlloc*,cuLaunchKernel (set)");
     assert_string_equal(r.line[0], "cacheshim: CACHESHIM_DISABLE = 1 (set)");
     assert_string_equal(r.line[1], "cacheshim: CACHESHIM_CAP = 8 GiB (set)");
@@ -721,7 +734,7 @@ static void test_print_set(void **state)
 
     cs_options_print(NULL, collect, &r); /* nothing, no crash */
     cs_options_print(&o, NULL, NULL);
-    assert_int_equal(r.count, 8);
+    assert_int_equal(r.count, 10);
 }
 
 /* ---- formatting ------------------------------------------------------------------------------- */

@@ -54,11 +54,13 @@ static int be_free(void *d, uint64_t addr, int *raw)
     return CS_BE_ERROR;
 }
 
-static int be_record(void *d, void **f) { (void)d; *f = NULL; return 0; }
-static int be_query(void *d, void *f) { (void)d; (void)f; return 1; }
-static int be_wait(void *d, void *f) { (void)d; (void)f; return 0; }
-static void be_destroy(void *d, void *f) { (void)d; (void)f; }
-static const cs_backend_ops ops = {be_alloc, be_free, be_record, be_query, be_wait, be_destroy};
+/* Every free follows work: each records a fence, a new epoch. */
+static uint64_t epochs;
+static uint64_t be_fence(void *d) { (void)d; return ++epochs; }
+static int be_reached(void *d, uint64_t e) { (void)d; (void)e; return 1; }
+static int be_wait(void *d, uint64_t e) { (void)d; (void)e; return 0; }
+static int be_order(void *d, uint64_t e) { (void)d; (void)e; return 0; }
+static const cs_backend_ops ops = {be_alloc, be_free, be_fence, be_reached, be_wait, be_order};
 
 static device devs[8];
 static uint64_t cap_bytes;
@@ -181,7 +183,7 @@ static void test_one_device_summary_and_details(void **state)
            "  driver allocations         3",
            "  driver frees               0",
            "  releases                   0",
-           "  fences                     5",
+           "  fences                     7",
            "  fence waits                0",
            "  OOM failures               0",
            "  cap                     none");
@@ -224,7 +226,7 @@ static void test_two_devices_side_by_side(void **state)
            "  driver allocations         1         2",
            "  driver frees               0         1",
            "  releases                   0         1",
-           "  fences                     2         0",
+           "  fences                     3         2",
            "  fence waits                0         0",
            "  OOM failures               0         0",
            "  cap                 8.00 MiB  8.00 MiB");

@@ -74,6 +74,7 @@ typedef struct {
     uint64_t cap;          /* bytes, UINT64_MAX for none (already resolved) */
     uint64_t threshold;    /* bytes, UINT64_MAX for none */
     uint64_t gpu_lag_ns;   /* a fence recorded at trace time t completes at t + lag */
+    bool reuse_completed;  /* CACHESHIM_REUSE=completed: reuse only blocks whose fence completed */
     replay_costs costs;
 } replay_config;
 

@@ -26,6 +26,7 @@ static void usage(FILE *f)
           "  --device-size SIZE     simulated device memory (default 80G); percentages above\n"
           "                         are of this size\n"
           "  --gpu-lag-us N         a fence recorded at trace time t completes at t+N us (default 0)\n"
+          "  --reuse MODE           ordered (default) or completed, as CACHESHIM_REUSE\n"
           "  --alloc-us X           cost of one cuMemAlloc (default 45)\n"
           "  --free-us X            cost of one cuMemFree (default 31)\n"
           "  --fence-record-us X    cost of one fence record, cuEventRecord (default 0.36)\n"
@@ -137,6 +138,10 @@ static int parse_args(int argc, char **argv, args *a)
         } else if ((v = cs_tool_opt_value(argc, argv, &i, "--gpu-lag-us", &missing))) {
             if (!parse_double(v, &lag_us) || lag_us > 1e12)
                 return bad_value("--gpu-lag-us", v);
+        } else if ((v = cs_tool_opt_value(argc, argv, &i, "--reuse", &missing))) {
+            if (strcmp(v, "ordered") != 0 && strcmp(v, "completed") != 0)
+                return bad_value("--reuse", v);
+            a->cfg.reuse_completed = strcmp(v, "completed") == 0;
         } else if ((v = cs_tool_opt_value(argc, argv, &i, "--alloc-us", &missing))) {
             if (!parse_double(v, &a->cfg.costs.alloc_us))
                 return bad_value("--alloc-us", v);
@@ -269,8 +274,9 @@ static void print_text_run(const char *path, const replay_source *src, const set
                            const setting *thr, const args *a, const replay_result *r)
 {
     char b1[48], b2[48];
-    printf("%s: cap %s, threshold %s, device %s, gpu lag %.3f us\n", path, cap->text, thr->text,
-           a->device.text, (double)a->cfg.gpu_lag_ns / 1000);
+    printf("%s: cap %s, threshold %s, device %s, gpu lag %.3f us, reuse %s\n", path, cap->text,
+           thr->text, a->device.text, (double)a->cfg.gpu_lag_ns / 1000,
+           a->cfg.reuse_completed ? "completed" : "ordered");
     print_source(src);
     printf("  events              %" PRIu64 "\n", r->events);
     printf("  allocations         %" PRIu64 "\n", r->allocs);

@@ -100,7 +100,9 @@ static bool map_take(map *m, uint64_t key, slot *out)
 typedef struct {
     uint64_t size, used, next_addr;
     uint64_t now, lag;  /* trace time, fence lag (ns) */
-    uint64_t queries;
+    uint64_t queries, fences;
+    uint64_t *done;     /* completion time of each epoch */
+    size_t nepochs, cap_epochs;
     map blocks;         /* addr -> size, to know what a free gives back */
 } sim_device;
 
@@ -135,42 +137,50 @@ static int sim_free(void *d, uint64_t addr, int *raw)
     return CS_BE_OK;
 }
 
-/* A fence is the trace time at which it completes. Later fences complete later (the lag is
- * constant), which is the ordering the cache relies on. */
-static int sim_record(void *d, void **fence)
+/* A fence is an epoch; epoch e completes at trace time done[e] = its record time + lag.
+ * Every free is taken to follow work on the trace's one stream, so every fence records; with
+ * a constant lag later epochs complete later, the order the cache relies on. Ordered reuse
+ * costs nothing on one stream: the stream already runs after its own earlier work. */
+static uint64_t sim_fence(void *d)
 {
     sim_device *s = d;
-    uint64_t *done = malloc(sizeof *done);
-    if (!done)
-        return -1;
-    *done = s->now + s->lag;
-    *fence = done;
-    return 0;
+    if (s->nepochs == s->cap_epochs) {
+        size_t cap = s->cap_epochs ? 2 * s->cap_epochs : 1024;
+        uint64_t *done = realloc(s->done, cap * sizeof *done);
+        if (!done)
+            return s->nepochs;  /* the last epoch covers it, later: still safe */
+        s->done = done;
+        s->cap_epochs = cap;
+    }
+    s->done[s->nepochs++] = s->now + s->lag;
+    s->fences++;
+    return s->nepochs;  /* epochs are 1-based: epoch e completes at done[e - 1] */
 }
 
-static int sim_query(void *d, void *fence)
+static int sim_reached(void *d, uint64_t epoch)
 {
     sim_device *s = d;
     s->queries++;
-    return s->now >= *(uint64_t *)fence ? 1 : 0;
+    return epoch == 0 || s->now >= s->done[epoch - 1] ? 1 : 0;
 }
 
-static int sim_wait(void *d, void *fence)
+static int sim_wait(void *d, uint64_t epoch)
 {
     sim_device *s = d;
-    if (s->now < *(uint64_t *)fence)
-        s->now = *(uint64_t *)fence;
+    if (epoch > 0 && s->now < s->done[epoch - 1])
+        s->now = s->done[epoch - 1];
     return 0;
 }
 
-static void sim_destroy(void *d, void *fence)
+static int sim_order_after(void *d, uint64_t epoch)
 {
     (void)d;
-    free(fence);
+    (void)epoch;
+    return 0;
 }
 
-static const cs_backend_ops sim_ops = {sim_alloc, sim_free, sim_record, sim_query, sim_wait,
-                                       sim_destroy};
+static const cs_backend_ops sim_ops = {sim_alloc, sim_free, sim_fence, sim_reached, sim_wait,
+                                       sim_order_after};
 
 /* ---------------------------------------------------------------- the replay */
 
@@ -239,7 +249,8 @@ int replay_run(const replay_trace *t, const replay_config *cfg, replay_result *r
         free(dev.blocks.s);
         return -1;
     }
-    cs_cache_config cc = {cap_for, threshold_for, (void *)cfg, NULL, NULL};
+    cs_cache_config cc = {cap_for, threshold_for, (void *)cfg, NULL, NULL,
+                          cfg->reuse_completed ? CS_REUSE_COMPLETED : CS_REUSE_ORDERED, NULL};
     cs_cache *c = cs_cache_create(&cc);
     cs_heap *h = c ? cs_cache_add_heap(c, (void *)1, 0, cfg->device_size, &sim_ops, &dev) : NULL;
     if (!h) {
@@ -269,7 +280,7 @@ int replay_run(const replay_trace *t, const replay_config *cfg, replay_result *r
     r->oom_recoveries = st.oom_recoveries;
     r->oom_failures = st.oom_failures;
     r->cap_refusals = st.cap_refusals;
-    r->fences = st.fences;
+    r->fences = dev.fences;
     r->fence_waits = st.fence_waits;
     r->fence_queries = dev.queries;
     r->hit_rate = st.hits + st.misses ? (double)st.hits / (double)(st.hits + st.misses) : 0;
@@ -290,6 +301,7 @@ int replay_run(const replay_trace *t, const replay_config *cfg, replay_result *r
     cs_cache_forget_heap(c, (void *)1);
     cs_cache_destroy(c);
     free(dev.blocks.s);
+    free(dev.done);
     free(live.s);
     return 0;
 }

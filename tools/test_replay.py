@@ -52,7 +52,7 @@ def part_exact(replay, data):
     basic = dict(events=8, allocs=3, frees=3, skipped_frees=1, failed_allocs=1,
                  replay_failures=0, hits=1, misses=2, driver_allocs=2, driver_frees=0,
                  peak_live=MiB, peak_reserved=MiB + 4096, releases=0, oom_recoveries=0,
-                 oom_failures=0, cap_refusals=0, fences=1, fence_queries=1)
+                 oom_failures=0, cap_refusals=0, fences=3, fence_queries=1)
     expect(replay, [t("basic.trace")], basic)
     # The same as gzip, recognised by its magic bytes, whatever the name.
     with tempfile.TemporaryDirectory() as d:
@@ -60,16 +60,25 @@ def part_exact(replay, data):
         with open(t("basic.trace"), "rb") as src, gzip.open(gz, "wb") as dst:
             shutil.copyfileobj(src, dst)
         expect(replay, [gz], basic)
-    # Driver time: (3 allocs x 45 + 3 frees x 31) - (2 x 45 + 1 x 0.36 + 1 x 0.30) us.
-    expect(replay, [t("basic.trace")], dict(baseline_us=228.0, cached_us=90.66, saved_us=137.34))
+    # Driver time: (3 allocs x 45 + 3 frees x 31) - (2 x 45 + 3 x 0.36 + 1 x 0.30) us: every
+    # free of the trace follows work, so each records a fence.
+    expect(replay, [t("basic.trace")], dict(baseline_us=228.0, cached_us=91.38, saved_us=136.62))
     expect(replay, ["--alloc-us", "10", "--free-us=1", "--fence-record-us", "0",
                     "--fence-query-us", "0", t("basic.trace")],
            dict(baseline_us=33.0, cached_us=20.0, saved_us=13.0))
-    # The GPU 100 us behind: the fence recorded at 30 ns has not completed by 50 ns.
+    # The GPU 100 us behind: the fence recorded at 20 ns has not completed by 30 ns. Ordered
+    # reuse hands the block out all the same; completed reuse takes a new one.
     expect(replay, ["--gpu-lag-us", "100", t("basic.trace")],
-           dict(hits=0, misses=3, driver_allocs=3, peak_reserved=2 * MiB + 4096, fences=1))
-    # Lag 0.01 us = 10 ns: the fence recorded at 30 ns is queried at 30 ns (not yet).
-    expect(replay, ["--gpu-lag-us", "0.01", t("basic.trace")], dict(hits=0, misses=3))
+           dict(hits=1, misses=2, driver_allocs=2, peak_reserved=MiB + 4096, fences=3))
+    expect(replay, ["--gpu-lag-us", "100", "--reuse", "completed", t("basic.trace")],
+           dict(hits=0, misses=3, driver_allocs=3, peak_reserved=2 * MiB + 4096, fences=3))
+    # Lag 0.011 us = 11 ns: the fence recorded at 20 ns is queried at 30 ns (not yet); with
+    # 10 ns it completes at 30 ns, just in time.
+    expect(replay, ["--gpu-lag-us", "0.011", t("basic.trace")], dict(hits=1, misses=2))
+    expect(replay, ["--gpu-lag-us", "0.011", "--reuse", "completed", t("basic.trace")],
+           dict(hits=0, misses=3))
+    expect(replay, ["--gpu-lag-us", "0.01", "--reuse", "completed", t("basic.trace")],
+           dict(hits=1, misses=2))
     expect(replay, ["--threshold", "1M", t("threshold.trace")],
            dict(hits=1, misses=2, driver_allocs=2, driver_frees=1, releases=1,
                 peak_live=2 * MiB, peak_reserved=2 * MiB))
@@ -80,7 +89,7 @@ def part_exact(replay, data):
     expect(replay, ["--device-size", "2M", t("oom.trace")],
            dict(hits=0, misses=3, driver_allocs=4, driver_frees=1, releases=1,
                 oom_recoveries=1, oom_failures=1, replay_failures=1, dropped_frees=1,
-                peak_live=2 * MiB, peak_reserved=2 * MiB, fences=1))
+                peak_live=2 * MiB, peak_reserved=2 * MiB, fences=2))
     expect(replay, [t("oom.trace")], dict(oom_recoveries=0, oom_failures=0, driver_allocs=3))
     expect(replay, ["--cap", "3M", t("cap.trace")],
            dict(events=9, allocs=5, frees=4, hits=1, misses=4, driver_allocs=3,
@@ -93,6 +102,7 @@ def part_exact(replay, data):
     check("--help", (p.returncode, "--sweep" in p.stdout), (0, True))
     for bad in (["--cap", "lots", t("basic.trace")], ["--frob", t("basic.trace")], [],
                 ["--device-size", "50%", t("basic.trace")], ["--gpu-lag-us", "-1", t("basic.trace")],
+                ["--reuse", "soon", t("basic.trace")],
                 [os.path.join(data, "no-such.trace")], ["--cap"]):
         p = run(replay, *bad)
         check(f"{bad}: exit", p.returncode, 2)

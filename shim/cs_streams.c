@@ -1,0 +1,880 @@
+/* Where the GPU's work is: streams, fences and stream-ordered reuse (see cs_streams.h).
+ *
+ * A stream is *dirty* once work was put on it after its last fence; a dirty stream is on its
+ * context's dirty list (pushed by the thread that made it dirty, lock-free). A fence takes the
+ * whole list and records one event on each stream in it, and nothing on the others, so idle
+ * streams cost nothing however many exist. The events of one fence form a *slot* numbered by
+ * an epoch; slots complete in order. A block freed at epoch e is safe to reuse once every slot
+ * up to e has completed: every work item issued before the free is either covered by an event
+ * of those slots or was on a stream that was clean at the free, whose earlier work an earlier
+ * slot covers.
+ *
+ * Ordered reuse: the cache may hand out a block whose epoch has not completed after
+ * cs_streams_order_after raised the context's order epoch. Before its next work, every
+ * stream then waits (cuStreamWaitEvent) on the newest pending event of every other stream,
+ * which covers all slots up to that epoch. A stream that only ever waits on its own events
+ * waits on nothing: the common single-stream loop costs no wait at all.
+ *
+ * Per-thread default streams can only be named (CU_STREAM_PER_THREAD) by their own thread;
+ * another thread fences them through the legacy stream, which waits for every blocking
+ * stream. Nothing is recorded into, or waited from, a capturing stream: while captures run
+ * (a process-wide count of streams flagged capturing), each stream is asked for its capture
+ * state before an event is recorded on it, and a fence that cannot be recorded yet keeps an
+ * entry that is recorded once the capture is over. */
+#include "cs_streams.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cs_driver.h"
+#include "cs_shim.h"
+#include "cs_work.h"
+
+#define MAX_SLOTS 64   /* past that, a new fence joins the newest slot */
+#define EVENT_POOL 64
+#define STREAM_BUCKETS 256
+
+typedef struct {
+    cs_stream *st;  /* the stream the event was recorded on */
+    CUevent ev;     /* NULL: still to be recorded (a capture forbade it) */
+} fence_event;
+
+typedef struct {
+    uint64_t epoch;
+    int n, cap;
+    int done;       /* ev[0..done) seen complete */
+    bool broken;    /* a record failed: complete only once the context has synchronized */
+    fence_event *ev;
+} slot;
+
+struct cs_stream {
+    CUstream handle;         /* what record and wait take: the stream, or LEGACY/PER_THREAD */
+    cs_ctx_streams *cs;
+    int dirty;               /* atomic: on cs->dirty_head */
+    uint64_t waited;         /* atomic: the order epoch its work already waits for */
+    int capturing;           /* atomic: a capture began on it and has not ended */
+    bool legacy, per_thread, zombie, orphan;
+    pthread_t owner;         /* the thread of a per-thread stream */
+    CUevent last_event;      /* newest event recorded on it, not yet seen complete */
+    cs_stream *dirty_next;
+    cs_stream *hash_next;
+    cs_stream *ctx_prev, *ctx_next;
+    cs_stream *thread_next;  /* a thread's per-thread streams */
+};
+
+struct cs_ctx_streams {
+    CUcontext ctx;
+    bool dead;
+    pthread_mutex_t lock;
+    cs_stream legacy;
+    cs_stream *streams;      /* every other record of the context: created, per-thread, zombie */
+    cs_stream *dirty_head;   /* atomic */
+    uint64_t epoch;          /* newest epoch handed out */
+    uint64_t done;           /* atomic: every epoch up to this one completed */
+    uint64_t order;          /* atomic: streams wait for all fences up to this before new work */
+    slot ring[MAX_SLOTS];
+    unsigned first;
+    int count;
+    CUevent pool[EVENT_POOL];
+    int npool;
+    bool said_record, said_wait;
+    cs_ctx_streams *next;
+};
+
+/* Contexts and the handle -> stream map. Lock order: a context's lock, then this one. */
+static pthread_mutex_t reg_lock = PTHREAD_MUTEX_INITIALIZER;
+static cs_ctx_streams *contexts;
+static cs_stream *buckets[STREAM_BUCKETS];
+static cs_stream *spare;            /* records are recycled, never freed (stale pointers stay safe) */
+static uint64_t generation;         /* atomic: bumped whenever a record leaves the map */
+static int capturing_streams;       /* atomic */
+static cs_ctx_streams *locked_list; /* the contexts locked across fork */
+static bool enabled = true;
+
+static _Thread_local struct {
+    CUstream handle;
+    cs_stream *st;
+    CUcontext ctx;
+    cs_stream *legacy, *per_thread;
+    uint64_t generation;
+} tl;
+static _Thread_local cs_stream *tl_own;  /* this thread's per-thread streams */
+static pthread_key_t exit_key;
+static pthread_once_t exit_once = PTHREAD_ONCE_INIT;
+
+static const cs_driver *drv(void)
+{
+    return cs_driver_get();
+}
+
+/* ---------------------------------------------------------------- small helpers */
+
+static bool captures_running(void)
+{
+    return __atomic_load_n(&capturing_streams, __ATOMIC_ACQUIRE) > 0;
+}
+
+/* Queries run in relaxed capture mode while captures run, as PyTorch's allocator does: a
+ * capture that another thread began must not see them as unsafe calls. */
+static CUstreamCaptureMode relax(void)
+{
+    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+    if (drv()->cuThreadExchangeStreamCaptureMode)
+        drv()->cuThreadExchangeStreamCaptureMode(&mode);
+    return mode;
+}
+
+static void unrelax(CUstreamCaptureMode mode)
+{
+    if (drv()->cuThreadExchangeStreamCaptureMode)
+        drv()->cuThreadExchangeStreamCaptureMode(&mode);
+}
+
+/* May an event be recorded into, or a wait issued from, this stream now? Asks the driver
+ * only while captures run. The legacy stream answers an error while a blocking stream of
+ * its context captures. */
+static bool recordable(const cs_stream *st)
+{
+    if (__atomic_load_n(&st->capturing, __ATOMIC_ACQUIRE))
+        return false;
+    if (!captures_running() || !drv()->cuStreamIsCapturing)
+        return true;
+    CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+    return drv()->cuStreamIsCapturing(st->handle, &status) == CUDA_SUCCESS &&
+           status == CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
+static CUevent take_event(cs_ctx_streams *cs)
+{
+    if (cs->npool > 0)
+        return cs->pool[--cs->npool];
+    CUevent e = NULL;
+    if (drv()->cuEventCreate(&e, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS)
+        return NULL;
+    return e;
+}
+
+static void give_event(cs_ctx_streams *cs, CUevent e)
+{
+    if (!e || cs->dead)
+        return;
+    if (cs->npool < EVENT_POOL)
+        cs->pool[cs->npool++] = e;
+    else
+        drv()->cuEventDestroy_v2(e);
+}
+
+static slot *slot_at(cs_ctx_streams *cs, int i)
+{
+    return &cs->ring[(cs->first + (unsigned)i) % MAX_SLOTS];
+}
+
+/* ---------------------------------------------------------------- records */
+
+static size_t bucket_of(CUstream h)
+{
+    return (size_t)(((uintptr_t)h >> 4) * 0x9E3779B97F4A7C15ull >> 56) % STREAM_BUCKETS;
+}
+
+/* With reg_lock held. */
+static cs_stream *record_new(cs_ctx_streams *cs, CUstream handle)
+{
+    cs_stream *st = spare;
+    if (st)
+        spare = st->hash_next;
+    else if (!(st = malloc(sizeof *st)))
+        return NULL;
+    memset(st, 0, sizeof *st);
+    st->handle = handle;
+    st->cs = cs;
+    return st;
+}
+
+/* With the context's lock held. */
+static void ctx_link(cs_ctx_streams *cs, cs_stream *st)
+{
+    st->ctx_prev = NULL;
+    st->ctx_next = cs->streams;
+    if (cs->streams)
+        cs->streams->ctx_prev = st;
+    cs->streams = st;
+}
+
+static void ctx_unlink(cs_ctx_streams *cs, cs_stream *st)
+{
+    if (st->ctx_prev)
+        st->ctx_prev->ctx_next = st->ctx_next;
+    else
+        cs->streams = st->ctx_next;
+    if (st->ctx_next)
+        st->ctx_next->ctx_prev = st->ctx_prev;
+}
+
+/* With the context's lock and reg_lock held. */
+static void record_recycle(cs_stream *st)
+{
+    st->hash_next = spare;
+    spare = st;
+}
+
+/* The process-wide count follows the flags exactly: each flag changes it once. */
+static void set_capturing(cs_stream *st, int on)
+{
+    if (__atomic_exchange_n(&st->capturing, on, __ATOMIC_ACQ_REL) != on)
+        __atomic_add_fetch(&capturing_streams, on ? 1 : -1, __ATOMIC_ACQ_REL);
+}
+
+/* A record leaves the context (stream destroyed, thread gone and nothing pending). */
+static void retire_record(cs_ctx_streams *cs, cs_stream *st)
+{
+    set_capturing(st, 0);
+    ctx_unlink(cs, st);
+    pthread_mutex_lock(&reg_lock);
+    record_recycle(st);
+    pthread_mutex_unlock(&reg_lock);
+}
+
+/* ---------------------------------------------------------------- contexts */
+
+static cs_ctx_streams *find_ctx(CUcontext ctx)
+{
+    for (cs_ctx_streams *cs = contexts; cs; cs = cs->next)
+        if (cs->ctx == ctx)
+            return cs;
+    return NULL;
+}
+
+cs_ctx_streams *cs_streams_for(CUcontext ctx)
+{
+    pthread_mutex_lock(&reg_lock);
+    cs_ctx_streams *cs = find_ctx(ctx);
+    if (!cs && (cs = calloc(1, sizeof *cs))) {
+        cs->ctx = ctx;
+        pthread_mutex_init(&cs->lock, NULL);
+        cs->legacy.handle = CU_STREAM_LEGACY;
+        cs->legacy.cs = cs;
+        cs->legacy.legacy = true;
+        cs->next = contexts;
+        contexts = cs;
+    }
+    pthread_mutex_unlock(&reg_lock);
+    return cs;
+}
+
+CUcontext cs_streams_context(const cs_ctx_streams *cs)
+{
+    return cs->ctx;
+}
+
+bool cs_streams_dead(cs_ctx_streams *cs)
+{
+    pthread_mutex_lock(&cs->lock);
+    bool dead = cs->dead;
+    pthread_mutex_unlock(&cs->lock);
+    return dead;
+}
+
+void cs_streams_forget(CUcontext ctx)
+{
+    /* Off the list at once: the driver may give a new context the same handle. */
+    pthread_mutex_lock(&reg_lock);
+    cs_ctx_streams **pp = &contexts;
+    while (*pp && (*pp)->ctx != ctx)
+        pp = &(*pp)->next;
+    cs_ctx_streams *cs = *pp;
+    if (cs)
+        *pp = cs->next;
+    pthread_mutex_unlock(&reg_lock);
+    if (!cs)
+        return;
+    pthread_mutex_lock(&cs->lock);
+    /* Kept (dead) so that late calls with its pointer find valid memory; nothing it holds
+     * reaches the driver again. */
+    cs->dead = true;
+    cs->npool = 0;
+    for (int i = 0; i < cs->count; i++)
+        slot_at(cs, i)->n = 0;
+    cs->count = 0;
+    __atomic_store_n(&cs->dirty_head, NULL, __ATOMIC_RELEASE);
+    set_capturing(&cs->legacy, 0);
+    pthread_mutex_lock(&reg_lock);
+    for (size_t b = 0; b < STREAM_BUCKETS; b++) {
+        cs_stream **p = &buckets[b];
+        while (*p) {
+            if ((*p)->cs == cs)
+                *p = (*p)->hash_next;
+            else
+                p = &(*p)->hash_next;
+        }
+    }
+    while (cs->streams) {
+        cs_stream *st = cs->streams;
+        set_capturing(st, 0);
+        ctx_unlink(cs, st);
+        if (!st->per_thread || st->orphan)
+            record_recycle(st);  /* a live thread's per-thread record stays on its list */
+    }
+    __atomic_add_fetch(&generation, 1, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&reg_lock);
+    pthread_mutex_unlock(&cs->lock);
+}
+
+/* ---------------------------------------------------------------- completion */
+
+
+/* Record an event for e now if it still lacks one; false if that cannot be done yet. */
+static bool record_late(cs_ctx_streams *cs, fence_event *e)
+{
+    if (e->ev)
+        return true;
+    if (!recordable(e->st))
+        return false;
+    CUevent ev = take_event(cs);
+    if (!ev)
+        return false;
+    if (drv()->cuEventRecord(ev, e->st->handle) != CUDA_SUCCESS) {
+        give_event(cs, ev);
+        return false;
+    }
+    e->ev = ev;
+    e->st->last_event = ev;
+    return true;
+}
+
+/* The head slot is complete: everything up to its epoch is. */
+static void pop_slot(cs_ctx_streams *cs)
+{
+    slot *s = slot_at(cs, 0);
+    for (int i = 0; i < s->n; i++) {
+        cs_stream *st = s->ev[i].st;
+        if (st->last_event == s->ev[i].ev && st->last_event) {
+            st->last_event = NULL;
+            if (st->zombie)
+                retire_record(cs, st);
+        }
+        give_event(cs, s->ev[i].ev);
+    }
+    __atomic_store_n(&cs->done, s->epoch, __ATOMIC_RELEASE);
+    s->n = 0;
+    s->done = 0;
+    s->broken = false;
+    cs->first = (cs->first + 1) % MAX_SLOTS;
+    cs->count--;
+}
+
+/* Pop every slot the GPU has finished, oldest first. With the context's lock held; the
+ * context is current. Never blocks. */
+static void poll(cs_ctx_streams *cs)
+{
+    bool relaxed = captures_running();
+    CUstreamCaptureMode mode = relaxed ? relax() : CU_STREAM_CAPTURE_MODE_GLOBAL;
+    while (cs->count > 0) {
+        slot *s = slot_at(cs, 0);
+        if (s->broken)
+            break;
+        for (; s->done < s->n; s->done++) {
+            fence_event *e = &s->ev[s->done];
+            /* An event that cannot be asked (an error) is not known complete. */
+            if (!record_late(cs, e) || drv()->cuEventQuery(e->ev) != CUDA_SUCCESS)
+                goto out;
+        }
+        pop_slot(cs);
+    }
+out:
+    if (relaxed)
+        unrelax(mode);
+}
+
+/* ---------------------------------------------------------------- fences */
+
+static fence_event *slot_entry(slot *s, cs_stream *st)
+{
+    for (int i = 0; i < s->n; i++)
+        if (s->ev[i].st == st)
+            return &s->ev[i];
+    if (s->n == s->cap) {
+        int cap = s->cap ? 2 * s->cap : 4;
+        fence_event *ev = realloc(s->ev, (size_t)cap * sizeof *ev);
+        if (!ev)
+            return NULL;
+        s->ev = ev;
+        s->cap = cap;
+    }
+    s->ev[s->n] = (fence_event){st, NULL};
+    return &s->ev[s->n++];
+}
+
+/* Record the fence of one dirty stream into slot s. A per-thread stream of another thread
+ * (or of one that exited) is fenced on the legacy stream. */
+static void fence_stream(cs_ctx_streams *cs, slot *s, cs_stream *st)
+{
+    cs_stream *target = st;
+    if (st->per_thread && (st->orphan || !pthread_equal(st->owner, pthread_self())))
+        target = &cs->legacy;
+    fence_event *e = slot_entry(s, target);
+    if (!e) {
+        s->broken = true;  /* out of host memory: complete only after a synchronize */
+        return;
+    }
+    CUevent old = e->ev;
+    e->ev = NULL;
+    if (!recordable(target)) {
+        give_event(cs, old);
+        return;  /* recorded once the capture is over */
+    }
+    CUevent ev = old ? old : take_event(cs);
+    CUresult r = ev ? drv()->cuEventRecord(ev, target->handle) : CUDA_ERROR_OUT_OF_MEMORY;
+    if (r == CUDA_SUCCESS) {
+        e->ev = ev;
+        target->last_event = ev;
+        return;
+    }
+    give_event(cs, ev);
+    if (r == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT || r == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED ||
+        r == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED)
+        return;  /* a capture we did not see: recorded later */
+    /* The stream cannot be fenced: its work is only known done once the device has
+     * synchronized. A stream other than the legacy one is no longer tracked. */
+    if (!cs->said_record) {
+        cs->said_record = true;
+        cs_log("cuEventRecord on stream %p of context %p failed (error %d): the stream is no "
+               "longer tracked, and memory freed after its work is reused only once the device "
+               "has synchronized (said once per context)",
+               (void *)target->handle, (void *)cs->ctx, (int)r);
+    }
+    s->broken = true;
+    e->st = &cs->legacy;
+    if (!target->legacy && !target->per_thread) {
+        pthread_mutex_lock(&reg_lock);
+        cs_stream **p = &buckets[bucket_of(target->handle)];
+        while (*p && *p != target)
+            p = &(*p)->hash_next;
+        if (*p)
+            *p = target->hash_next;
+        __atomic_add_fetch(&generation, 1, __ATOMIC_RELEASE);
+        pthread_mutex_unlock(&reg_lock);
+        target->zombie = true;
+        if (!target->last_event)
+            retire_record(cs, target);
+    }
+}
+
+/* Fence every dirty stream. With the context's lock held and the context current. */
+static uint64_t fence_locked(cs_ctx_streams *cs)
+{
+    cs_stream *list = __atomic_exchange_n(&cs->dirty_head, NULL, __ATOMIC_ACQ_REL);
+    if (!list)
+        return cs->epoch;
+    slot *s;
+    if (cs->count == MAX_SLOTS) {
+        s = slot_at(cs, cs->count - 1);  /* far behind: join the newest slot */
+        s->done = 0;
+    } else {
+        s = slot_at(cs, cs->count);
+        s->n = 0;
+        s->done = 0;
+        s->broken = false;
+        cs->count++;
+    }
+    while (list) {
+        cs_stream *st = list;
+        list = st->dirty_next;
+        /* Clean before the record: work issued after this makes it dirty again. */
+        __atomic_store_n(&st->dirty, 0, __ATOMIC_RELEASE);
+        fence_stream(cs, s, st);
+        if (st->orphan && !st->last_event)
+            retire_record(cs, st);  /* its thread is gone and the legacy stream covers it */
+    }
+    s->epoch = ++cs->epoch;
+    return s->epoch;
+}
+
+uint64_t cs_streams_fence(cs_ctx_streams *cs)
+{
+    if (!__atomic_load_n(&cs->dirty_head, __ATOMIC_ACQUIRE))
+        return __atomic_load_n(&cs->epoch, __ATOMIC_ACQUIRE);
+    bool pushed;
+    pthread_mutex_lock(&cs->lock);
+    uint64_t epoch = cs->epoch;
+    if (!cs->dead && cs_ctx_enter(cs->ctx, &pushed)) {
+        epoch = fence_locked(cs);
+        cs_ctx_leave(pushed);
+    }
+    pthread_mutex_unlock(&cs->lock);
+    return epoch;
+}
+
+int cs_streams_reached(cs_ctx_streams *cs, uint64_t epoch)
+{
+    if (epoch <= __atomic_load_n(&cs->done, __ATOMIC_ACQUIRE))
+        return 1;
+    bool pushed;
+    pthread_mutex_lock(&cs->lock);
+    if (!cs->dead && cs_ctx_enter(cs->ctx, &pushed)) {
+        poll(cs);
+        cs_ctx_leave(pushed);
+    }
+    pthread_mutex_unlock(&cs->lock);
+    return epoch <= __atomic_load_n(&cs->done, __ATOMIC_ACQUIRE);
+}
+
+int cs_streams_wait(cs_ctx_streams *cs, uint64_t epoch)
+{
+    bool pushed;
+    pthread_mutex_lock(&cs->lock);
+    int result = -1;
+    if (!cs->dead && cs_ctx_enter(cs->ctx, &pushed)) {
+        for (;;) {
+            poll(cs);
+            if (epoch <= __atomic_load_n(&cs->done, __ATOMIC_ACQUIRE)) {
+                result = 0;
+                break;
+            }
+            if (cs->count == 0) {
+                result = 0;
+                break;
+            }
+            slot *s = slot_at(cs, 0);
+            CUevent ev = s->done < s->n && !s->broken ? s->ev[s->done].ev : NULL;
+            pthread_mutex_unlock(&cs->lock);
+            /* Without the lock: the event may be recycled meanwhile, which only makes this
+             * wait longer; poll() decides what completed. */
+            CUresult r = ev ? drv()->cuEventSynchronize(ev) : drv()->cuCtxSynchronize();
+            pthread_mutex_lock(&cs->lock);
+            if (r != CUDA_SUCCESS)
+                break;
+            if (!ev)  /* a broken or unrecorded slot: the device has synchronized */
+                while (cs->count > 0)
+                    pop_slot(cs);
+        }
+        cs_ctx_leave(pushed);
+    }
+    pthread_mutex_unlock(&cs->lock);
+    return result;
+}
+
+int cs_streams_order_after(cs_ctx_streams *cs, uint64_t epoch)
+{
+    if (epoch <= __atomic_load_n(&cs->done, __ATOMIC_ACQUIRE))
+        return 0;
+    int result = 0;
+    pthread_mutex_lock(&cs->lock);
+    /* Every slot up to epoch must have all its events: streams wait on those. */
+    for (int i = 0; i < cs->count && result == 0; i++) {
+        slot *s = slot_at(cs, i);
+        if (s->broken)
+            result = -1;
+        for (int k = s->done; k < s->n && result == 0; k++)
+            if (!s->ev[k].ev)
+                result = -1;
+        if (s->epoch >= epoch)
+            break;
+    }
+    if (result == 0 && cs->dead)
+        result = -1;
+    if (result == 0 && __atomic_load_n(&cs->order, __ATOMIC_RELAXED) < cs->epoch)
+        __atomic_store_n(&cs->order, cs->epoch, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&cs->lock);
+    return result;
+}
+
+/* ---------------------------------------------------------------- work on streams */
+
+/* Make st wait for every other stream's newest pending event. With nothing else held; st is
+ * named by the calling thread, so its handle is valid here. */
+static void catch_up(cs_stream *st)
+{
+    cs_ctx_streams *cs = st->cs;
+    pthread_mutex_lock(&cs->lock);
+    uint64_t target = __atomic_load_n(&cs->order, __ATOMIC_ACQUIRE);
+    bool pushed;
+    if (cs->dead || __atomic_load_n(&st->waited, __ATOMIC_RELAXED) >= target ||
+        !recordable(st) || !cs_ctx_enter(cs->ctx, &pushed)) {
+        pthread_mutex_unlock(&cs->lock);
+        return;  /* a capturing stream catches up when its graph is launched */
+    }
+    poll(cs);
+    CUresult r = CUDA_SUCCESS;
+    for (cs_stream *x = &cs->legacy; x && r == CUDA_SUCCESS;
+         x = x == &cs->legacy ? cs->streams : x->ctx_next)
+        if (x != st && x->last_event)
+            r = drv()->cuStreamWaitEvent(st->handle, x->last_event, 0);
+    cs_ctx_leave(pushed);
+    if (r != CUDA_SUCCESS && !cs->said_wait) {
+        cs->said_wait = true;
+        cs_log("cuStreamWaitEvent on stream %p of context %p failed (error %d): waiting on the "
+               "host instead, before work on that stream (said once per context)",
+               (void *)st->handle, (void *)cs->ctx, (int)r);
+    }
+    pthread_mutex_unlock(&cs->lock);
+    /* The GPU could not be made to wait: the host does, so the work still starts after. */
+    if (r == CUDA_SUCCESS || cs_streams_wait(cs, target) == 0)
+        __atomic_store_n(&st->waited, target, __ATOMIC_RELAXED);
+}
+
+static void thread_gone(void *arg)
+{
+    (void)arg;
+    /* The driver ends this thread's per-thread streams; their pending work is fenced on the
+     * legacy stream from now on, and records without it are dropped. */
+    for (cs_stream *st = tl_own, *next; st; st = next) {
+        next = st->thread_next;
+        cs_ctx_streams *cs = st->cs;
+        pthread_mutex_lock(&cs->lock);
+        set_capturing(st, 0);
+        st->orphan = true;
+        st->zombie = true;  /* retired once its last event completed */
+        if (cs->dead) {
+            pthread_mutex_lock(&reg_lock);
+            record_recycle(st);
+            pthread_mutex_unlock(&reg_lock);
+        } else if (!__atomic_load_n(&st->dirty, __ATOMIC_ACQUIRE) && !st->last_event) {
+            retire_record(cs, st);
+        }
+        pthread_mutex_unlock(&cs->lock);
+    }
+    tl_own = NULL;
+}
+
+static void make_exit_key(void)
+{
+    pthread_key_create(&exit_key, thread_gone);
+}
+
+static cs_stream *per_thread_record(cs_ctx_streams *cs)
+{
+    for (cs_stream *st = tl_own; st; st = st->thread_next)
+        if (st->cs == cs)
+            return st;
+    pthread_once(&exit_once, make_exit_key);
+    pthread_mutex_lock(&cs->lock);
+    pthread_mutex_lock(&reg_lock);
+    cs_stream *st = cs->dead ? NULL : record_new(cs, CU_STREAM_PER_THREAD);
+    pthread_mutex_unlock(&reg_lock);
+    if (st) {
+        st->per_thread = true;
+        st->owner = pthread_self();
+        ctx_link(cs, st);
+        st->thread_next = tl_own;
+        tl_own = st;
+        pthread_setspecific(exit_key, st);  /* non-NULL, so thread_gone runs */
+    }
+    pthread_mutex_unlock(&cs->lock);
+    return st;
+}
+
+/* The record of an explicit stream handle, made on first sight. */
+static cs_stream *explicit_record(CUstream h)
+{
+    pthread_mutex_lock(&reg_lock);
+    cs_stream *st = buckets[bucket_of(h)];
+    while (st && st->handle != h)
+        st = st->hash_next;
+    pthread_mutex_unlock(&reg_lock);
+    if (st)
+        return st;
+    CUcontext ctx = NULL;
+    if (!drv()->cuStreamGetCtx || drv()->cuStreamGetCtx(h, &ctx) != CUDA_SUCCESS || !ctx)
+        return NULL;
+    cs_ctx_streams *cs = cs_streams_for(ctx);
+    if (!cs)
+        return NULL;
+    pthread_mutex_lock(&cs->lock);
+    pthread_mutex_lock(&reg_lock);
+    st = buckets[bucket_of(h)];
+    while (st && st->handle != h)
+        st = st->hash_next;
+    if (!st && !cs->dead && (st = record_new(cs, h))) {
+        st->hash_next = buckets[bucket_of(h)];
+        buckets[bucket_of(h)] = st;
+        ctx_link(cs, st);
+    }
+    pthread_mutex_unlock(&reg_lock);
+    pthread_mutex_unlock(&cs->lock);
+    return st;
+}
+
+/* The record of the stream a call names, from this thread's memo when it can. */
+static cs_stream *find_stream(CUstream h, int per_thread, bool make)
+{
+    uint64_t gen = __atomic_load_n(&generation, __ATOMIC_ACQUIRE);
+    if (tl.generation != gen) {
+        memset(&tl, 0, sizeof tl);
+        tl.generation = gen;
+    }
+    if (h == NULL)
+        h = per_thread ? CU_STREAM_PER_THREAD : CU_STREAM_LEGACY;
+    if (h != CU_STREAM_LEGACY && h != CU_STREAM_PER_THREAD) {
+        if (tl.handle == h && tl.st)
+            return tl.st;
+        cs_stream *st = make ? explicit_record(h) : NULL;
+        if (st) {
+            tl.handle = h;
+            tl.st = st;
+        }
+        return st;
+    }
+    CUcontext ctx = NULL;
+    if (drv()->cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx)
+        return NULL;
+    if (tl.ctx != ctx) {
+        cs_ctx_streams *cs = cs_streams_for(ctx);
+        if (!cs)
+            return NULL;
+        tl.ctx = ctx;
+        tl.legacy = &cs->legacy;
+        tl.per_thread = NULL;
+    }
+    if (h == CU_STREAM_LEGACY)
+        return tl.legacy;
+    if (!tl.per_thread)
+        tl.per_thread = per_thread_record(tl.legacy->cs);
+    return tl.per_thread;
+}
+
+cs_stream *cs_work_begin(CUstream stream, int per_thread)
+{
+    if (!__atomic_load_n(&enabled, __ATOMIC_RELAXED))
+        return NULL;
+    cs_stream *st = find_stream(stream, per_thread, true);
+    if (st && __builtin_expect(__atomic_load_n(&st->cs->order, __ATOMIC_ACQUIRE) >
+                                   __atomic_load_n(&st->waited, __ATOMIC_RELAXED), 0))
+        catch_up(st);
+    return st;
+}
+
+void cs_work_end(cs_stream *st, CUresult result)
+{
+    (void)result;  /* a failed call may still have queued part of its work */
+    if (!st || __atomic_load_n(&st->dirty, __ATOMIC_RELAXED) ||
+        __atomic_load_n(&st->capturing, __ATOMIC_ACQUIRE))
+        return;
+    if (__atomic_exchange_n(&st->dirty, 1, __ATOMIC_ACQ_REL))
+        return;
+    cs_ctx_streams *cs = st->cs;
+    cs_stream *head = __atomic_load_n(&cs->dirty_head, __ATOMIC_RELAXED);
+    do
+        st->dirty_next = head;
+    while (!__atomic_compare_exchange_n(&cs->dirty_head, &head, st, true, __ATOMIC_RELEASE,
+                                        __ATOMIC_RELAXED));
+}
+
+/* ---------------------------------------------------------------- stream life */
+
+void cs_streams_destroying(CUstream h)
+{
+    if (h == NULL || h == CU_STREAM_LEGACY || h == CU_STREAM_PER_THREAD)
+        return;
+    cs_stream *st = find_stream(h, 0, false);
+    if (!st) {
+        pthread_mutex_lock(&reg_lock);
+        for (st = buckets[bucket_of(h)]; st && st->handle != h; st = st->hash_next)
+            ;
+        pthread_mutex_unlock(&reg_lock);
+    }
+    if (!st)
+        return;
+    cs_ctx_streams *cs = st->cs;
+    bool pushed;
+    pthread_mutex_lock(&cs->lock);
+    /* Its last work must still be fenced: record it now, while the handle is valid. */
+    if (!cs->dead && __atomic_load_n(&st->dirty, __ATOMIC_ACQUIRE) && cs_ctx_enter(cs->ctx, &pushed)) {
+        fence_locked(cs);
+        cs_ctx_leave(pushed);
+    }
+    pthread_mutex_lock(&reg_lock);
+    cs_stream **p = &buckets[bucket_of(h)];
+    while (*p && *p != st)
+        p = &(*p)->hash_next;
+    if (*p)
+        *p = st->hash_next;
+    __atomic_add_fetch(&generation, 1, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&reg_lock);
+    st->zombie = true;
+    st->handle = NULL;
+    if (!st->last_event && !__atomic_load_n(&st->dirty, __ATOMIC_ACQUIRE))
+        retire_record(cs, st);
+    else
+        set_capturing(st, 0);
+    pthread_mutex_unlock(&cs->lock);
+}
+
+/* ---------------------------------------------------------------- capture */
+
+void cs_streams_capture_beginning(CUstream stream, int per_thread)
+{
+    cs_stream *st = find_stream(stream, per_thread, true);
+    if (st && __atomic_load_n(&st->dirty, __ATOMIC_ACQUIRE))
+        cs_streams_fence(st->cs);
+}
+
+void cs_streams_capture_begun(CUstream stream, int per_thread, CUresult result)
+{
+    cs_stream *st;
+    if (result == CUDA_SUCCESS && (st = find_stream(stream, per_thread, true)))
+        set_capturing(st, 1);
+}
+
+void cs_streams_capture_ended(CUstream stream, int per_thread)
+{
+    cs_stream *st = find_stream(stream, per_thread, true);
+    if (!st || !__atomic_load_n(&st->capturing, __ATOMIC_ACQUIRE))
+        return;
+    /* Whatever the end returned, the driver knows whether the capture goes on (it does
+     * after CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD, for one). */
+    CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+    if (drv()->cuStreamIsCapturing &&
+        drv()->cuStreamIsCapturing(stream ? stream
+                                          : per_thread ? CU_STREAM_PER_THREAD : CU_STREAM_LEGACY,
+                                   &status) == CUDA_SUCCESS &&
+        status != CU_STREAM_CAPTURE_STATUS_NONE)
+        return;
+    set_capturing(st, 0);
+}
+
+bool cs_streams_capturing(void)
+{
+    return captures_running();
+}
+
+void cs_streams_enable(bool on)
+{
+    __atomic_store_n(&enabled, on, __ATOMIC_RELAXED);
+}
+
+/* ---------------------------------------------------------------- fork */
+
+void cs_streams_lock_all(void)
+{
+    /* Contexts' locks before reg_lock, as everywhere. A context made in between is not
+     * locked, and the child forgets it anyway. */
+    pthread_mutex_lock(&reg_lock);
+    cs_ctx_streams *list = contexts;
+    pthread_mutex_unlock(&reg_lock);
+    for (cs_ctx_streams *cs = list; cs; cs = cs->next)
+        pthread_mutex_lock(&cs->lock);
+    pthread_mutex_lock(&reg_lock);
+    locked_list = list;
+}
+
+void cs_streams_unlock_all(void)
+{
+    pthread_mutex_unlock(&reg_lock);
+    for (cs_ctx_streams *cs = locked_list; cs; cs = cs->next)
+        pthread_mutex_unlock(&cs->lock);
+}
+
+void cs_streams_reset_after_fork(void)
+{
+    /* The child's driver state is new: forget the parent's contexts (their memory leaks by
+     * design: other threads of the parent may have held pointers into them). */
+    for (cs_ctx_streams *cs = locked_list; cs; cs = cs->next)
+        pthread_mutex_unlock(&cs->lock);
+    contexts = NULL;
+    memset(buckets, 0, sizeof buckets);
+    tl_own = NULL;
+    capturing_streams = 0;
+    __atomic_add_fetch(&generation, 1, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&reg_lock);
+}

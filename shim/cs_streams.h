@@ -1,0 +1,55 @@
+/* Where the GPU's work is. Per driver context: the streams the program put work on, which of
+ * them had work since their last fence, the fence events (numbered by epochs, completing in
+ * order), and the stream waits that let the cache reuse a block before its fence completed.
+ *
+ * Every entry point that puts work on a stream calls cs_work_begin/cs_work_end (cs_work.h);
+ * the cache reaches the fences through the backend (cs_backend.c). */
+#ifndef CS_STREAMS_H
+#define CS_STREAMS_H
+
+#include <cuda.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+typedef struct cs_ctx_streams cs_ctx_streams;
+
+/* The stream state of a context, made on first use (NULL if out of host memory). */
+cs_ctx_streams *cs_streams_for(CUcontext ctx);
+/* The context a state belongs to; whether that context was destroyed (its handles must not
+ * reach the driver any more). */
+CUcontext cs_streams_context(const cs_ctx_streams *cs);
+bool cs_streams_dead(cs_ctx_streams *cs);
+/* The context was destroyed with all its streams and events: drop its state without driver
+ * calls. */
+void cs_streams_forget(CUcontext ctx);
+
+/* Fences, as cs_backend_ops describes them. fence, reached and order_after never block;
+ * wait does, and is called without the cache's lock. */
+uint64_t cs_streams_fence(cs_ctx_streams *cs);
+int cs_streams_reached(cs_ctx_streams *cs, uint64_t epoch);
+int cs_streams_wait(cs_ctx_streams *cs, uint64_t epoch);
+int cs_streams_order_after(cs_ctx_streams *cs, uint64_t epoch);
+
+/* Before the real cuStreamDestroy: the stream's pending work outlives it. */
+void cs_streams_destroying(CUstream stream);
+
+/* Stream capture, per stream. Before the real begin (per_thread: NULL is the per-thread
+ * stream): what the stream did before the capture is fenced now, since nothing can be
+ * recorded into it while it captures. After the real begin and end, whatever they returned:
+ * the stream's capture state is learnt from the driver. */
+void cs_streams_capture_beginning(CUstream stream, int per_thread);
+void cs_streams_capture_begun(CUstream stream, int per_thread, CUresult result);
+void cs_streams_capture_ended(CUstream stream, int per_thread);
+
+/* Does any stream capture now? (The cache gives nothing back while one does.) */
+bool cs_streams_capturing(void);
+/* Off (CACHESHIM_DISABLE): cs_work_begin tracks nothing. */
+void cs_streams_enable(bool on);
+
+/* Held across fork; in the child, forget everything (the parent's driver state is not ours)
+ * and release. */
+void cs_streams_lock_all(void);
+void cs_streams_unlock_all(void);
+void cs_streams_reset_after_fork(void);
+
+#endif
