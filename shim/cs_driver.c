@@ -7,6 +7,8 @@
 #include <pthread.h>
 #include <stddef.h>
 
+#include "cs_work_gen.h"
+
 static cs_dlsym_fn real_dlsym_ptr;
 static cs_driver driver;
 static pthread_once_t driver_once = PTHREAD_ONCE_INIT;
@@ -82,8 +84,17 @@ static void load_driver(void)
         LOAD(cuStreamIsCapturing);
         LOAD(cuStreamWaitEvent);
         LOAD(cuCtxSynchronize);
+        for (int i = 0; i < CS_WORK_COUNT; i++)
+            __atomic_store_n(&cs_work_real[i], cs_real_dlsym(driver.handle, cs_work_table[i].name),
+                             __ATOMIC_RELEASE);
     }
     loading = 0;
+}
+
+void *cs_work_load(int i)
+{
+    cs_driver_get();
+    return __atomic_load_n(&cs_work_real[i], __ATOMIC_ACQUIRE);
 }
 
 const cs_driver *cs_driver_get(void)

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "cs_shim.h"
+#include "cs_work_gen.h"
 
 /* The wrappers (defined in cs_entry.c and below). */
 #define WRAPPED(X) \
@@ -61,6 +62,11 @@ void *cs_wrap_symbol(const char *name, void *real, int cuda_version, cuuint64_t 
     for (size_t i = 0; i < NWRAPPED; i++)
         if (real == real_of(d, &table[i]))
             return table[i].wrapper;
+    /* The entry points that put work on a stream: what the driver hands out for a name is
+     * the function it exports under the versioned name the caller's version maps to. */
+    for (int i = 0; i < CS_WORK_COUNT; i++)
+        if (real == __atomic_load_n(&cs_work_real[i], __ATOMIC_ACQUIRE))
+            return cs_work_table[i].wrapper;
     /* The driver may hand out an internal address for a base name: choose the variant by
      * cuda.h's versioning rules, as the driver did. */
     if (!name)

@@ -40,6 +40,7 @@ static const row summary_rows[] = {
 
 static const row detail_rows[] = {
     {"hits", ROW_COUNT, FIELD(hits)},
+    {"ordered hits", ROW_COUNT, FIELD(ordered_hits)},
     {"misses", ROW_COUNT, FIELD(misses)},
     {"frees", ROW_COUNT, FIELD(frees)},
     {"in use now", ROW_BYTES, FIELD(bytes_in_use)},

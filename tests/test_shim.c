@@ -107,8 +107,10 @@ static void test_dlsym_path_gets_wrapper(void **state)
         assert_int_equal(f(p), CUDA_SUCCESS);
     }
     assert_true(fake_calls("cuMemAlloc_v2") <= 1);
-    /* Unwrapped names come back as the driver's own. */
-    assert_ptr_equal(dlsym(libcuda, "cuMemsetD8_v2"), real_fn("cuMemsetD8_v2"));
+    /* Unwrapped names come back as the driver's own; work entry points as the shim's. */
+    assert_ptr_equal(dlsym(libcuda, "cuStreamQuery"), real_fn("cuStreamQuery"));
+    assert_ptr_equal(dlsym(libcuda, "cuMemsetD8_v2"), dlsym(RTLD_DEFAULT, "cuMemsetD8_v2"));
+    assert_ptr_not_equal(dlsym(libcuda, "cuMemsetD8_v2"), real_fn("cuMemsetD8_v2"));
 }
 
 static void test_get_proc_address_paths(void **state)
@@ -141,12 +143,18 @@ static void test_get_proc_address_paths(void **state)
                           CU_GET_PROC_ADDRESS_LEGACY_STREAM, &st), CUDA_SUCCESS);
     assert_ptr_equal(p, dlsym(RTLD_DEFAULT, "cuStreamBeginCapture_v2"));
     /* A per-thread request for an entry point without such a variant: the plain wrapper. */
-    assert_int_equal(gpa2("cuStreamCreate", &p, 13000,
+    assert_int_equal(gpa2("cuMemAlloc", &p, 13000,
                           CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &st), CUDA_SUCCESS);
-    assert_ptr_equal(p, dlsym(RTLD_DEFAULT, "cuStreamCreate"));
-    /* Unwrapped and unknown names. */
+    assert_ptr_equal(p, dlsym(RTLD_DEFAULT, "cuMemAlloc_v2"));
+    /* Work on streams, generated wrappers: each variant its own. */
     assert_int_equal(gpa2("cuMemsetD8", &p, 13000, 0, &st), CUDA_SUCCESS);
-    assert_ptr_equal(p, real_fn("cuMemsetD8_v2"));
+    assert_ptr_equal(p, dlsym(RTLD_DEFAULT, "cuMemsetD8_v2"));
+    assert_int_equal(gpa2("cuMemsetD8", &p, 13000,
+                          CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &st), CUDA_SUCCESS);
+    assert_ptr_equal(p, dlsym(RTLD_DEFAULT, "cuMemsetD8_v2_ptds"));
+    /* Unwrapped and unknown names. */
+    assert_int_equal(gpa2("cuStreamQuery", &p, 13000, 0, &st), CUDA_SUCCESS);
+    assert_ptr_equal(p, real_fn("cuStreamQuery"));
     p = (void *)1;
     assert_int_equal(gpa2("cuNoSuchThing", &p, 13000, 0, &st), CUDA_ERROR_NOT_FOUND);
     assert_int_equal(st, CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND);
@@ -793,6 +801,7 @@ static void test_exit_table_two_devices_with_details(void **state)
                         "cacheshim:   cap refusals               0         1\n"
                         "cacheshim: details               device 0  device 1\n"
                         "cacheshim:   hits                       3         0\n"
+                        "cacheshim:   ordered hits               0         0\n"
                         "cacheshim:   misses                     1         3\n"
                         "cacheshim:   frees                      4         2\n"
                         "cacheshim:   in use now               0 B       0 B\n"
@@ -800,7 +809,7 @@ static void test_exit_table_two_devices_with_details(void **state)
                         "cacheshim:   driver allocations         1         2\n"
                         "cacheshim:   driver frees               0         1\n"
                         "cacheshim:   releases                   0         1\n"
-                        "cacheshim:   fences                     3         0\n"
+                        "cacheshim:   fences                     0         0\n"
                         "cacheshim:   fence waits                0         0\n"
                         "cacheshim:   OOM failures               0         0\n"
                         "cacheshim:   cap                 8.00 MiB  8.00 MiB\n"
