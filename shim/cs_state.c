@@ -128,7 +128,6 @@ static void init(void)
             shim.disabled = true;
         }
     }
-    cs_streams_enable(!shim.disabled);
     pthread_atfork(before_fork, after_fork_parent, after_fork_child);
     shim_ready = true;
 }

@@ -90,7 +90,6 @@ static cs_stream *spare;            /* records are recycled, never freed (stale 
 static uint64_t generation;         /* atomic: bumped whenever a record leaves the map */
 static int capturing_streams;       /* atomic */
 static cs_ctx_streams *locked_list; /* the contexts locked across fork */
-static bool enabled = true;
 
 static _Thread_local struct {
     CUstream handle;
@@ -328,6 +327,10 @@ static bool record_late(cs_ctx_streams *cs, fence_event *e)
 {
     if (e->ev)
         return true;
+    /* Only a capture keeps an entry unrecorded; a stream destroyed since was dropped with its
+     * capture, and its work from before the capture was fenced when the capture began. */
+    if (e->st->zombie)
+        return true;
     if (!recordable(e->st))
         return false;
     CUevent ev = take_event(cs);
@@ -376,7 +379,7 @@ static void poll(cs_ctx_streams *cs)
         for (; s->done < s->n; s->done++) {
             fence_event *e = &s->ev[s->done];
             /* An event that cannot be asked (an error) is not known complete. */
-            if (!record_late(cs, e) || drv()->cuEventQuery(e->ev) != CUDA_SUCCESS)
+            if (!record_late(cs, e) || (e->ev && drv()->cuEventQuery(e->ev) != CUDA_SUCCESS))
                 goto out;
         }
         pop_slot(cs);
@@ -735,8 +738,8 @@ static cs_stream *find_stream(CUstream h, int per_thread, bool make)
 
 cs_stream *cs_work_begin(CUstream stream, int per_thread)
 {
-    if (!__atomic_load_n(&enabled, __ATOMIC_RELAXED))
-        return NULL;
+    if (cs_shim_get()->disabled)
+        return NULL;  /* CACHESHIM_DISABLE: every call untouched */
     cs_stream *st = find_stream(stream, per_thread, true);
     if (st && __builtin_expect(__atomic_load_n(&st->cs->order, __ATOMIC_ACQUIRE) >
                                    __atomic_load_n(&st->waited, __ATOMIC_RELAXED), 0))
@@ -838,10 +841,6 @@ bool cs_streams_capturing(void)
     return captures_running();
 }
 
-void cs_streams_enable(bool on)
-{
-    __atomic_store_n(&enabled, on, __ATOMIC_RELAXED);
-}
 
 /* ---------------------------------------------------------------- fork */
 

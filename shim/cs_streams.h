@@ -43,8 +43,6 @@ void cs_streams_capture_ended(CUstream stream, int per_thread);
 
 /* Does any stream capture now? (The cache gives nothing back while one does.) */
 bool cs_streams_capturing(void);
-/* Off (CACHESHIM_DISABLE): cs_work_begin tracks nothing. */
-void cs_streams_enable(bool on);
 
 /* Held across fork; in the child, forget everything (the parent's driver state is not ours)
  * and release. */
