@@ -47,12 +47,15 @@ typedef struct cacheshim_stats {
     uint64_t cap_bytes;         /* the cap in force (UINT64_MAX: none) */
     uint64_t ordered_hits;      /* hits reused before their fence completed, the streams made
                                    to wait for it on the GPU (CACHESHIM_REUSE=ordered) */
+    uint64_t work_calls;        /* driver calls that put work on a stream, seen by the shim
+                                   (whole process only: device -1) */
 } cacheshim_stats;
 
 /* Statistics of one device (its ordinal), or the sum of all devices with device = -1
  * (peaks are then summed: an upper bound). size is sizeof(cacheshim_stats) as the caller
  * compiled it. Returns 0, or -1 when the shim has not seen that device or is disabled
- * (CACHESHIM_DISABLE=1). foreign_frees is counted for the whole process only (device -1). */
+ * (CACHESHIM_DISABLE=1). foreign_frees and work_calls are counted for the whole process only
+ * (device -1). */
 int cacheshim_get_stats(int device, cacheshim_stats *out, size_t size);
 
 /* Give every idle cached block whose last use has completed back to the driver. Returns the

@@ -2,6 +2,7 @@
 #include <string.h>
 
 #include "cs_shim.h"
+#include "cs_streams.h"
 
 CS_EXPORT int cacheshim_get_stats(int device, cacheshim_stats *out, size_t size)
 {
@@ -9,6 +10,8 @@ CS_EXPORT int cacheshim_get_stats(int device, cacheshim_stats *out, size_t size)
     cacheshim_stats st;
     if (!out || !s->cache || !cs_cache_stats(s->cache, device, &st))
         return -1;
+    if (device < 0)
+        st.work_calls = cs_streams_work_calls();
     /* A caller built against an older, shorter struct gets the fields it knows. */
     memcpy(out, &st, size < sizeof st ? size : sizeof st);
     return 0;

@@ -102,8 +102,12 @@ static void after_fork_child(void)
 __attribute__((destructor)) static void at_exit(void)
 {
     /* No driver calls here: the driver may already be torn down. */
-    if (shim_ready && shim.opts.stats && shim.cache)
+    if (shim_ready && shim.opts.stats && shim.cache) {
         cs_report_stats(shim.cache, shim.opts.verbose >= 1, log_line, NULL);
+        if (shim.opts.verbose >= 1)
+            cs_log("work calls seen: %llu (driver calls that put work on a stream)",
+                   (unsigned long long)cs_streams_work_calls());
+    }
 }
 
 /* ---------------------------------------------------------------- init */

@@ -89,6 +89,7 @@ static cs_stream *buckets[STREAM_BUCKETS];
 static cs_stream *spare;            /* records are recycled, never freed (stale pointers stay safe) */
 static uint64_t generation;         /* atomic: bumped whenever a record leaves the map */
 static int capturing_streams;       /* atomic */
+static uint64_t work_calls;         /* atomic: calls through cs_work_begin */
 static cs_ctx_streams *locked_list; /* the contexts locked across fork */
 
 static _Thread_local struct {
@@ -740,6 +741,7 @@ cs_stream *cs_work_begin(CUstream stream, int per_thread)
 {
     if (cs_shim_get()->disabled)
         return NULL;  /* CACHESHIM_DISABLE: every call untouched */
+    __atomic_add_fetch(&work_calls, 1, __ATOMIC_RELAXED);
     cs_stream *st = find_stream(stream, per_thread, true);
     if (st && __builtin_expect(__atomic_load_n(&st->cs->order, __ATOMIC_ACQUIRE) >
                                    __atomic_load_n(&st->waited, __ATOMIC_RELAXED), 0))
@@ -834,6 +836,11 @@ void cs_streams_capture_ended(CUstream stream, int per_thread)
         status != CU_STREAM_CAPTURE_STATUS_NONE)
         return;
     set_capturing(st, 0);
+}
+
+uint64_t cs_streams_work_calls(void)
+{
+    return __atomic_load_n(&work_calls, __ATOMIC_RELAXED);
 }
 
 bool cs_streams_capturing(void)

@@ -41,6 +41,8 @@ void cs_streams_capture_beginning(CUstream stream, int per_thread);
 void cs_streams_capture_begun(CUstream stream, int per_thread, CUresult result);
 void cs_streams_capture_ended(CUstream stream, int per_thread);
 
+/* Driver calls that put work on a stream so far (cs_work_begin), for the statistics. */
+uint64_t cs_streams_work_calls(void);
 /* Does any stream capture now? (The cache gives nothing back while one does.) */
 bool cs_streams_capturing(void);
 

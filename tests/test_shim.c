@@ -814,7 +814,8 @@ static void test_exit_table_two_devices_with_details(void **state)
                         "cacheshim:   OOM failures               0         0\n"
                         "cacheshim:   cap                 8.00 MiB  8.00 MiB\n"
                         "cacheshim: foreign frees: 1 (pointers the shim did not hand out, passed "
-                        "to the driver)\n");
+                        "to the driver)\n"
+                        "cacheshim: work calls seen: 0 (driver calls that put work on a stream)\n");
 }
 
 static int exit_nothing(void)
