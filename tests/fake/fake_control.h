@@ -24,14 +24,19 @@ uint64_t fake_device_used(int device);
 long fake_live_allocations(void);
 
 /* --- work on streams --------------------------------------------------------------------- */
-/* Enqueue one unit of pending "kernel" work on a stream (NULL, CU_STREAM_LEGACY,
- * CU_STREAM_PER_THREAD or a created stream), as a launch would. Work on a stream completes in
- * order, only when the test says so. Returns 0, or -1 for an unknown stream. (Fake: NULL is
- * the legacy stream; a destroyed stream is unknown; a launch into a capturing stream is
+/* Work on a stream is a sequence of units. Units complete in order, each only after
+ * everything it is ordered after: its stream's earlier units, the legacy stream's rules with
+ * blocking streams, and the events its stream waited for (cuStreamWaitEvent). See the top
+ * of fake_stream.c. */
+/* Enqueue one unit of pending "kernel" work, touching no memory, on a stream (NULL,
+ * CU_STREAM_LEGACY, CU_STREAM_PER_THREAD or a created stream), as a launch would. It
+ * completes only when the test says so. Returns 0, or -1 for an unknown stream. (Fake: NULL
+ * is the legacy stream; a destroyed stream is unknown; a launch into a capturing stream is
  * captured, not run: it returns 0 and adds no pending work.) */
 int fake_stream_launch(CUstream stream);
-/* Complete the oldest n pending units of that stream (n < 0: all). Works on a stream that
- * was already destroyed (its work outlives it, as on a real GPU). */
+/* Complete the oldest n pending units of that stream (n < 0: all), and first everything
+ * they are ordered after, on any stream. Works on a stream that was already destroyed (its
+ * work outlives it, as on a real GPU). */
 void fake_stream_retire(CUstream stream, int n);
 /* Complete all pending work on every stream. */
 void fake_retire_all(void);

@@ -1,7 +1,8 @@
 /* Fake CUDA driver: the core. Per-call bookkeeping (counters, injected failures and delays,
  * init and teardown checks), the control API, the handle registry, devices and contexts.
  *
- * Memory lives in fake_mem.c, streams/events/capture in fake_stream.c, the discovery paths
+ * Memory and copies live in fake_mem.c, streams/events/capture in fake_stream.c, the units
+ * of work, their order and completion in fake_timeline.c, the discovery paths
  * (cuGetProcAddress) and error strings in fake_proc.c. */
 #include "fake_internal.h"
 

@@ -107,7 +107,9 @@
     X(cuStreamEndCapture_ptsz, INIT)                                                           \
     X(cuStreamIsCapturing, INIT)                                                               \
     X(cuStreamIsCapturing_ptsz, INIT)                                                          \
-    X(cuThreadExchangeStreamCaptureMode, INIT)
+    X(cuThreadExchangeStreamCaptureMode, INIT)                                                 \
+    X(cuStreamWaitEvent, INIT)                                                                 \
+    X(cuStreamWaitEvent_ptsz, INIT)
 
 enum fake_entry_id {
 #define FAKE_ID(name, init) ID_##name,
@@ -149,6 +151,22 @@ typedef struct fake_ctx fake_ctx;
 typedef struct fake_stream fake_stream;
 typedef struct fake_event fake_event;
 typedef struct fake_alloc fake_alloc;
+typedef struct fake_unit fake_unit;
+
+/* A vector clock: for each stream named, the units of it (numbered from 1 in submission
+ * order) that something is ordered after, 1..seq. A stream not named contributes nothing.
+ * Entries whose units have all completed may be dropped at any time: ordering against
+ * completed work no longer matters to anyone. Streams are never freed, so the pointers
+ * stay valid. */
+struct fake_clock_entry {
+    fake_stream *stream;
+    uint64_t seq;
+};
+
+struct fake_clock {
+    size_t n, cap;
+    struct fake_clock_entry *v;
+};
 
 struct fake_stream {
     enum fake_kind kind;
@@ -159,12 +177,25 @@ struct fake_stream {
     bool per_thread; /* some thread's CU_STREAM_PER_THREAD stream */
     bool destroyed;
     bool linked; /* on ctx->streams */
+    /* Units numbered so far and completed so far: units complete in order, so the pending
+     * ones are completed+1..submitted, kept in units (oldest first). */
     uint64_t submitted, completed;
-    /* Capture state; cap_status is a CUstreamCaptureStatus. */
+    fake_unit *units, *units_tail;
+    /* What the stream's next unit is ordered after by the stream itself: its latest unit
+     * (and so all that one was after) and the events it waited for since. The legacy rules
+     * for the next unit are added when it is submitted (fake_stream_snapshot). */
+    struct fake_clock clock;
+    bool busy; /* on the timeline's list of streams with pending units */
+    fake_stream *busy_prev, *busy_next;
+    /* Capture state; cap_status is a CUstreamCaptureStatus. A capture sequence is the
+     * stream that began it (cap_origin) plus the streams that joined it by waiting on an
+     * event recorded in it; all share cap_seq and copy the origin's mode, owner, graph. */
     int cap_status;
     CUstreamCaptureMode cap_mode;
     unsigned long cap_owner; /* fake thread id of the thread that began it */
     CUgraph cap_graph;       /* cuStreamBeginCaptureToGraph's graph, else NULL */
+    uint64_t cap_seq;
+    bool cap_origin;
     fake_stream *prev, *next;
 };
 
@@ -180,18 +211,15 @@ struct fake_ctx {
     fake_ctx *next_all;
 };
 
-struct fake_capture {
-    fake_stream *stream;
-    uint64_t count;
-};
-
 struct fake_event {
     enum fake_kind kind;
     fake_ctx *ctx;
     unsigned flags;
-    bool in_graph; /* last recorded into a capturing stream */
-    size_t n, cap;
-    struct fake_capture *v;
+    bool in_graph;   /* last recorded into a capturing stream */
+    uint64_t cap_seq; /* that capture sequence, when in_graph */
+    /* What the last record captured outside a capture: the event is complete once every
+     * unit named has completed. Empty when never recorded or in_graph. */
+    struct fake_clock clock;
     fake_event *prev, *next;
 };
 
@@ -258,14 +286,44 @@ FAKE_HIDDEN void fake_stream_init(fake_stream *s, fake_ctx *ctx, unsigned flags,
  * destroyed streams unless allow_destroyed. */
 FAKE_HIDDEN CUresult fake_resolve_stream(CUstream h, bool ptsz, bool allow_destroyed,
                                          fake_stream **out);
-FAKE_HIDDEN void fake_complete_ctx(fake_ctx *ctx);
-FAKE_HIDDEN void fake_retire(fake_stream *s, int64_t n);
+/* A created or per-thread stream without CU_STREAM_NON_BLOCKING: the legacy stream and it
+ * are ordered after each other's earlier work. */
+FAKE_HIDDEN bool fake_blocking(const fake_stream *s);
+/* Drop a destroyed stream from its context's list once it has no pending work. */
+FAKE_HIDDEN void fake_stream_prune(fake_stream *s);
 /* Tear down what a dying context owns in streams, events and captures. */
 FAKE_HIDDEN void fake_streams_ctx_destroyed(fake_ctx *ctx);
 /* Capture rules: CUDA_SUCCESS, or the error (counted as a violation) for an unsafe call. */
 FAKE_HIDDEN CUresult fake_capture_guard_unsafe(void);
 FAKE_HIDDEN CUresult fake_capture_guard_ctx_sync(const fake_ctx *ctx);
 FAKE_HIDDEN void fake_thread_exit_streams(struct fake_thread *t);
+
+/* ---- the timeline (fake_timeline.c) ----------------------------------------------------- */
+/* Submit one unit of work on s for `name` (an entry point or control call). CUDA_SUCCESS,
+ * or CUDA_ERROR_OUT_OF_MEMORY (nothing submitted). */
+FAKE_HIDDEN CUresult fake_submit(fake_stream *s, const char *name);
+/* Pending units of s. */
+FAKE_HIDDEN uint64_t fake_pending(const fake_stream *s);
+/* Complete the oldest n pending units of s (n < 0: all), and all they are ordered after. */
+FAKE_HIDDEN void fake_retire(fake_stream *s, int64_t n);
+/* Complete every pending unit of the context's streams (and all they are ordered after),
+ * or of every context. */
+FAKE_HIDDEN void fake_complete_ctx(fake_ctx *ctx);
+FAKE_HIDDEN void fake_complete_all(void);
+/* What an operation submitted on s now would be ordered after: the stream's clock plus the
+ * legacy rules. Replaces *out. CUDA_SUCCESS or CUDA_ERROR_OUT_OF_MEMORY. */
+FAKE_HIDDEN CUresult fake_stream_snapshot(const fake_stream *s, struct fake_clock *out);
+/* Whether everything enqueued on s (for the legacy stream: and on its context's blocking
+ * streams) has completed; and making it so, as cuStreamSynchronize does. */
+FAKE_HIDDEN bool fake_stream_idle(const fake_stream *s);
+FAKE_HIDDEN void fake_stream_drain(const fake_stream *s);
+/* A clock: all its units completed? Complete them (and all they are ordered after). Join
+ * src into dst (CUDA_SUCCESS or CUDA_ERROR_OUT_OF_MEMORY). Empty it; free its memory. */
+FAKE_HIDDEN bool fake_clock_done(const struct fake_clock *c);
+FAKE_HIDDEN void fake_clock_complete(const struct fake_clock *c);
+FAKE_HIDDEN CUresult fake_clock_join(struct fake_clock *dst, const struct fake_clock *src);
+FAKE_HIDDEN void fake_clock_clear(struct fake_clock *c);
+FAKE_HIDDEN void fake_clock_free(struct fake_clock *c);
 
 /* ---- memory (fake_mem.c) ---------------------------------------------------------------- */
 FAKE_HIDDEN void fake_mem_ctx_destroyed(fake_ctx *ctx);

@@ -113,7 +113,9 @@ FAKE_API CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
     LOCKED(mem_alloc(dptr, bytesize));
 }
 
-/* Like the real cuMemFree, waits for the context's work first: the memory may be in use. */
+/* Like the real cuMemFree, waits for work first: the memory may be in use. The real one
+ * waits for the whole device; the fake, as before the timeline, completes the pending work
+ * of the allocation's context (and so everything that work is ordered after). */
 static CUresult mem_free(CUdeviceptr p)
 {
     fake_ctx *c;

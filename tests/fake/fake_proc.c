@@ -76,6 +76,7 @@ static const struct proc g_procs[] = {
     P_PTSZ(cuStreamEndCapture),
     P_PTSZ(cuStreamIsCapturing),
     P(cuThreadExchangeStreamCaptureMode),
+    P_PTSZ(cuStreamWaitEvent),
 };
 
 static void *resolve(const char *symbol, int version, cuuint64_t flags)

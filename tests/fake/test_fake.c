@@ -19,6 +19,7 @@
  * CUDA_API_PER_THREAD_DEFAULT_STREAM, which would rename every other call too. */
 CUresult cuEventRecord_ptsz(CUevent hEvent, CUstream hStream);
 CUresult cuStreamQuery_ptsz(CUstream hStream);
+CUresult cuStreamWaitEvent_ptsz(CUstream hStream, CUevent hEvent, unsigned int Flags);
 
 #define MiB (1024ull * 1024)
 #define GiB (1024ull * MiB)
@@ -292,6 +293,9 @@ static const struct lookup g_lookups[] = {
     {"cuStreamBeginCaptureToGraph", 12030, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM,
      "cuStreamBeginCaptureToGraph_ptsz"},
     {"cuCtxGetApiVersion", 12000, 0, "cuCtxGetApiVersion"},
+    {"cuStreamWaitEvent", 12000, 0, "cuStreamWaitEvent"},
+    {"cuStreamWaitEvent", 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM,
+     "cuStreamWaitEvent_ptsz"},
     /* No _ptsz variant: the plain one, flag or not. */
     {"cuStreamCreate", 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, "cuStreamCreate"},
     {"cuInit", 2000, 0, "cuInit"},
@@ -690,6 +694,260 @@ static void test_event_on_other_context(void **state)
     cuEventDestroy(ev);
 }
 
+/* ---- the timeline: units, their order, completion ------------------------------------------ */
+
+static CUstream new_stream(unsigned flags)
+{
+    CUstream s = NULL;
+    assert_int_equal(cuStreamCreate(&s, flags), CUDA_SUCCESS);
+    return s;
+}
+
+static CUevent new_event(void)
+{
+    CUevent e = NULL;
+    assert_int_equal(cuEventCreate(&e, 0), CUDA_SUCCESS);
+    return e;
+}
+
+static void test_legacy_and_blocking_order(void **state)
+{
+    (void)state;
+    CUstream blk = new_stream(0), nb = new_stream(CU_STREAM_NON_BLOCKING);
+    /* A legacy unit is after the blocking streams' earlier units, not the non-blocking ones':
+     * completing it completes them first. */
+    fake_stream_launch(blk);
+    fake_stream_launch(nb);
+    fake_stream_launch(NULL);
+    fake_stream_retire(NULL, 1);
+    assert_int_equal(fake_stream_pending(blk), 0);
+    assert_int_equal(fake_stream_pending(nb), 1);
+    /* A blocking stream's unit is after the legacy stream's earlier units. */
+    fake_stream_launch(NULL);
+    fake_stream_launch(blk);
+    fake_stream_retire(blk, 1);
+    assert_int_equal(fake_stream_pending(NULL), 0);
+    /* The legacy stream and a non-blocking stream are not ordered either way. */
+    fake_stream_launch(NULL);
+    fake_stream_retire(nb, -1);
+    assert_int_equal(fake_stream_pending(NULL), 1);
+    fake_stream_launch(nb);
+    fake_stream_retire(NULL, -1);
+    assert_int_equal(fake_stream_pending(nb), 1);
+    fake_stream_retire(nb, -1);
+    /* The order is the order of submission: a blocking unit is not after later legacy work. */
+    fake_stream_launch(blk);
+    fake_stream_launch(NULL);
+    fake_stream_retire(blk, 1);
+    assert_int_equal(fake_stream_pending(NULL), 1);
+    fake_stream_retire(NULL, -1);
+
+    /* The legacy stream is ordered with the blocking streams of its own context only. */
+    CUcontext c2;
+    assert_int_equal(cuCtxCreate(&c2, NULL, 0, 0), CUDA_SUCCESS);
+    CUstream other = new_stream(0);
+    fake_stream_launch(other);
+    assert_int_equal(cuCtxPopCurrent(NULL), CUDA_SUCCESS);
+    fake_stream_launch(NULL);
+    fake_stream_retire(NULL, -1);
+    assert_int_equal(fake_stream_pending(other), 1);
+    assert_int_equal(cuCtxDestroy(c2), CUDA_SUCCESS); /* completes its work */
+    assert_int_equal(fake_stream_pending(other), 0);
+    cuStreamDestroy(blk);
+    cuStreamDestroy(nb);
+}
+
+static void test_stream_wait_event(void **state)
+{
+    (void)state;
+    CUstream a = new_stream(CU_STREAM_NON_BLOCKING), b = new_stream(CU_STREAM_NON_BLOCKING);
+    CUevent e = new_event(), fresh = new_event();
+    fake_stream_launch(a);
+    fake_stream_launch(a);
+    assert_int_equal(cuEventRecord(e, a), CUDA_SUCCESS);
+    fake_stream_launch(a); /* after the record: not waited for */
+    assert_int_equal(cuStreamWaitEvent(b, e, 0), CUDA_SUCCESS);
+    /* The wait is enqueued on b: b is not idle until a's first two units complete. */
+    assert_int_equal(cuStreamQuery(b), CUDA_ERROR_NOT_READY);
+    fake_stream_launch(b);
+    fake_stream_retire(b, 1);
+    assert_int_equal(fake_stream_pending(a), 1);
+    assert_int_equal(cuStreamQuery(b), CUDA_SUCCESS);
+
+    /* An event never recorded orders nothing; CU_EVENT_WAIT_EXTERNAL is a valid flag. */
+    assert_int_equal(cuStreamWaitEvent(b, fresh, CU_EVENT_WAIT_EXTERNAL), CUDA_SUCCESS);
+    assert_int_equal(cuStreamQuery(b), CUDA_SUCCESS);
+    assert_int_equal(cuStreamWaitEvent(b, e, 2), CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(cuStreamWaitEvent(b, NULL, 0), CUDA_ERROR_INVALID_HANDLE);
+    assert_int_equal(cuStreamWaitEvent(b, (CUevent)a, 0), CUDA_ERROR_INVALID_HANDLE);
+    assert_int_equal(cuStreamWaitEvent((CUstream)e, e, 0), CUDA_ERROR_INVALID_HANDLE);
+    assert_int_equal(cuStreamWaitEvent((CUstream)&e, e, 0), CUDA_ERROR_INVALID_HANDLE);
+
+    /* NULL is the legacy stream, or the per-thread stream in the _ptsz form. */
+    assert_int_equal(cuEventRecord(e, a), CUDA_SUCCESS); /* a's third unit */
+    assert_int_equal(cuStreamWaitEvent(NULL, e, 0), CUDA_SUCCESS);
+    assert_int_equal(cuStreamQuery(NULL), CUDA_ERROR_NOT_READY);
+    assert_int_equal(cuStreamWaitEvent_ptsz(NULL, e, 0), CUDA_SUCCESS);
+    assert_int_equal(cuStreamQuery_ptsz(NULL), CUDA_ERROR_NOT_READY);
+    assert_int_equal(cuStreamSynchronize(NULL), CUDA_SUCCESS);
+    assert_int_equal(fake_stream_pending(a), 0);
+    assert_int_equal(cuStreamQuery_ptsz(NULL), CUDA_SUCCESS);
+
+    /* Waiting on another context's event is allowed, and orders as any other. */
+    CUcontext c2;
+    assert_int_equal(cuCtxCreate(&c2, NULL, 0, 0), CUDA_SUCCESS);
+    CUstream o = new_stream(CU_STREAM_NON_BLOCKING);
+    CUevent eo = new_event();
+    fake_stream_launch(o);
+    assert_int_equal(cuEventRecord(eo, o), CUDA_SUCCESS);
+    assert_int_equal(cuCtxPopCurrent(NULL), CUDA_SUCCESS);
+    assert_int_equal(cuStreamWaitEvent(b, eo, 0), CUDA_SUCCESS);
+    fake_stream_launch(b);
+    fake_stream_retire(b, -1);
+    assert_int_equal(fake_stream_pending(o), 0);
+    assert_int_equal(fake_calls("cuStreamWaitEvent"), 9);
+    assert_int_equal(fake_calls("cuStreamWaitEvent_ptsz"), 1);
+    assert_int_equal(cuCtxDestroy(c2), CUDA_SUCCESS);
+    cuEventDestroy(e);
+    cuEventDestroy(fresh);
+    cuStreamDestroy(a);
+    cuStreamDestroy(b);
+}
+
+static void test_events_over_waits(void **state)
+{
+    (void)state;
+    CUstream a = new_stream(CU_STREAM_NON_BLOCKING), b = new_stream(CU_STREAM_NON_BLOCKING);
+    CUevent e1 = new_event(), e2 = new_event();
+    /* An event recorded after a wait covers what was waited for, even with no unit between. */
+    fake_stream_launch(a);
+    assert_int_equal(cuEventRecord(e1, a), CUDA_SUCCESS);
+    assert_int_equal(cuStreamWaitEvent(b, e1, 0), CUDA_SUCCESS);
+    assert_int_equal(cuEventRecord(e2, b), CUDA_SUCCESS);
+    assert_int_equal(cuEventQuery(e2), CUDA_ERROR_NOT_READY);
+    fake_stream_retire(a, -1);
+    assert_int_equal(cuEventQuery(e2), CUDA_SUCCESS);
+    /* Synchronizing on it completes both streams' work. */
+    fake_stream_launch(a);
+    assert_int_equal(cuEventRecord(e1, a), CUDA_SUCCESS);
+    assert_int_equal(cuStreamWaitEvent(b, e1, 0), CUDA_SUCCESS);
+    fake_stream_launch(b);
+    assert_int_equal(cuEventRecord(e2, b), CUDA_SUCCESS);
+    assert_int_equal(cuEventSynchronize(e2), CUDA_SUCCESS);
+    assert_int_equal(fake_stream_pending(a), 0);
+    assert_int_equal(fake_stream_pending(b), 0);
+    /* A wait takes the event as it is at the wait: a later record does not move it. */
+    fake_stream_launch(a);
+    assert_int_equal(cuEventRecord(e1, a), CUDA_SUCCESS);
+    assert_int_equal(cuStreamWaitEvent(b, e1, 0), CUDA_SUCCESS);
+    fake_stream_launch(a);
+    assert_int_equal(cuEventRecord(e1, a), CUDA_SUCCESS);
+    fake_stream_launch(b);
+    fake_stream_retire(b, -1);
+    assert_int_equal(fake_stream_pending(a), 1);
+    assert_int_equal(cuEventQuery(e1), CUDA_ERROR_NOT_READY);
+    cuEventDestroy(e1);
+    cuEventDestroy(e2);
+    cuStreamDestroy(a);
+    cuStreamDestroy(b);
+}
+
+static void test_completion_cascades(void **state)
+{
+    (void)state;
+    CUstream a = new_stream(CU_STREAM_NON_BLOCKING), b = new_stream(CU_STREAM_NON_BLOCKING),
+             c = new_stream(CU_STREAM_NON_BLOCKING), blk = new_stream(0);
+    CUevent ea = new_event(), eb = new_event();
+    /* a -> b -> c: completing c's unit completes the chain, not a's later unit. */
+    fake_stream_launch(a);
+    assert_int_equal(cuEventRecord(ea, a), CUDA_SUCCESS);
+    fake_stream_launch(a);
+    assert_int_equal(cuStreamWaitEvent(b, ea, 0), CUDA_SUCCESS);
+    fake_stream_launch(b);
+    assert_int_equal(cuEventRecord(eb, b), CUDA_SUCCESS);
+    assert_int_equal(cuStreamWaitEvent(c, eb, 0), CUDA_SUCCESS);
+    fake_stream_launch(c);
+    fake_stream_launch(c);
+    fake_stream_retire(c, 1);
+    assert_int_equal(fake_stream_pending(c), 1);
+    assert_int_equal(fake_stream_pending(b), 0);
+    assert_int_equal(fake_stream_pending(a), 1);
+    /* cuStreamSynchronize completes what the stream is ordered after too. */
+    fake_stream_launch(b);
+    assert_int_equal(cuEventRecord(eb, b), CUDA_SUCCESS);
+    assert_int_equal(cuStreamWaitEvent(c, eb, 0), CUDA_SUCCESS);
+    assert_int_equal(cuStreamSynchronize(c), CUDA_SUCCESS);
+    assert_int_equal(fake_stream_pending(b), 0);
+    assert_int_equal(fake_stream_pending(c), 0);
+    assert_int_equal(fake_stream_pending(a), 1);
+    /* Through the legacy rules: legacy -> blocking stream -> event -> c. */
+    fake_stream_launch(NULL);
+    fake_stream_launch(blk);
+    assert_int_equal(cuEventRecord(eb, blk), CUDA_SUCCESS);
+    assert_int_equal(cuStreamWaitEvent(c, eb, 0), CUDA_SUCCESS);
+    fake_stream_launch(c);
+    fake_stream_retire(c, -1);
+    assert_int_equal(fake_stream_pending(NULL), 0);
+    assert_int_equal(fake_stream_pending(blk), 0);
+    assert_int_equal(fake_stream_pending(a), 1);
+    /* fake_stream_retire on a destroyed stream still cascades. */
+    assert_int_equal(cuEventRecord(ea, a), CUDA_SUCCESS);
+    assert_int_equal(cuStreamWaitEvent(b, ea, 0), CUDA_SUCCESS);
+    fake_stream_launch(b);
+    assert_int_equal(cuStreamDestroy(b), CUDA_SUCCESS);
+    fake_stream_retire(b, -1);
+    assert_int_equal(fake_stream_pending(a), 0);
+    cuEventDestroy(ea);
+    cuEventDestroy(eb);
+    cuStreamDestroy(a);
+    cuStreamDestroy(c);
+    cuStreamDestroy(blk);
+}
+
+struct ptds_worker {
+    CUcontext ctx;
+    CUevent ev;
+    CUresult rc;
+};
+
+/* Launches on its own per-thread stream, records there, and exits: the stream dies, its
+ * work stays. */
+static void *ptds_thread(void *arg)
+{
+    struct ptds_worker *w = arg;
+    w->rc = cuCtxSetCurrent(w->ctx);
+    if (w->rc == CUDA_SUCCESS && fake_stream_launch(CU_STREAM_PER_THREAD) != 0)
+        w->rc = CUDA_ERROR_UNKNOWN;
+    if (w->rc == CUDA_SUCCESS)
+        w->rc = cuEventRecord_ptsz(w->ev, NULL);
+    return NULL;
+}
+
+static void test_per_thread_streams(void **state)
+{
+    (void)state;
+    struct ptds_worker w = {.ctx = g_ctx, .ev = new_event()};
+    pthread_t t;
+    fake_stream_launch(CU_STREAM_PER_THREAD);
+    pthread_create(&t, NULL, ptds_thread, &w);
+    pthread_join(t, NULL);
+    assert_int_equal(w.rc, CUDA_SUCCESS);
+    /* Each thread has its own: this one's holds one unit, not two. */
+    assert_int_equal(fake_stream_pending(CU_STREAM_PER_THREAD), 1);
+    assert_int_equal(cuEventQuery(w.ev), CUDA_ERROR_NOT_READY);
+    /* Both are blocking: a legacy unit is after both, the dead thread's included. */
+    fake_stream_launch(NULL);
+    fake_stream_retire(NULL, 1);
+    assert_int_equal(cuEventQuery(w.ev), CUDA_SUCCESS);
+    assert_int_equal(fake_stream_pending(CU_STREAM_PER_THREAD), 0);
+    /* And a per-thread unit is after earlier legacy work. */
+    fake_stream_launch(NULL);
+    fake_stream_launch(CU_STREAM_PER_THREAD);
+    fake_stream_retire(CU_STREAM_PER_THREAD, 1);
+    assert_int_equal(fake_stream_pending(NULL), 0);
+    cuEventDestroy(w.ev);
+}
+
 /* ---- stream capture ------------------------------------------------------------------------ */
 
 static void test_capture_global_violations(void **state)
@@ -846,6 +1104,81 @@ static void test_capture_thread_local_elsewhere(void **state)
     pthread_barrier_destroy(&c.begun);
     pthread_barrier_destroy(&c.done);
     cuStreamDestroy(c.s);
+}
+
+/* Waiting on an event recorded in a capture joins the capture (a fork of the graph). */
+static void test_capture_join_by_wait(void **state)
+{
+    (void)state;
+    CUstream s = new_stream(CU_STREAM_NON_BLOCKING), t = new_stream(CU_STREAM_NON_BLOCKING),
+             u = new_stream(CU_STREAM_NON_BLOCKING);
+    CUevent e = new_event(), real = new_event();
+    CUdeviceptr keep;
+    CUgraph g = NULL;
+    CUstreamCaptureStatus st;
+    assert_int_equal(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+    assert_int_equal(cuEventRecord(e, s), CUDA_SUCCESS);
+    assert_int_equal(cuStreamWaitEvent(t, e, 0), CUDA_SUCCESS);
+    assert_int_equal(cuStreamIsCapturing(t, &st), CUDA_SUCCESS);
+    assert_int_equal(st, CU_STREAM_CAPTURE_STATUS_ACTIVE);
+    /* Work on the joined stream is captured too. */
+    assert_int_equal(fake_stream_launch(t), 0);
+    assert_int_equal(fake_stream_pending(t), 0);
+    assert_int_equal(cuStreamWaitEvent(t, e, 0), CUDA_SUCCESS); /* same sequence: nothing */
+    /* The capture ends on the stream that began it, for every stream in it. */
+    assert_int_equal(cuStreamEndCapture(t, &g), CUDA_ERROR_STREAM_CAPTURE_UNMATCHED);
+    assert_int_equal(cuStreamEndCapture(s, &g), CUDA_SUCCESS);
+    assert_non_null(g);
+    assert_int_equal(cuStreamIsCapturing(t, &st), CUDA_SUCCESS);
+    assert_int_equal(st, CU_STREAM_CAPTURE_STATUS_NONE);
+    /* An event from a capture that has ended leaves nothing to join or wait for. */
+    assert_int_equal(cuStreamWaitEvent(t, e, 0), CUDA_SUCCESS);
+    assert_int_equal(cuStreamIsCapturing(t, &st), CUDA_SUCCESS);
+    assert_int_equal(st, CU_STREAM_CAPTURE_STATUS_NONE);
+    assert_int_equal(cuStreamQuery(t), CUDA_SUCCESS);
+
+    /* A capturing stream waiting on an event recorded outside capture: nothing is added. */
+    fake_stream_launch(u);
+    assert_int_equal(cuEventRecord(real, u), CUDA_SUCCESS);
+    assert_int_equal(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+    assert_int_equal(cuStreamWaitEvent(s, real, 0), CUDA_SUCCESS);
+    assert_int_equal(cuStreamEndCapture(s, &g), CUDA_SUCCESS);
+    assert_int_equal(cuStreamQuery(s), CUDA_SUCCESS);
+    assert_int_equal(fake_stream_pending(u), 1);
+
+    /* Two capture sequences do not merge. */
+    assert_int_equal(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+    assert_int_equal(cuStreamBeginCapture(t, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+    assert_int_equal(cuEventRecord(e, s), CUDA_SUCCESS);
+    assert_int_equal(cuStreamWaitEvent(t, e, 0), CUDA_ERROR_STREAM_CAPTURE_MERGE);
+    /* The legacy stream cannot capture, so it cannot join either. */
+    assert_int_equal(cuStreamWaitEvent(NULL, e, 0), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    assert_int_equal(cuStreamEndCapture(t, &g), CUDA_SUCCESS);
+    assert_int_equal(cuStreamEndCapture(s, &g), CUDA_SUCCESS);
+
+    /* A violation invalidates the whole sequence, joined streams included. */
+    assert_int_equal(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+    assert_int_equal(cuEventRecord(e, s), CUDA_SUCCESS);
+    assert_int_equal(cuStreamWaitEvent_ptsz(t, e, 0), CUDA_SUCCESS);
+    assert_int_equal(cuMemAlloc(&keep, 64), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    assert_int_equal(cuStreamIsCapturing(t, &st), CUDA_SUCCESS);
+    assert_int_equal(st, CU_STREAM_CAPTURE_STATUS_INVALIDATED);
+    assert_int_equal(cuStreamEndCapture(s, &g), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+    assert_int_equal(cuStreamIsCapturing(t, &st), CUDA_SUCCESS);
+    assert_int_equal(st, CU_STREAM_CAPTURE_STATUS_NONE);
+
+    /* Destroying the stream that began a capture ends it for the joined ones. */
+    assert_int_equal(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+    assert_int_equal(cuEventRecord(e, s), CUDA_SUCCESS);
+    assert_int_equal(cuStreamWaitEvent(t, e, 0), CUDA_SUCCESS);
+    assert_int_equal(cuStreamDestroy(s), CUDA_SUCCESS);
+    assert_int_equal(cuStreamIsCapturing(t, &st), CUDA_SUCCESS);
+    assert_int_equal(st, CU_STREAM_CAPTURE_STATUS_NONE);
+    assert_int_equal(fake_capture_violations(), 1);
+    cuEventDestroy(e);
+    cuEventDestroy(real);
+    cuStreamDestroy(t);
+    cuStreamDestroy(u);
 }
 
 /* ---- injected failures and delays ---------------------------------------------------------- */
@@ -1016,10 +1349,16 @@ int main(void)
         T(test_per_thread_stream_is_blocking),
         T(test_synchronizing_calls),
         T(test_event_on_other_context),
+        T(test_legacy_and_blocking_order),
+        T(test_stream_wait_event),
+        T(test_events_over_waits),
+        T(test_completion_cascades),
+        T(test_per_thread_streams),
         T(test_capture_global_violations),
         T(test_capture_relaxed_and_nonblocking),
         T(test_capture_thread_local_elsewhere),
         T(test_capture_to_graph_and_stream_ctx),
+        T(test_capture_join_by_wait),
         T(test_fail_nth_and_always),
         T(test_delay),
         T(test_threads_exact_counts),
