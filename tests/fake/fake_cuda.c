@@ -2,8 +2,9 @@
  * init and teardown checks), the control API, the handle registry, devices and contexts.
  *
  * Memory and copies live in fake_mem.c, streams/events/capture in fake_stream.c, the units
- * of work, their order and completion in fake_timeline.c, the discovery paths
- * (cuGetProcAddress) and error strings in fake_proc.c. */
+ * of work, their order, completion and race check in fake_timeline.c, kernel launches, host
+ * functions and graph launches in fake_launch.c, the discovery paths (cuGetProcAddress) and
+ * error strings in fake_proc.c. */
 #include "fake_internal.h"
 
 #include <errno.h>
@@ -44,7 +45,15 @@ static atomic_long g_after_teardown;
 atomic_long fake_violations;
 
 void fake_lock(void) { pthread_mutex_lock(&g_mutex); }
-void fake_unlock(void) { pthread_mutex_unlock(&g_mutex); }
+
+/* Host functions run outside the lock, so one that calls the driver does not deadlock. */
+void fake_unlock(void)
+{
+    bool callbacks = fake_callbacks_waiting();
+    pthread_mutex_unlock(&g_mutex);
+    if (callbacks)
+        fake_run_callbacks();
+}
 
 /* A test that names an entry point the fake does not have is broken: say so loudly rather
  * than let an injection silently never fire. */
@@ -139,6 +148,7 @@ FAKE_API void fake_reset_counters(void)
         atomic_store(&g_entries[i].calls, 0);
     atomic_store(&g_after_teardown, 0);
     atomic_store(&fake_violations, 0);
+    atomic_store(&fake_race_count, 0);
 }
 
 FAKE_API long fake_calls_after_teardown(void) { return atomic_load(&g_after_teardown); }

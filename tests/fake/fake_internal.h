@@ -109,7 +109,15 @@
     X(cuStreamIsCapturing_ptsz, INIT)                                                          \
     X(cuThreadExchangeStreamCaptureMode, INIT)                                                 \
     X(cuStreamWaitEvent, INIT)                                                                 \
-    X(cuStreamWaitEvent_ptsz, INIT)
+    X(cuStreamWaitEvent_ptsz, INIT)                                                            \
+    X(cuLaunchKernel, INIT)                                                                    \
+    X(cuLaunchKernel_ptsz, INIT)                                                               \
+    X(cuLaunchKernelEx, INIT)                                                                  \
+    X(cuLaunchKernelEx_ptsz, INIT)                                                             \
+    X(cuLaunchHostFunc, INIT)                                                                  \
+    X(cuLaunchHostFunc_ptsz, INIT)                                                             \
+    X(cuGraphLaunch, INIT)                                                                     \
+    X(cuGraphLaunch_ptsz, INIT)
 
 enum fake_entry_id {
 #define FAKE_ID(name, init) ID_##name,
@@ -129,7 +137,9 @@ FAKE_HIDDEN CUresult fake_enter(enum fake_entry_id id);
             return enter_rc_;                                                                  \
     } while (0)
 
-/* One mutex guards all driver state: simple, and plenty fast next to an mmap per alloc. */
+/* One mutex guards all driver state: simple, and plenty fast next to an mmap per alloc.
+ * Releasing it runs the host functions of the units that completed meanwhile
+ * (cuLaunchHostFunc), outside the lock. */
 FAKE_HIDDEN void fake_lock(void);
 FAKE_HIDDEN void fake_unlock(void);
 
@@ -166,6 +176,12 @@ struct fake_clock_entry {
 struct fake_clock {
     size_t n, cap;
     struct fake_clock_entry *v;
+};
+
+/* Device bytes [p, p + n) that a unit touches. */
+struct fake_range {
+    CUdeviceptr p;
+    size_t n;
 };
 
 struct fake_stream {
@@ -262,7 +278,9 @@ extern FAKE_HIDDEN struct fake_device fake_devices[FAKE_MAX_DEVICES];
 extern FAKE_HIDDEN int fake_device_count;
 extern FAKE_HIDDEN long fake_live_allocs;
 extern FAKE_HIDDEN fake_ctx *fake_all_ctxs;
+/* Counters read and reset without the lock: capture violations and races. */
 extern FAKE_HIDDEN atomic_long fake_violations;
+extern FAKE_HIDDEN atomic_long fake_race_count;
 
 FAKE_HIDDEN struct fake_thread *fake_self(void);
 FAKE_HIDDEN const char *fake_entry_name(enum fake_entry_id id);
@@ -291,6 +309,11 @@ FAKE_HIDDEN CUresult fake_resolve_stream(CUstream h, bool ptsz, bool allow_destr
 FAKE_HIDDEN bool fake_blocking(const fake_stream *s);
 /* Drop a destroyed stream from its context's list once it has no pending work. */
 FAKE_HIDDEN void fake_stream_prune(fake_stream *s);
+/* May an asynchronous operation go into s now? CUDA_SUCCESS with *captured set when s
+ * captures (the operation becomes a graph node: no unit, no effect), or the error: use of
+ * the legacy stream while a blocking stream of its context captures (a violation), or an
+ * invalidated capture. */
+FAKE_HIDDEN CUresult fake_async_admit(fake_stream *s, bool *captured);
 /* Tear down what a dying context owns in streams, events and captures. */
 FAKE_HIDDEN void fake_streams_ctx_destroyed(fake_ctx *ctx);
 /* Capture rules: CUDA_SUCCESS, or the error (counted as a violation) for an unsafe call. */
@@ -299,9 +322,16 @@ FAKE_HIDDEN CUresult fake_capture_guard_ctx_sync(const fake_ctx *ctx);
 FAKE_HIDDEN void fake_thread_exit_streams(struct fake_thread *t);
 
 /* ---- the timeline (fake_timeline.c) ----------------------------------------------------- */
-/* Submit one unit of work on s for `name` (an entry point or control call). CUDA_SUCCESS,
- * or CUDA_ERROR_OUT_OF_MEMORY (nothing submitted). */
-FAKE_HIDDEN CUresult fake_submit(fake_stream *s, const char *name);
+/* Whether completed units left host functions to run (under the lock), and running them
+ * (without it: fake_unlock does both). */
+FAKE_HIDDEN bool fake_callbacks_waiting(void);
+FAKE_HIDDEN void fake_run_callbacks(void);
+
+/* Submit one unit of work on s for entry point `name`: it touches the nr ranges r and calls
+ * fn(data) when it completes (fn may be NULL). Reports the races it has with pending work.
+ * CUDA_SUCCESS, or CUDA_ERROR_OUT_OF_MEMORY (nothing submitted). */
+FAKE_HIDDEN CUresult fake_submit(fake_stream *s, const char *name, const struct fake_range *r,
+                                 int nr, CUhostFn fn, void *data);
 /* Pending units of s. */
 FAKE_HIDDEN uint64_t fake_pending(const fake_stream *s);
 /* Complete the oldest n pending units of s (n < 0: all), and all they are ordered after. */
@@ -324,8 +354,12 @@ FAKE_HIDDEN void fake_clock_complete(const struct fake_clock *c);
 FAKE_HIDDEN CUresult fake_clock_join(struct fake_clock *dst, const struct fake_clock *src);
 FAKE_HIDDEN void fake_clock_clear(struct fake_clock *c);
 FAKE_HIDDEN void fake_clock_free(struct fake_clock *c);
+/* fake_set_ignore_stream_waits: cuStreamWaitEvent orders nothing. */
+FAKE_HIDDEN bool fake_ignore_waits(void);
 
 /* ---- memory (fake_mem.c) ---------------------------------------------------------------- */
 FAKE_HIDDEN void fake_mem_ctx_destroyed(fake_ctx *ctx);
+/* CUDA_SUCCESS if the n bytes at p lie inside one live allocation, else INVALID_VALUE. */
+FAKE_HIDDEN CUresult fake_mem_span(CUdeviceptr p, size_t n);
 
 #endif

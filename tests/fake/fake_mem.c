@@ -190,6 +190,8 @@ FAKE_API CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUd
     LOCKED(address_range(pbase, psize, dptr));
 }
 
+CUresult fake_mem_span(CUdeviceptr p, size_t n) { return span(p, n); }
+
 /* ---- synchronous copies and sets: done at once, under the lock so a concurrent free cannot
  * unmap the memory halfway through. Their _ptds twins behave the same: the fake does not
  * model copies as stream work. */

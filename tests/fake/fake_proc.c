@@ -77,6 +77,10 @@ static const struct proc g_procs[] = {
     P_PTSZ(cuStreamIsCapturing),
     P(cuThreadExchangeStreamCaptureMode),
     P_PTSZ(cuStreamWaitEvent),
+    P_PTSZ(cuLaunchKernel),
+    P_PTSZ(cuLaunchKernelEx),
+    P_PTSZ(cuLaunchHostFunc),
+    P_PTSZ(cuGraphLaunch),
 };
 
 static void *resolve(const char *symbol, int version, cuuint64_t flags)

@@ -1,9 +1,9 @@
 /* Fake CUDA driver: streams, events, stream waits and stream capture.
  *
- * The ordering model. Work on a stream is a sequence of units, numbered from 1: so far, a
- * test's fake_stream_launch calls. Each unit carries a vector clock of the units it is
- * ordered after (see fake_timeline.c): its stream's previous unit and all that one was
- * after;
+ * The ordering model. Work on a stream is a sequence of units, numbered from 1: a kernel
+ * launch, a host function, a graph launch, a test's fake_stream_launch. Each unit carries a
+ * vector clock of the units it is ordered after (see fake_timeline.c): its stream's
+ * previous unit and all that one was after;
  *  - on the legacy stream, everything enqueued so far on every blocking stream of its
  *    context (created without CU_STREAM_NON_BLOCKING, per-thread streams included);
  *    non-blocking streams are left out, which is exactly the hazard a caching allocator
@@ -17,7 +17,8 @@
  *
  * Work completes only when a test retires it or a synchronizing call waits for it
  * (cuMemFree and cuCtxSynchronize for the whole context); completing a unit completes
- * everything it is ordered after first.
+ * everything it is ordered after first. Submitting a unit checks it for races against the
+ * pending work (fake_timeline.c).
  *
  * Capture. An operation on a capturing stream becomes a graph node: no unit, no effect. A
  * stream that waits on an event recorded in a capture joins that capture sequence; ending
@@ -271,6 +272,20 @@ CUresult fake_capture_guard_unsafe(void)
 CUresult fake_capture_guard_ctx_sync(const fake_ctx *ctx)
 {
     return guard(RULE_UNSAFE | RULE_CTX, NULL, ctx, CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+}
+
+CUresult fake_async_admit(fake_stream *s, bool *captured)
+{
+    *captured = false;
+    if (s->legacy) {
+        CUresult rc = guard(RULE_LEGACY, s, NULL, CUDA_ERROR_STREAM_CAPTURE_IMPLICIT);
+        if (rc != CUDA_SUCCESS)
+            return rc;
+    }
+    if (s->cap_status == CU_STREAM_CAPTURE_STATUS_INVALIDATED)
+        return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    *captured = capturing(s);
+    return CUDA_SUCCESS;
 }
 
 /* ---- contexts and threads going away ----------------------------------------------------- */
@@ -630,7 +645,7 @@ static CUresult stream_wait_event(CUstream hs, CUevent he, unsigned flags, bool 
         return join_capture(s, e->cap_seq);
     /* A capturing stream waiting on real work: nothing to add to the graph the fake does not
      * keep, and no unit of s will run until the graph is launched. */
-    if (capturing(s))
+    if (capturing(s) || fake_ignore_waits())
         return CUDA_SUCCESS;
     return fake_clock_join(&s->clock, &e->clock);
 }
@@ -821,7 +836,7 @@ FAKE_API int fake_stream_launch(CUstream stream)
     int rc = fake_resolve_stream(stream, false, false, &s) == CUDA_SUCCESS ? 0 : -1;
     /* A launch into a capturing stream is recorded into the graph, not run. */
     if (rc == 0 && !capturing(s) &&
-        fake_submit(s, "fake_stream_launch") != CUDA_SUCCESS)
+        fake_submit(s, "fake_stream_launch", NULL, 0, NULL, NULL) != CUDA_SUCCESS)
         rc = -1;
     fake_unlock();
     return rc;

@@ -1,29 +1,63 @@
 /* Fake CUDA driver: the timeline. Units of work on streams, what each is ordered after (a
- * vector clock), and their completion. The ordering model itself, which calls add what
- * order, is described at the top of fake_stream.c.
+ * vector clock), their completion, and the race check. The ordering model itself, which
+ * calls add what order, is described at the top of fake_stream.c.
  *
  * Completion. A stream's units complete in order, so a stream only counts how many have
  * completed. Completing a unit first completes everything it is ordered after, because a
  * GPU cannot finish work before the work it waits for. Units complete when a test retires
- * them or when a synchronizing call waits for them. */
+ * them or when a synchronizing call waits for them.
+ *
+ * Races. When a unit is submitted, each pending unit that touches bytes it touches and is
+ * not in its clock is a race: counted (fake_races) and reported on stderr. Touching is not
+ * split into reads and writes: two unordered units that only read the same bytes count too;
+ * a test that means to share bytes between streams orders them. */
 #include "fake_internal.h"
 
+#include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
+
+#define MAX_TOUCH 2
+
+struct fake_callback {
+    CUhostFn fn;
+    void *data;
+    struct fake_callback *next;
+};
 
 struct fake_unit {
     uint64_t seq;            /* its number on its stream, from 1 */
     const char *name;        /* the entry point (or control call) that submitted it */
     struct fake_clock after; /* what it is ordered after; its stream predecessor included */
+    struct fake_range touch[MAX_TOUCH]; /* the device bytes it touches, none empty */
+    int ntouch;
+    struct fake_callback *cb; /* cuLaunchHostFunc's function, queued when it completes */
     fake_unit *next;
 };
 
-static fake_stream *g_busy; /* streams with pending units, any context; under the lock */
+atomic_long fake_race_count;
+
+/* Under the lock: */
+static bool g_ignore_waits; /* fake_set_ignore_stream_waits */
+static fake_stream *g_busy; /* streams with pending units, any context */
+/* Host functions of completed units, in completion order, not yet run. */
+static struct fake_callback *g_callbacks, **g_callbacks_tail = &g_callbacks;
+
+bool fake_ignore_waits(void) { return g_ignore_waits; }
 
 uint64_t fake_pending(const fake_stream *s) { return s->submitted - s->completed; }
 
 /* ---- clocks ------------------------------------------------------------------------------ */
 
 static bool entry_done(const struct fake_clock_entry *e) { return e->stream->completed >= e->seq; }
+
+static uint64_t clock_get(const struct fake_clock *c, const fake_stream *s)
+{
+    for (size_t i = 0; i < c->n; i++)
+        if (c->v[i].stream == s)
+            return c->v[i].seq;
+    return 0;
+}
 
 /* Drop the entries whose units have all completed. */
 static void clock_prune(struct fake_clock *c)
@@ -112,7 +146,7 @@ static void busy_remove(fake_stream *s)
 
 /* ---- completion ---------------------------------------------------------------------------- */
 
-/* The oldest pending unit of s completes now. */
+/* The oldest pending unit of s completes now. Its host function is queued for fake_unlock. */
 static void unit_done(fake_stream *s)
 {
     fake_unit *u = s->units;
@@ -120,6 +154,11 @@ static void unit_done(fake_stream *s)
     if (!s->units)
         s->units_tail = NULL;
     s->completed = u->seq;
+    if (u->cb) {
+        u->cb->next = NULL;
+        *g_callbacks_tail = u->cb;
+        g_callbacks_tail = &u->cb->next;
+    }
     fake_clock_free(&u->after);
     free(u);
     if (!s->units) {
@@ -178,6 +217,44 @@ void fake_complete_all(void)
         complete_through(g_busy, g_busy->submitted);
 }
 
+/* ---- host functions ------------------------------------------------------------------------ */
+
+/* Held while host functions run: they run one at a time, in the order their units completed,
+ * as on the real driver's callback thread, whichever threads find them. */
+static pthread_mutex_t g_callback_mutex = PTHREAD_MUTEX_INITIALIZER;
+static _Thread_local bool t_running_callbacks;
+
+bool fake_callbacks_waiting(void) { return g_callbacks != NULL; }
+
+static struct fake_callback *callback_pop(void)
+{
+    struct fake_callback *cb = g_callbacks;
+    if (cb && !(g_callbacks = cb->next))
+        g_callbacks_tail = &g_callbacks;
+    return cb;
+}
+
+/* A host function that calls the driver comes back here through fake_unlock: the outer
+ * loop runs whatever that call completed. */
+void fake_run_callbacks(void)
+{
+    if (t_running_callbacks)
+        return;
+    t_running_callbacks = true;
+    pthread_mutex_lock(&g_callback_mutex);
+    for (;;) {
+        fake_lock();
+        struct fake_callback *cb = callback_pop();
+        fake_unlock();
+        if (!cb)
+            break;
+        cb->fn(cb->data);
+        free(cb);
+    }
+    pthread_mutex_unlock(&g_callback_mutex);
+    t_running_callbacks = false;
+}
+
 /* ---- what streams wait for ------------------------------------------------------------------ */
 
 CUresult fake_stream_snapshot(const fake_stream *s, struct fake_clock *out)
@@ -218,11 +295,70 @@ void fake_stream_drain(const fake_stream *s)
         fake_clock_complete(&b->clock);
 }
 
+/* ---- the race check ------------------------------------------------------------------------ */
+
+static const struct fake_range *overlap(const struct fake_range *r, int nr, const fake_unit *u)
+{
+    for (int i = 0; i < nr; i++)
+        for (int j = 0; j < u->ntouch; j++)
+            if (r[i].p < u->touch[j].p + u->touch[j].n && u->touch[j].p < r[i].p + r[i].n)
+                return &r[i];
+    return NULL;
+}
+
+static void report(const char *name, const fake_stream *ws, const struct fake_range *hit,
+                   const fake_stream *us, const fake_unit *u)
+{
+    atomic_fetch_add(&fake_race_count, 1);
+    fprintf(stderr,
+            "fake cuda: race: %s on stream %p touches [0x%llx,0x%llx) while %s on stream %p, "
+            "not ordered before it, still uses it\n",
+            name, (const void *)ws, (unsigned long long)hit->p,
+            (unsigned long long)(hit->p + hit->n), u->name, (const void *)us);
+}
+
+/* Every pending unit touching the ranges that `after` does not order before them is a race. */
+static void race_check(const char *name, const fake_stream *ws, const struct fake_clock *after,
+                       const struct fake_range *r, int nr)
+{
+    if (nr == 0)
+        return;
+    for (const fake_stream *x = g_busy; x; x = x->busy_next) {
+        uint64_t ordered = clock_get(after, x);
+        for (const fake_unit *u = x->units; u; u = u->next) {
+            const struct fake_range *hit = u->seq > ordered ? overlap(r, nr, u) : NULL;
+            if (hit)
+                report(name, ws, hit, x, u);
+        }
+    }
+}
+
 /* ---- submission ---------------------------------------------------------------------------- */
+
+static fake_unit *unit_new(const char *name, const struct fake_range *r, int nr, CUhostFn fn,
+                           void *data)
+{
+    fake_unit *u = calloc(1, sizeof *u);
+    if (!u)
+        return NULL;
+    if (fn) {
+        if (!(u->cb = malloc(sizeof *u->cb))) {
+            free(u);
+            return NULL;
+        }
+        *u->cb = (struct fake_callback){fn, data, NULL};
+    }
+    u->name = name;
+    for (int i = 0; i < nr && u->ntouch < MAX_TOUCH; i++)
+        if (r[i].n)
+            u->touch[u->ntouch++] = r[i];
+    return u;
+}
 
 static void unit_free(fake_unit *u)
 {
     fake_clock_free(&u->after);
+    free(u->cb);
     free(u);
 }
 
@@ -237,12 +373,12 @@ static void append(fake_stream *s, fake_unit *u)
         busy_add(s);
 }
 
-CUresult fake_submit(fake_stream *s, const char *name)
+CUresult fake_submit(fake_stream *s, const char *name, const struct fake_range *r, int nr,
+                     CUhostFn fn, void *data)
 {
-    fake_unit *u = calloc(1, sizeof *u);
+    fake_unit *u = unit_new(name, r, nr, fn, data);
     if (!u)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    u->name = name;
     /* The stream's clock becomes the unit's plus the unit itself. */
     struct fake_clock next = {0};
     if (fake_stream_snapshot(s, &u->after) != CUDA_SUCCESS ||
@@ -252,9 +388,21 @@ CUresult fake_submit(fake_stream *s, const char *name)
         unit_free(u);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
+    race_check(name, s, &u->after, u->touch, u->ntouch);
     u->seq = ++s->submitted;
     fake_clock_free(&s->clock);
     s->clock = next;
     append(s, u);
     return CUDA_SUCCESS;
 }
+
+/* ---- control API ------------------------------------------------------------------------- */
+
+FAKE_API void fake_set_ignore_stream_waits(int on)
+{
+    fake_lock();
+    g_ignore_waits = on != 0;
+    fake_unlock();
+}
+
+FAKE_API long fake_races(void) { return atomic_load(&fake_race_count); }

@@ -3,8 +3,10 @@
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
@@ -20,6 +22,15 @@
 CUresult cuEventRecord_ptsz(CUevent hEvent, CUstream hStream);
 CUresult cuStreamQuery_ptsz(CUstream hStream);
 CUresult cuStreamWaitEvent_ptsz(CUstream hStream, CUevent hEvent, unsigned int Flags);
+CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
+                             unsigned int gridDimZ, unsigned int blockDimX,
+                             unsigned int blockDimY, unsigned int blockDimZ,
+                             unsigned int sharedMemBytes, CUstream hStream, void **kernelParams,
+                             void **extra);
+CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunction f, void **kernelParams,
+                               void **extra);
+CUresult cuLaunchHostFunc_ptsz(CUstream hStream, CUhostFn fn, void *userData);
+CUresult cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream);
 
 #define MiB (1024ull * 1024)
 #define GiB (1024ull * MiB)
@@ -46,6 +57,7 @@ static int teardown(void **state)
     (void)state;
     CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
     cuThreadExchangeStreamCaptureMode(&mode);
+    fake_set_ignore_stream_waits(0);
     fake_retire_all();
     int n = 0;
     cuDeviceGetCount(&n);
@@ -293,9 +305,16 @@ static const struct lookup g_lookups[] = {
     {"cuStreamBeginCaptureToGraph", 12030, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM,
      "cuStreamBeginCaptureToGraph_ptsz"},
     {"cuCtxGetApiVersion", 12000, 0, "cuCtxGetApiVersion"},
+    {"cuLaunchKernel", 12000, 0, "cuLaunchKernel"},
+    {"cuLaunchKernel", 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM,
+     "cuLaunchKernel_ptsz"},
+    {"cuLaunchKernelEx", 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM,
+     "cuLaunchKernelEx_ptsz"},
+    {"cuLaunchHostFunc", 12000, 0, "cuLaunchHostFunc"},
     {"cuStreamWaitEvent", 12000, 0, "cuStreamWaitEvent"},
     {"cuStreamWaitEvent", 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM,
      "cuStreamWaitEvent_ptsz"},
+    {"cuGraphLaunch", 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, "cuGraphLaunch_ptsz"},
     /* No _ptsz variant: the plain one, flag or not. */
     {"cuStreamCreate", 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, "cuStreamCreate"},
     {"cuInit", 2000, 0, "cuInit"},
@@ -694,7 +713,7 @@ static void test_event_on_other_context(void **state)
     cuEventDestroy(ev);
 }
 
-/* ---- the timeline: units, their order, completion ------------------------------------------ */
+/* ---- the timeline: units, their order, completion, races ------------------------------------ */
 
 static CUstream new_stream(unsigned flags)
 {
@@ -708,6 +727,86 @@ static CUevent new_event(void)
     CUevent e = NULL;
     assert_int_equal(cuEventCreate(&e, 0), CUDA_SUCCESS);
     return e;
+}
+
+static CUdeviceptr new_mem(size_t n)
+{
+    CUdeviceptr p = 0;
+    assert_int_equal(cuMemAlloc(&p, n), CUDA_SUCCESS);
+    return p;
+}
+
+/* The fake's touch kernel over [p, p + n) on stream s. */
+static CUresult touch(CUstream s, CUdeviceptr p, size_t n)
+{
+    void *params[] = {&p, &n};
+    return cuLaunchKernel(fake_touch_kernel(), 1, 1, 1, 32, 1, 1, 0, s, params, NULL);
+}
+
+static void test_touch_kernel(void **state)
+{
+    (void)state;
+    CUstream s = new_stream(CU_STREAM_NON_BLOCKING);
+    CUdeviceptr p = new_mem(4096), bogus = 16;
+    size_t n = 4096, big = 4097, zero = 0;
+    void *params[] = {&p, &n};
+    void *too_big[] = {&p, &big};
+    void *nothing[] = {&bogus, &zero};
+    CUfunction k = fake_touch_kernel();
+    assert_non_null(k);
+    assert_ptr_equal(fake_touch_kernel(), k);
+    assert_int_equal(cuLaunchKernel(k, 2, 1, 1, 128, 1, 1, 0, s, params, NULL), CUDA_SUCCESS);
+    assert_int_equal(fake_stream_pending(s), 1);
+    assert_int_equal(cuStreamQuery(s), CUDA_ERROR_NOT_READY);
+
+    /* Refused launches add no work. */
+    assert_int_equal(cuLaunchKernel((CUfunction)(void *)&n, 1, 1, 1, 1, 1, 1, 0, s, params, NULL),
+                     CUDA_ERROR_INVALID_HANDLE);
+    assert_int_equal(cuLaunchKernel(NULL, 1, 1, 1, 1, 1, 1, 0, s, params, NULL),
+                     CUDA_ERROR_INVALID_HANDLE);
+    assert_int_equal(cuLaunchKernel(k, 1, 1, 1, 1, 1, 1, 0, s, too_big, NULL),
+                     CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(cuLaunchKernel(k, 1, 1, 1, 1, 1, 1, 0, s, NULL, NULL),
+                     CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(cuLaunchKernel(k, 0, 1, 1, 1, 1, 1, 0, s, params, NULL),
+                     CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(cuLaunchKernel(k, 1, 1, 1, 1025, 1, 1, 0, s, params, NULL),
+                     CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(cuLaunchKernel(k, 1, 1, 1, 1, 1, 1, 0, (CUstream)&n, params, NULL),
+                     CUDA_ERROR_INVALID_HANDLE);
+    assert_int_equal(fake_stream_pending(s), 1);
+    /* Zero bytes touch nothing, wherever they point. */
+    assert_int_equal(cuLaunchKernel(k, 1, 1, 1, 1, 1, 1, 0, s, nothing, NULL), CUDA_SUCCESS);
+    assert_int_equal(fake_stream_pending(s), 2);
+
+    /* cuLaunchKernelEx takes its stream from the configuration. */
+    CUlaunchConfig cfg = {.gridDimX = 4, .gridDimY = 1, .gridDimZ = 1, .blockDimX = 256,
+                          .blockDimY = 1, .blockDimZ = 1, .hStream = s};
+    assert_int_equal(cuLaunchKernelEx(&cfg, k, params, NULL), CUDA_SUCCESS);
+    assert_int_equal(fake_stream_pending(s), 3);
+    assert_int_equal(cuLaunchKernelEx(NULL, k, params, NULL), CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(cuLaunchKernelEx(&cfg, NULL, params, NULL), CUDA_ERROR_INVALID_HANDLE);
+    assert_int_equal(cuStreamSynchronize(s), CUDA_SUCCESS);
+
+    /* NULL is the legacy stream, or the per-thread stream in the _ptsz forms. */
+    cfg.hStream = NULL;
+    assert_int_equal(cuLaunchKernelEx(&cfg, k, params, NULL), CUDA_SUCCESS);
+    assert_int_equal(fake_stream_pending(CU_STREAM_LEGACY), 1);
+    assert_int_equal(cuLaunchKernelEx_ptsz(&cfg, k, params, NULL), CUDA_SUCCESS);
+    assert_int_equal(cuLaunchKernel_ptsz(k, 1, 1, 1, 1, 1, 1, 0, NULL, params, NULL),
+                     CUDA_SUCCESS);
+    assert_int_equal(touch(CU_STREAM_PER_THREAD, p, 8), CUDA_SUCCESS);
+    assert_int_equal(fake_stream_pending(CU_STREAM_PER_THREAD), 3);
+    assert_int_equal(fake_stream_pending(CU_STREAM_LEGACY), 1);
+    assert_int_equal(fake_calls("cuLaunchKernel"), 10);
+    assert_int_equal(fake_calls("cuLaunchKernel_ptsz"), 1);
+    assert_int_equal(fake_calls("cuLaunchKernelEx"), 4);
+    assert_int_equal(fake_calls("cuLaunchKernelEx_ptsz"), 1);
+    assert_int_equal(fake_races(), 0); /* all on one stream, or ordered by the legacy rules */
+    assert_int_equal(cuCtxSynchronize(), CUDA_SUCCESS);
+    assert_int_equal(fake_stream_pending(CU_STREAM_PER_THREAD), 0);
+    assert_int_equal(cuMemFree(p), CUDA_SUCCESS);
+    cuStreamDestroy(s);
 }
 
 static void test_legacy_and_blocking_order(void **state)
@@ -948,6 +1047,212 @@ static void test_per_thread_streams(void **state)
     cuEventDestroy(w.ev);
 }
 
+static void test_race_check(void **state)
+{
+    (void)state;
+    CUstream a = new_stream(CU_STREAM_NON_BLOCKING), b = new_stream(CU_STREAM_NON_BLOCKING),
+             blk = new_stream(0);
+    CUevent e = new_event();
+    CUdeviceptr p = new_mem(4096);
+    /* Overlapping bytes on two unordered streams: a race. */
+    assert_int_equal(touch(a, p, 1024), CUDA_SUCCESS);
+    assert_int_equal(touch(b, p + 512, 16), CUDA_SUCCESS);
+    assert_int_equal(fake_races(), 1);
+    /* Disjoint bytes: none. */
+    assert_int_equal(touch(b, p + 2048, 16), CUDA_SUCCESS);
+    assert_int_equal(fake_races(), 1);
+    fake_retire_all();
+    fake_reset_counters();
+    assert_int_equal(fake_races(), 0);
+
+    /* One stream is ordered; so are streams joined by an event wait. */
+    assert_int_equal(touch(a, p, 4096), CUDA_SUCCESS);
+    assert_int_equal(touch(a, p, 4096), CUDA_SUCCESS);
+    assert_int_equal(cuEventRecord(e, a), CUDA_SUCCESS);
+    assert_int_equal(cuStreamWaitEvent(b, e, 0), CUDA_SUCCESS);
+    assert_int_equal(touch(b, p, 4096), CUDA_SUCCESS);
+    assert_int_equal(fake_races(), 0);
+    /* ... but work submitted on a after the record is not ordered before b's. */
+    assert_int_equal(touch(a, p, 1), CUDA_SUCCESS);
+    assert_int_equal(fake_races(), 1);
+    /* Completed work is no race. */
+    fake_retire_all();
+    assert_int_equal(touch(b, p, 4096), CUDA_SUCCESS);
+    assert_int_equal(fake_races(), 1);
+    fake_retire_all();
+    fake_reset_counters();
+
+    /* The legacy stream and blocking streams are ordered; a non-blocking stream is not. */
+    assert_int_equal(touch(blk, p, 64), CUDA_SUCCESS);
+    assert_int_equal(touch(NULL, p, 64), CUDA_SUCCESS);
+    assert_int_equal(touch(blk, p, 64), CUDA_SUCCESS);
+    assert_int_equal(fake_races(), 0);
+    assert_int_equal(touch(b, p + 63, 1), CUDA_SUCCESS);
+    assert_int_equal(fake_races(), 3);
+    fake_retire_all();
+
+    /* cuMemFree waits for the context's work: nothing is left touching freed memory. */
+    assert_int_equal(touch(a, p, 64), CUDA_SUCCESS);
+    assert_int_equal(cuMemFree(p), CUDA_SUCCESS);
+    assert_int_equal(fake_stream_pending(a), 0);
+    assert_int_equal(fake_races(), 3);
+    cuEventDestroy(e);
+    cuStreamDestroy(a);
+    cuStreamDestroy(b);
+    cuStreamDestroy(blk);
+}
+
+/* What the fake writes on stderr while fn runs. */
+static void capture_stderr(void (*fn)(void *), void *arg, char *out, size_t len)
+{
+    FILE *tmp = tmpfile();
+    assert_non_null(tmp);
+    fflush(stderr);
+    int saved = dup(2);
+    dup2(fileno(tmp), 2);
+    fn(arg);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    rewind(tmp);
+    size_t n = fread(out, 1, len - 1, tmp);
+    out[n] = '\0';
+    fclose(tmp);
+}
+
+struct race_setup {
+    CUstream a, b;
+    CUdeviceptr p;
+};
+
+static void race_two_streams(void *arg)
+{
+    struct race_setup *r = arg;
+    touch(r->a, r->p, 64);
+    touch(r->b, r->p + 8, 8);
+}
+
+static void test_race_report(void **state)
+{
+    (void)state;
+    struct race_setup r = {new_stream(CU_STREAM_NON_BLOCKING),
+                           new_stream(CU_STREAM_NON_BLOCKING), new_mem(64)};
+    char got[1024], want[1024];
+    capture_stderr(race_two_streams, &r, got, sizeof got);
+    snprintf(want, sizeof want,
+             "fake cuda: race: cuLaunchKernel on stream %p touches [0x%llx,0x%llx) while "
+             "cuLaunchKernel on stream %p, not ordered before it, still uses it\n",
+             (void *)r.b, (unsigned long long)r.p + 8, (unsigned long long)r.p + 16,
+             (void *)r.a);
+    assert_string_equal(got, want);
+    assert_int_equal(fake_races(), 1);
+    cuMemFree(r.p);
+    cuStreamDestroy(r.a);
+    cuStreamDestroy(r.b);
+}
+
+/* The switch that breaks cuStreamWaitEvent makes the ordered case above a race. */
+static void test_ignore_stream_waits(void **state)
+{
+    (void)state;
+    CUstream a = new_stream(CU_STREAM_NON_BLOCKING), b = new_stream(CU_STREAM_NON_BLOCKING);
+    CUevent e = new_event();
+    CUdeviceptr p = new_mem(64);
+    for (int ignore = 0; ignore <= 1; ignore++) {
+        fake_set_ignore_stream_waits(ignore);
+        assert_int_equal(touch(a, p, 64), CUDA_SUCCESS);
+        assert_int_equal(cuEventRecord(e, a), CUDA_SUCCESS);
+        assert_int_equal(cuStreamWaitEvent(b, e, 0), CUDA_SUCCESS);
+        assert_int_equal(touch(b, p, 64), CUDA_SUCCESS);
+        assert_int_equal(fake_races(), ignore);
+        /* Without the wait, completing b leaves a's kernel running. */
+        fake_stream_retire(b, -1);
+        assert_int_equal(fake_stream_pending(a), ignore);
+        fake_retire_all();
+    }
+    fake_set_ignore_stream_waits(0);
+    cuMemFree(p);
+    cuEventDestroy(e);
+    cuStreamDestroy(a);
+    cuStreamDestroy(b);
+}
+
+struct host_calls {
+    int n;
+    CUstream query; /* if set, the function calls cuStreamQuery on it */
+    CUresult rc;
+};
+
+static void host_fn(void *data)
+{
+    struct host_calls *h = data;
+    h->n++;
+    if (h->query)
+        h->rc = cuStreamQuery(h->query);
+}
+
+static void test_host_functions(void **state)
+{
+    (void)state;
+    CUstream a = new_stream(CU_STREAM_NON_BLOCKING), b = new_stream(CU_STREAM_NON_BLOCKING);
+    CUevent e = new_event();
+    struct host_calls h = {0};
+    /* Called when its unit completes, not before. */
+    assert_int_equal(cuLaunchHostFunc(a, host_fn, &h), CUDA_SUCCESS);
+    assert_int_equal(fake_stream_pending(a), 1);
+    assert_int_equal(h.n, 0);
+    fake_stream_retire(a, 1);
+    assert_int_equal(h.n, 1);
+    /* Outside the driver lock: it may call the driver. */
+    h.query = a;
+    assert_int_equal(cuLaunchHostFunc(a, host_fn, &h), CUDA_SUCCESS);
+    fake_stream_launch(a);
+    fake_stream_retire(a, 1);
+    assert_int_equal(h.n, 2);
+    assert_int_equal(h.rc, CUDA_ERROR_NOT_READY);
+    fake_stream_retire(a, -1);
+    h.query = NULL;
+    /* Completed because other work is ordered after it. */
+    assert_int_equal(cuLaunchHostFunc(a, host_fn, &h), CUDA_SUCCESS);
+    assert_int_equal(cuEventRecord(e, a), CUDA_SUCCESS);
+    assert_int_equal(cuStreamWaitEvent(b, e, 0), CUDA_SUCCESS);
+    fake_stream_launch(b);
+    assert_int_equal(cuStreamSynchronize(b), CUDA_SUCCESS);
+    assert_int_equal(h.n, 3);
+    /* NULL is the per-thread stream in the _ptsz form. */
+    assert_int_equal(cuLaunchHostFunc_ptsz(NULL, host_fn, &h), CUDA_SUCCESS);
+    assert_int_equal(fake_stream_pending(CU_STREAM_PER_THREAD), 1);
+    assert_int_equal(cuLaunchHostFunc(NULL, host_fn, &h), CUDA_SUCCESS);
+    assert_int_equal(fake_stream_pending(NULL), 1);
+    assert_int_equal(cuLaunchHostFunc(a, NULL, &h), CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(cuLaunchHostFunc((CUstream)&h, host_fn, &h), CUDA_ERROR_INVALID_HANDLE);
+    fake_retire_all();
+    assert_int_equal(h.n, 5);
+    cuEventDestroy(e);
+    cuStreamDestroy(a);
+    cuStreamDestroy(b);
+}
+
+static void test_graph_launch(void **state)
+{
+    (void)state;
+    CUstream s = new_stream(CU_STREAM_NON_BLOCKING);
+    CUgraphExec g = (CUgraphExec)(uintptr_t)0x1234;
+    assert_int_equal(cuGraphLaunch(NULL, s), CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(cuGraphLaunch(g, (CUstream)&g), CUDA_ERROR_INVALID_HANDLE);
+    assert_int_equal(cuGraphLaunch(g, s), CUDA_SUCCESS);
+    assert_int_equal(fake_stream_pending(s), 1);
+    assert_int_equal(cuGraphLaunch(g, NULL), CUDA_SUCCESS);
+    assert_int_equal(fake_stream_pending(NULL), 1);
+    assert_int_equal(cuGraphLaunch_ptsz(g, NULL), CUDA_SUCCESS);
+    assert_int_equal(fake_stream_pending(CU_STREAM_PER_THREAD), 1);
+    assert_int_equal(fake_calls("cuGraphLaunch"), 4);
+    assert_int_equal(fake_calls("cuGraphLaunch_ptsz"), 1);
+    assert_int_equal(cuCtxSynchronize(), CUDA_SUCCESS);
+    assert_int_equal(fake_stream_pending(s), 0);
+    cuStreamDestroy(s);
+}
+
 /* ---- stream capture ------------------------------------------------------------------------ */
 
 static void test_capture_global_violations(void **state)
@@ -1106,6 +1411,40 @@ static void test_capture_thread_local_elsewhere(void **state)
     cuStreamDestroy(c.s);
 }
 
+/* Work for a capturing stream becomes graph nodes: no unit, no effect, no host call. */
+static void test_capture_new_entry_points(void **state)
+{
+    (void)state;
+    CUstream s = new_stream(0);
+    CUdeviceptr p = new_mem(64);
+    struct host_calls h = {0};
+    CUgraph g = NULL;
+    CUgraphExec exec = (CUgraphExec)(uintptr_t)0x1234;
+    CUstreamCaptureStatus st;
+    assert_int_equal(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+    assert_int_equal(touch(s, p, 64), CUDA_SUCCESS);
+    assert_int_equal(cuLaunchHostFunc(s, host_fn, &h), CUDA_SUCCESS);
+    assert_int_equal(cuGraphLaunch(exec, s), CUDA_SUCCESS);
+    /* Arguments are still checked. */
+    assert_int_equal(touch(s, p, 65), CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(fake_stream_pending(s), 0);
+    assert_int_equal(fake_capture_violations(), 0);
+
+    /* The legacy stream may not be used meanwhile (an implicit dependency on the capture). */
+    assert_int_equal(touch(NULL, p, 64), CUDA_ERROR_STREAM_CAPTURE_IMPLICIT);
+    assert_int_equal(fake_capture_violations(), 1);
+    assert_int_equal(cuStreamIsCapturing(s, &st), CUDA_SUCCESS);
+    assert_int_equal(st, CU_STREAM_CAPTURE_STATUS_INVALIDATED);
+    /* An invalidated capture takes no more work. */
+    assert_int_equal(touch(s, p, 64), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+    assert_int_equal(cuStreamEndCapture(s, &g), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+    fake_retire_all();
+    assert_int_equal(h.n, 0);
+    assert_int_equal(fake_races(), 0);
+    cuMemFree(p);
+    cuStreamDestroy(s);
+}
+
 /* Waiting on an event recorded in a capture joins the capture (a fork of the graph). */
 static void test_capture_join_by_wait(void **state)
 {
@@ -1113,7 +1452,7 @@ static void test_capture_join_by_wait(void **state)
     CUstream s = new_stream(CU_STREAM_NON_BLOCKING), t = new_stream(CU_STREAM_NON_BLOCKING),
              u = new_stream(CU_STREAM_NON_BLOCKING);
     CUevent e = new_event(), real = new_event();
-    CUdeviceptr keep;
+    CUdeviceptr p = new_mem(64), keep;
     CUgraph g = NULL;
     CUstreamCaptureStatus st;
     assert_int_equal(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
@@ -1122,6 +1461,7 @@ static void test_capture_join_by_wait(void **state)
     assert_int_equal(cuStreamIsCapturing(t, &st), CUDA_SUCCESS);
     assert_int_equal(st, CU_STREAM_CAPTURE_STATUS_ACTIVE);
     /* Work on the joined stream is captured too. */
+    assert_int_equal(touch(t, p, 64), CUDA_SUCCESS);
     assert_int_equal(fake_stream_launch(t), 0);
     assert_int_equal(fake_stream_pending(t), 0);
     assert_int_equal(cuStreamWaitEvent(t, e, 0), CUDA_SUCCESS); /* same sequence: nothing */
@@ -1175,6 +1515,7 @@ static void test_capture_join_by_wait(void **state)
     assert_int_equal(cuStreamIsCapturing(t, &st), CUDA_SUCCESS);
     assert_int_equal(st, CU_STREAM_CAPTURE_STATUS_NONE);
     assert_int_equal(fake_capture_violations(), 1);
+    cuMemFree(p);
     cuEventDestroy(e);
     cuEventDestroy(real);
     cuStreamDestroy(t);
@@ -1243,6 +1584,105 @@ static void test_delay(void **state)
     assert_true(now_ns() - t0 >= 3000000);
     fake_set_delay_ns("cuDriverGetVersion", 0);
     assert_int_equal(cuDriverGetVersion(&v), CUDA_SUCCESS);
+}
+
+/* ---- injected failures of the work entry points ---- */
+
+struct work_env {
+    CUstream s;
+    CUdeviceptr p;
+    CUevent e;
+    struct host_calls h;
+};
+
+static CUresult w_launch(struct work_env *v) { return touch(v->s, v->p, 64); }
+static CUresult w_launch_ptsz(struct work_env *v)
+{
+    size_t n = 64;
+    void *params[] = {&v->p, &n};
+    return cuLaunchKernel_ptsz(fake_touch_kernel(), 1, 1, 1, 1, 1, 1, 0, v->s, params, NULL);
+}
+static CUresult launch_ex(struct work_env *v, bool ptsz)
+{
+    size_t n = 64;
+    void *params[] = {&v->p, &n};
+    CUlaunchConfig cfg = {.gridDimX = 1, .gridDimY = 1, .gridDimZ = 1, .blockDimX = 1,
+                          .blockDimY = 1, .blockDimZ = 1, .hStream = v->s};
+    return ptsz ? cuLaunchKernelEx_ptsz(&cfg, fake_touch_kernel(), params, NULL)
+                : cuLaunchKernelEx(&cfg, fake_touch_kernel(), params, NULL);
+}
+static CUresult w_launch_ex(struct work_env *v) { return launch_ex(v, false); }
+static CUresult w_launch_ex_ptsz(struct work_env *v) { return launch_ex(v, true); }
+static CUresult w_host(struct work_env *v) { return cuLaunchHostFunc(v->s, host_fn, &v->h); }
+static CUresult w_host_ptsz(struct work_env *v)
+{
+    return cuLaunchHostFunc_ptsz(v->s, host_fn, &v->h);
+}
+static CUresult w_wait(struct work_env *v) { return cuStreamWaitEvent(v->s, v->e, 0); }
+static CUresult w_wait_ptsz(struct work_env *v) { return cuStreamWaitEvent_ptsz(v->s, v->e, 0); }
+static CUresult w_graph(struct work_env *v) { return cuGraphLaunch((CUgraphExec)v, v->s); }
+static CUresult w_graph_ptsz(struct work_env *v)
+{
+    return cuGraphLaunch_ptsz((CUgraphExec)v, v->s);
+}
+
+static const struct {
+    const char *name;
+    CUresult (*call)(struct work_env *);
+    int units; /* units a successful call adds */
+} g_work_entries[] = {
+    {"cuLaunchKernel", w_launch, 1},
+    {"cuLaunchKernel_ptsz", w_launch_ptsz, 1},
+    {"cuLaunchKernelEx", w_launch_ex, 1},
+    {"cuLaunchKernelEx_ptsz", w_launch_ex_ptsz, 1},
+    {"cuLaunchHostFunc", w_host, 1},
+    {"cuLaunchHostFunc_ptsz", w_host_ptsz, 1},
+    {"cuStreamWaitEvent", w_wait, 0},
+    {"cuStreamWaitEvent_ptsz", w_wait_ptsz, 0},
+    {"cuGraphLaunch", w_graph, 1},
+    {"cuGraphLaunch_ptsz", w_graph_ptsz, 1},
+};
+
+/* Every new entry point can be made to fail (doing nothing), counts its calls, and is what
+ * dlsym and fake_real_symbol find. */
+static void test_work_entries_fail_and_count(void **state)
+{
+    (void)state;
+    struct work_env v = {.s = new_stream(CU_STREAM_NON_BLOCKING), .p = new_mem(64)};
+    size_t n = sizeof g_work_entries / sizeof g_work_entries[0];
+    v.e = new_event();
+    fake_stream_launch(v.s);
+    assert_int_equal(cuEventRecord(v.e, v.s), CUDA_SUCCESS);
+    fake_stream_retire(v.s, -1);
+    for (size_t i = 0; i < n; i++) {
+        assert_non_null(fake_real_symbol(g_work_entries[i].name));
+        fake_fail_nth(g_work_entries[i].name, 1, CUDA_ERROR_LAUNCH_FAILED);
+    }
+    for (size_t i = 0; i < n; i++)
+        if (g_work_entries[i].call(&v) != CUDA_ERROR_LAUNCH_FAILED)
+            fail_msg("%s did not fail", g_work_entries[i].name);
+    assert_int_equal(fake_stream_pending(v.s), 0);
+    int units = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (g_work_entries[i].call(&v) != CUDA_SUCCESS)
+            fail_msg("%s failed twice", g_work_entries[i].name);
+        units += g_work_entries[i].units;
+        assert_int_equal(fake_calls(g_work_entries[i].name), 2);
+    }
+    assert_int_equal(fake_stream_pending(v.s), units);
+    assert_int_equal(fake_races(), 0);
+
+    /* And can be slowed down. */
+    fake_set_delay_ns("cuStreamWaitEvent", 2000000);
+    uint64_t t0 = now_ns();
+    assert_int_equal(cuStreamWaitEvent(v.s, v.e, 0), CUDA_SUCCESS);
+    assert_true(now_ns() - t0 >= 2000000);
+    fake_set_delay_ns("cuStreamWaitEvent", 0);
+    fake_retire_all();
+    assert_int_equal(v.h.n, 2);
+    cuMemFree(v.p);
+    cuEventDestroy(v.e);
+    cuStreamDestroy(v.s);
 }
 
 /* ---- threads ------------------------------------------------------------------------------- */
@@ -1349,18 +1789,26 @@ int main(void)
         T(test_per_thread_stream_is_blocking),
         T(test_synchronizing_calls),
         T(test_event_on_other_context),
+        T(test_touch_kernel),
         T(test_legacy_and_blocking_order),
         T(test_stream_wait_event),
         T(test_events_over_waits),
         T(test_completion_cascades),
         T(test_per_thread_streams),
+        T(test_race_check),
+        T(test_race_report),
+        T(test_ignore_stream_waits),
+        T(test_host_functions),
+        T(test_graph_launch),
         T(test_capture_global_violations),
         T(test_capture_relaxed_and_nonblocking),
         T(test_capture_thread_local_elsewhere),
         T(test_capture_to_graph_and_stream_ctx),
+        T(test_capture_new_entry_points),
         T(test_capture_join_by_wait),
         T(test_fail_nth_and_always),
         T(test_delay),
+        T(test_work_entries_fail_and_count),
         T(test_threads_exact_counts),
     };
 #undef T
