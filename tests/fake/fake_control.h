@@ -25,12 +25,14 @@ long fake_live_allocations(void);
 
 /* --- work on streams --------------------------------------------------------------------- */
 /* Work on a stream is a sequence of units: this call's, and those of the driver calls that
- * enqueue work (kernel launches, host functions, graph launches). Units complete in order,
- * each only after everything it is ordered after: its stream's earlier units, the legacy
- * stream's rules with blocking streams, and the events its stream waited for
- * (cuStreamWaitEvent). See the top of fake_stream.c. (Fake: a cuLaunchHostFunc function runs
- * when its unit completes, outside the driver lock, before the driver or control call that
- * completed it returns; one at a time, in completion order.) */
+ * enqueue work (kernel launches, host functions, graph launches, asynchronous copies and
+ * memsets; the synchronous copies and memsets are units on the legacy stream that complete
+ * before they return). Units complete in order, each only after everything it is ordered
+ * after: its stream's earlier units, the legacy stream's rules with blocking streams, and
+ * the events its stream waited for (cuStreamWaitEvent). See the top of fake_stream.c. (Fake:
+ * a cuLaunchHostFunc function runs when its unit completes, outside the driver lock, before
+ * the driver or control call that completed it returns; one at a time, in completion
+ * order.) */
 /* Enqueue one unit of pending "kernel" work, touching no memory, on a stream (NULL,
  * CU_STREAM_LEGACY, CU_STREAM_PER_THREAD or a created stream), as a launch would. It
  * completes only when the test says so. Returns 0, or -1 for an unknown stream. (Fake: NULL
@@ -53,8 +55,9 @@ CUfunction fake_touch_kernel(void);
 
 /* --- the race check ----------------------------------------------------------------------- */
 /* Races so far: each pending unit that touches bytes a newly submitted unit touches without
- * being ordered before it. Each is also reported on stderr as "fake cuda: race: ...",
- * naming both entry points and streams. Reset by fake_reset_counters. (Addition to the
+ * being ordered before it, and each pending unit that touches device bytes a synchronous
+ * copy or memset touches from the host. Each is also reported on stderr as "fake cuda: race:
+ * ...", naming both entry points and streams. Reset by fake_reset_counters. (Addition to the
  * original API.) */
 long fake_races(void);
 /* Unsafe, to prove the race check can fail: while on, cuStreamWaitEvent returns

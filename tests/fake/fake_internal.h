@@ -117,7 +117,15 @@
     X(cuLaunchHostFunc, INIT)                                                                  \
     X(cuLaunchHostFunc_ptsz, INIT)                                                             \
     X(cuGraphLaunch, INIT)                                                                     \
-    X(cuGraphLaunch_ptsz, INIT)
+    X(cuGraphLaunch_ptsz, INIT)                                                                \
+    X(cuMemsetD8Async, INIT)                                                                   \
+    X(cuMemsetD8Async_ptsz, INIT)                                                              \
+    X(cuMemcpyHtoDAsync_v2, INIT)                                                              \
+    X(cuMemcpyHtoDAsync_v2_ptsz, INIT)                                                         \
+    X(cuMemcpyDtoHAsync_v2, INIT)                                                              \
+    X(cuMemcpyDtoHAsync_v2_ptsz, INIT)                                                         \
+    X(cuMemcpyDtoDAsync_v2, INIT)                                                              \
+    X(cuMemcpyDtoDAsync_v2_ptsz, INIT)
 
 enum fake_entry_id {
 #define FAKE_ID(name, init) ID_##name,
@@ -314,6 +322,9 @@ FAKE_HIDDEN void fake_stream_prune(fake_stream *s);
  * the legacy stream while a blocking stream of its context captures (a violation), or an
  * invalidated capture. */
 FAKE_HIDDEN CUresult fake_async_admit(fake_stream *s, bool *captured);
+/* The stream a synchronous copy or memset runs on (the legacy stream, or the per-thread one
+ * for the _ptds forms), after the capture rules for a call that waits for it. */
+FAKE_HIDDEN CUresult fake_sync_stream(bool ptds, fake_stream **out);
 /* Tear down what a dying context owns in streams, events and captures. */
 FAKE_HIDDEN void fake_streams_ctx_destroyed(fake_ctx *ctx);
 /* Capture rules: CUDA_SUCCESS, or the error (counted as a violation) for an unsafe call. */
@@ -332,6 +343,11 @@ FAKE_HIDDEN void fake_run_callbacks(void);
  * CUDA_SUCCESS, or CUDA_ERROR_OUT_OF_MEMORY (nothing submitted). */
 FAKE_HIDDEN CUresult fake_submit(fake_stream *s, const char *name, const struct fake_range *r,
                                  int nr, CUhostFn fn, void *data);
+/* A synchronous operation on s: one unit that completes, with all it is ordered after,
+ * before the call returns; then the host touches the ranges, a race with any unit that
+ * still touches them. */
+FAKE_HIDDEN CUresult fake_submit_sync(fake_stream *s, const char *name,
+                                      const struct fake_range *r, int nr);
 /* Pending units of s. */
 FAKE_HIDDEN uint64_t fake_pending(const fake_stream *s);
 /* Complete the oldest n pending units of s (n < 0: all), and all they are ordered after. */

@@ -1,9 +1,11 @@
 /* Fake CUDA driver: streams, events, stream waits and stream capture.
  *
  * The ordering model. Work on a stream is a sequence of units, numbered from 1: a kernel
- * launch, a host function, a graph launch, a test's fake_stream_launch. Each unit carries a
- * vector clock of the units it is ordered after (see fake_timeline.c): its stream's
- * previous unit and all that one was after;
+ * launch, an asynchronous copy or memset, a host function, a graph launch, a test's
+ * fake_stream_launch, and the synchronous copies and memsets, which are units on the legacy
+ * stream (the per-thread stream for their _ptds forms) that complete before the call
+ * returns. Each unit carries a vector clock of the units it is ordered after (see
+ * fake_timeline.c): its stream's previous unit and all that one was after;
  *  - on the legacy stream, everything enqueued so far on every blocking stream of its
  *    context (created without CU_STREAM_NON_BLOCKING, per-thread streams included);
  *    non-blocking streams are left out, which is exactly the hazard a caching allocator
@@ -286,6 +288,16 @@ CUresult fake_async_admit(fake_stream *s, bool *captured)
         return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
     *captured = capturing(s);
     return CUDA_SUCCESS;
+}
+
+/* A synchronous copy waits for its stream like cuStreamSynchronize, so the same rules apply,
+ * except that it is not one of the "potentially unsafe" calls. */
+CUresult fake_sync_stream(bool ptds, fake_stream **out)
+{
+    CUresult rc = fake_resolve_stream(NULL, ptds, false, out);
+    if (rc == CUDA_SUCCESS)
+        rc = guard(RULE_LEGACY | RULE_TARGET, *out, NULL, CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    return rc;
 }
 
 /* ---- contexts and threads going away ----------------------------------------------------- */

@@ -8,9 +8,13 @@
  * them or when a synchronizing call waits for them.
  *
  * Races. When a unit is submitted, each pending unit that touches bytes it touches and is
- * not in its clock is a race: counted (fake_races) and reported on stderr. Touching is not
- * split into reads and writes: two unordered units that only read the same bytes count too;
- * a test that means to share bytes between streams orders them. */
+ * not in its clock is a race: counted (fake_races) and reported on stderr. A synchronous
+ * copy or memset is a unit that completes before the call returns, followed by the host's
+ * own access to the device bytes: every unit still pending that touches them is a race. For
+ * such a call the two checks would find the same units, so only the host access is checked
+ * and each race counts once. Touching is not split into reads and writes: two unordered
+ * units that only read the same bytes count too; a test that means to share bytes between
+ * streams orders them. */
 #include "fake_internal.h"
 
 #include <pthread.h>
@@ -310,21 +314,25 @@ static void report(const char *name, const fake_stream *ws, const struct fake_ra
                    const fake_stream *us, const fake_unit *u)
 {
     atomic_fetch_add(&fake_race_count, 1);
+    char where[64] = "on the host";
+    if (ws)
+        snprintf(where, sizeof where, "on stream %p", (const void *)ws);
     fprintf(stderr,
-            "fake cuda: race: %s on stream %p touches [0x%llx,0x%llx) while %s on stream %p, "
-            "not ordered before it, still uses it\n",
-            name, (const void *)ws, (unsigned long long)hit->p,
-            (unsigned long long)(hit->p + hit->n), u->name, (const void *)us);
+            "fake cuda: race: %s %s touches [0x%llx,0x%llx) while %s on stream %p, not "
+            "ordered before it, still uses it\n",
+            name, where, (unsigned long long)hit->p, (unsigned long long)(hit->p + hit->n),
+            u->name, (const void *)us);
 }
 
-/* Every pending unit touching the ranges that `after` does not order before them is a race. */
+/* Every pending unit touching the ranges that `after` does not order before them is a race;
+ * ws NULL: the host touches them, ordered after nothing still pending. */
 static void race_check(const char *name, const fake_stream *ws, const struct fake_clock *after,
                        const struct fake_range *r, int nr)
 {
     if (nr == 0)
         return;
     for (const fake_stream *x = g_busy; x; x = x->busy_next) {
-        uint64_t ordered = clock_get(after, x);
+        uint64_t ordered = after ? clock_get(after, x) : 0;
         for (const fake_unit *u = x->units; u; u = u->next) {
             const struct fake_range *hit = u->seq > ordered ? overlap(r, nr, u) : NULL;
             if (hit)
@@ -394,6 +402,21 @@ CUresult fake_submit(fake_stream *s, const char *name, const struct fake_range *
     s->clock = next;
     append(s, u);
     return CUDA_SUCCESS;
+}
+
+CUresult fake_submit_sync(fake_stream *s, const char *name, const struct fake_range *r, int nr)
+{
+    struct fake_clock c = {0};
+    CUresult rc = fake_stream_snapshot(s, &c);
+    if (rc == CUDA_SUCCESS) {
+        fake_clock_complete(&c);
+        /* The unit itself: numbered, and complete at once; s has nothing pending now. */
+        s->submitted++;
+        s->completed++;
+        race_check(name, NULL, NULL, r, nr);
+    }
+    fake_clock_free(&c);
+    return rc;
 }
 
 /* ---- control API ------------------------------------------------------------------------- */

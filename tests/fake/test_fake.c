@@ -31,6 +31,16 @@ CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunction f, void 
                                void **extra);
 CUresult cuLaunchHostFunc_ptsz(CUstream hStream, CUhostFn fn, void *userData);
 CUresult cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream);
+CUresult cuMemsetD8Async_ptsz(CUdeviceptr dstDevice, unsigned char uc, size_t N,
+                              CUstream hStream);
+CUresult cuMemcpyHtoDAsync_v2_ptsz(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount,
+                                   CUstream hStream);
+CUresult cuMemcpyDtoHAsync_v2_ptsz(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount,
+                                   CUstream hStream);
+CUresult cuMemcpyDtoDAsync_v2_ptsz(CUdeviceptr dstDevice, CUdeviceptr srcDevice,
+                                   size_t ByteCount, CUstream hStream);
+CUresult cuMemsetD8_v2_ptds(CUdeviceptr dstDevice, unsigned char uc, size_t N);
+CUresult cuMemcpyDtoH_v2_ptds(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount);
 
 #define MiB (1024ull * 1024)
 #define GiB (1024ull * MiB)
@@ -315,6 +325,12 @@ static const struct lookup g_lookups[] = {
     {"cuStreamWaitEvent", 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM,
      "cuStreamWaitEvent_ptsz"},
     {"cuGraphLaunch", 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, "cuGraphLaunch_ptsz"},
+    {"cuMemsetD8Async", 12000, 0, "cuMemsetD8Async"},
+    {"cuMemcpyHtoDAsync", 12000, 0, "cuMemcpyHtoDAsync_v2"},
+    {"cuMemcpyDtoHAsync", 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM,
+     "cuMemcpyDtoHAsync_v2_ptsz"},
+    {"cuMemcpyDtoDAsync", 12000, 0, "cuMemcpyDtoDAsync_v2"},
+    {"cuMemcpyDtoDAsync", 3010, 0, NULL}, /* the v1 form is not in the fake */
     /* No _ptsz variant: the plain one, flag or not. */
     {"cuStreamCreate", 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, "cuStreamCreate"},
     {"cuInit", 2000, 0, "cuInit"},
@@ -809,6 +825,90 @@ static void test_touch_kernel(void **state)
     cuStreamDestroy(s);
 }
 
+static void test_async_copies_and_memsets(void **state)
+{
+    (void)state;
+    CUstream s = new_stream(CU_STREAM_NON_BLOCKING);
+    CUdeviceptr p = new_mem(256), q = new_mem(256);
+    unsigned char in[256], out[256];
+    memset(in, 7, sizeof in);
+    memset(out, 0, sizeof out);
+    assert_int_equal(cuMemsetD8Async(p, 0x33, 256, s), CUDA_SUCCESS);
+    assert_int_equal(cuMemcpyHtoDAsync(q, in, 128, s), CUDA_SUCCESS);
+    assert_int_equal(cuMemcpyDtoDAsync(p + 128, q, 128, s), CUDA_SUCCESS);
+    assert_int_equal(cuMemcpyDtoHAsync(out, p, 256, s), CUDA_SUCCESS);
+    assert_int_equal(fake_stream_pending(s), 4);
+    /* The fake moves the bytes at submission. */
+    assert_int_equal(out[0], 0x33);
+    assert_int_equal(out[127], 0x33);
+    assert_int_equal(out[128], 7);
+    assert_int_equal(out[255], 7);
+
+    /* Ranges are checked as for the synchronous calls; a refused call adds no work. */
+    assert_int_equal(cuMemsetD8Async(p, 0, 257, s), CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(cuMemcpyHtoDAsync(q, NULL, 1, s), CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(cuMemcpyDtoHAsync(NULL, q, 1, s), CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(cuMemcpyDtoDAsync(p, q + 1, 256, s), CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(cuMemcpyDtoDAsync(p + 1, q, 256, s), CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(cuMemsetD8Async(p, 0, 1, (CUstream)in), CUDA_ERROR_INVALID_HANDLE);
+    assert_int_equal(fake_stream_pending(s), 4);
+    assert_int_equal(cuStreamSynchronize(s), CUDA_SUCCESS);
+
+    /* NULL is the legacy stream, or the per-thread stream in the _ptsz forms. */
+    assert_int_equal(cuMemsetD8Async(p, 1, 1, NULL), CUDA_SUCCESS);
+    assert_int_equal(fake_stream_pending(NULL), 1);
+    assert_int_equal(cuMemsetD8Async_ptsz(p, 2, 1, NULL), CUDA_SUCCESS);
+    assert_int_equal(cuMemcpyHtoDAsync_v2_ptsz(q, in, 1, NULL), CUDA_SUCCESS);
+    assert_int_equal(cuMemcpyDtoHAsync_v2_ptsz(out, p, 1, NULL), CUDA_SUCCESS);
+    assert_int_equal(cuMemcpyDtoDAsync_v2_ptsz(p + 1, q, 1, NULL), CUDA_SUCCESS);
+    assert_int_equal(fake_stream_pending(CU_STREAM_PER_THREAD), 4);
+    assert_int_equal(out[0], 2);
+    assert_int_equal(fake_races(), 0);
+    assert_int_equal(cuCtxSynchronize(), CUDA_SUCCESS);
+    assert_int_equal(fake_stream_pending(CU_STREAM_PER_THREAD), 0);
+    assert_int_equal(fake_stream_pending(NULL), 0);
+    cuMemFree(p);
+    cuMemFree(q);
+    cuStreamDestroy(s);
+}
+
+static void test_sync_copies_are_legacy_units(void **state)
+{
+    (void)state;
+    CUstream blk = new_stream(0), nb = new_stream(CU_STREAM_NON_BLOCKING);
+    CUdeviceptr p = new_mem(64), q = new_mem(64);
+    char buf[64] = {0};
+    fake_stream_launch(blk);
+    fake_stream_launch(nb);
+    fake_stream_launch(NULL);
+    assert_int_equal(cuMemsetD8(p, 1, 64), CUDA_SUCCESS);
+    /* It waited for the legacy stream, and so for the blocking streams; not for nb. */
+    assert_int_equal(fake_stream_pending(NULL), 0);
+    assert_int_equal(fake_stream_pending(blk), 0);
+    assert_int_equal(fake_stream_pending(nb), 1);
+
+    /* The _ptds forms run on the per-thread stream, which like any blocking stream is
+     * ordered after the legacy stream's earlier work. */
+    fake_stream_launch(NULL);
+    fake_stream_launch(CU_STREAM_PER_THREAD);
+    assert_int_equal(cuMemcpyDtoH_v2_ptds(buf, p, 64), CUDA_SUCCESS);
+    assert_int_equal(buf[63], 1);
+    assert_int_equal(fake_stream_pending(CU_STREAM_PER_THREAD), 0);
+    assert_int_equal(fake_stream_pending(NULL), 0);
+    assert_int_equal(fake_stream_pending(nb), 1);
+    assert_int_equal(cuMemsetD8_v2_ptds(q, 2, 64), CUDA_SUCCESS);
+    assert_int_equal(cuMemcpyDtoD(p, q, 64), CUDA_SUCCESS);
+    assert_int_equal(cuMemcpyDtoH(buf, p, 64), CUDA_SUCCESS);
+    assert_int_equal(buf[0], 2);
+    assert_int_equal(fake_calls("cuMemsetD8_v2_ptds"), 1);
+    assert_int_equal(fake_calls("cuMemcpyDtoH_v2"), 1);
+    assert_int_equal(fake_races(), 0); /* nb's unit touches nothing */
+    cuMemFree(p);
+    cuMemFree(q);
+    cuStreamDestroy(blk);
+    cuStreamDestroy(nb);
+}
+
 static void test_legacy_and_blocking_order(void **state)
 {
     (void)state;
@@ -1102,6 +1202,46 @@ static void test_race_check(void **state)
     cuStreamDestroy(blk);
 }
 
+static void test_race_check_copies(void **state)
+{
+    (void)state;
+    CUstream a = new_stream(CU_STREAM_NON_BLOCKING), b = new_stream(CU_STREAM_NON_BLOCKING),
+             blk = new_stream(0);
+    CUdeviceptr p = new_mem(4096), q = new_mem(64);
+    char buf[64];
+    /* Asynchronous copies and memsets check too, both ranges of a device-to-device copy. */
+    assert_int_equal(touch(a, p, 1024), CUDA_SUCCESS);
+    assert_int_equal(cuMemsetD8Async(p + 512, 0, 16, b), CUDA_SUCCESS);
+    assert_int_equal(fake_races(), 1);
+    assert_int_equal(touch(a, q, 64), CUDA_SUCCESS);
+    assert_int_equal(cuMemcpyDtoDAsync(p + 2048, q, 64, b), CUDA_SUCCESS);
+    assert_int_equal(fake_races(), 2);
+    assert_int_equal(cuMemcpyHtoDAsync(p + 3072, buf, 64, b), CUDA_SUCCESS); /* disjoint */
+    assert_int_equal(fake_races(), 2);
+    fake_retire_all();
+    fake_reset_counters();
+
+    /* A synchronous copy first completes the legacy and blocking streams' work; work on a
+     * non-blocking stream that still touches the bytes races with the host's access. */
+    assert_int_equal(touch(blk, p, 64), CUDA_SUCCESS);
+    assert_int_equal(cuMemcpyDtoH(buf, p, 64), CUDA_SUCCESS);
+    assert_int_equal(fake_races(), 0);
+    assert_int_equal(touch(a, p, 64), CUDA_SUCCESS);
+    assert_int_equal(cuMemcpyDtoH(buf, p, 64), CUDA_SUCCESS);
+    assert_int_equal(fake_races(), 1);
+    assert_int_equal(cuMemsetD8(p + 8, 0, 1), CUDA_SUCCESS);
+    assert_int_equal(cuMemcpyHtoD(p + 64, buf, 64), CUDA_SUCCESS); /* other bytes */
+    assert_int_equal(fake_races(), 2);
+    assert_int_equal(cuStreamSynchronize(a), CUDA_SUCCESS);
+    assert_int_equal(cuMemsetD8(p, 0, 64), CUDA_SUCCESS);
+    assert_int_equal(fake_races(), 2);
+    cuMemFree(p);
+    cuMemFree(q);
+    cuStreamDestroy(a);
+    cuStreamDestroy(b);
+    cuStreamDestroy(blk);
+}
+
 /* What the fake writes on stderr while fn runs. */
 static void capture_stderr(void (*fn)(void *), void *arg, char *out, size_t len)
 {
@@ -1149,6 +1289,30 @@ static void test_race_report(void **state)
     cuMemFree(r.p);
     cuStreamDestroy(r.a);
     cuStreamDestroy(r.b);
+}
+
+static void race_with_host(void *arg)
+{
+    struct race_setup *r = arg;
+    char buf[4];
+    touch(r->a, r->p, 64);
+    cuMemcpyDtoH(buf, r->p + 60, 4);
+}
+
+static void test_race_report_host(void **state)
+{
+    (void)state;
+    struct race_setup r = {new_stream(CU_STREAM_NON_BLOCKING), NULL, new_mem(64)};
+    char got[1024], want[1024];
+    capture_stderr(race_with_host, &r, got, sizeof got);
+    snprintf(want, sizeof want,
+             "fake cuda: race: cuMemcpyDtoH_v2 on the host touches [0x%llx,0x%llx) while "
+             "cuLaunchKernel on stream %p, not ordered before it, still uses it\n",
+             (unsigned long long)r.p + 60, (unsigned long long)r.p + 64, (void *)r.a);
+    assert_string_equal(got, want);
+    assert_int_equal(fake_races(), 1);
+    cuMemFree(r.p);
+    cuStreamDestroy(r.a);
 }
 
 /* The switch that breaks cuStreamWaitEvent makes the ordered case above a race. */
@@ -1445,6 +1609,39 @@ static void test_capture_new_entry_points(void **state)
     cuStreamDestroy(s);
 }
 
+/* Copies and memsets for a capturing stream move nothing; synchronous ones, which run on
+ * the legacy stream, are refused while a blocking stream captures. */
+static void test_capture_copies(void **state)
+{
+    (void)state;
+    CUstream s = new_stream(0);
+    CUdeviceptr p = new_mem(64), q = new_mem(64);
+    unsigned char in[64], out[64];
+    CUgraph g = NULL;
+    memset(in, 9, sizeof in);
+    memset(out, 0xaa, sizeof out);
+    assert_int_equal(cuMemsetD8(p, 5, 64), CUDA_SUCCESS);
+    assert_int_equal(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+    assert_int_equal(cuMemsetD8Async(p, 1, 64, s), CUDA_SUCCESS);
+    assert_int_equal(cuMemcpyHtoDAsync(p, in, 64, s), CUDA_SUCCESS);
+    assert_int_equal(cuMemcpyDtoHAsync(out, p, 64, s), CUDA_SUCCESS);
+    assert_int_equal(cuMemcpyDtoDAsync(q, p, 64, s), CUDA_SUCCESS);
+    assert_int_equal(cuMemsetD8Async(p, 1, 65, s), CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(fake_stream_pending(s), 0);
+    assert_int_equal(out[0], 0xaa);
+    assert_int_equal(fake_capture_violations(), 0);
+    assert_int_equal(cuMemsetD8(p, 1, 64), CUDA_ERROR_STREAM_CAPTURE_IMPLICIT);
+    assert_int_equal(fake_capture_violations(), 1);
+    assert_int_equal(cuStreamEndCapture(s, &g), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+    /* None of it ran. */
+    assert_int_equal(cuMemcpyDtoH(out, p, 64), CUDA_SUCCESS);
+    assert_int_equal(out[0], 5);
+    assert_int_equal(fake_races(), 0);
+    cuMemFree(p);
+    cuMemFree(q);
+    cuStreamDestroy(s);
+}
+
 /* Waiting on an event recorded in a capture joins the capture (a fork of the graph). */
 static void test_capture_join_by_wait(void **state)
 {
@@ -1591,6 +1788,7 @@ static void test_delay(void **state)
 struct work_env {
     CUstream s;
     CUdeviceptr p;
+    unsigned char host[64];
     CUevent e;
     struct host_calls h;
 };
@@ -1620,6 +1818,23 @@ static CUresult w_host_ptsz(struct work_env *v)
 }
 static CUresult w_wait(struct work_env *v) { return cuStreamWaitEvent(v->s, v->e, 0); }
 static CUresult w_wait_ptsz(struct work_env *v) { return cuStreamWaitEvent_ptsz(v->s, v->e, 0); }
+static CUresult w_set(struct work_env *v) { return cuMemsetD8Async(v->p, 1, 64, v->s); }
+static CUresult w_set_ptsz(struct work_env *v) { return cuMemsetD8Async_ptsz(v->p, 1, 64, v->s); }
+static CUresult w_htod(struct work_env *v) { return cuMemcpyHtoDAsync(v->p, v->host, 64, v->s); }
+static CUresult w_htod_ptsz(struct work_env *v)
+{
+    return cuMemcpyHtoDAsync_v2_ptsz(v->p, v->host, 64, v->s);
+}
+static CUresult w_dtoh(struct work_env *v) { return cuMemcpyDtoHAsync(v->host, v->p, 64, v->s); }
+static CUresult w_dtoh_ptsz(struct work_env *v)
+{
+    return cuMemcpyDtoHAsync_v2_ptsz(v->host, v->p, 64, v->s);
+}
+static CUresult w_dtod(struct work_env *v) { return cuMemcpyDtoDAsync(v->p, v->p, 64, v->s); }
+static CUresult w_dtod_ptsz(struct work_env *v)
+{
+    return cuMemcpyDtoDAsync_v2_ptsz(v->p, v->p, 64, v->s);
+}
 static CUresult w_graph(struct work_env *v) { return cuGraphLaunch((CUgraphExec)v, v->s); }
 static CUresult w_graph_ptsz(struct work_env *v)
 {
@@ -1639,6 +1854,14 @@ static const struct {
     {"cuLaunchHostFunc_ptsz", w_host_ptsz, 1},
     {"cuStreamWaitEvent", w_wait, 0},
     {"cuStreamWaitEvent_ptsz", w_wait_ptsz, 0},
+    {"cuMemsetD8Async", w_set, 1},
+    {"cuMemsetD8Async_ptsz", w_set_ptsz, 1},
+    {"cuMemcpyHtoDAsync_v2", w_htod, 1},
+    {"cuMemcpyHtoDAsync_v2_ptsz", w_htod_ptsz, 1},
+    {"cuMemcpyDtoHAsync_v2", w_dtoh, 1},
+    {"cuMemcpyDtoHAsync_v2_ptsz", w_dtoh_ptsz, 1},
+    {"cuMemcpyDtoDAsync_v2", w_dtod, 1},
+    {"cuMemcpyDtoDAsync_v2_ptsz", w_dtod_ptsz, 1},
     {"cuGraphLaunch", w_graph, 1},
     {"cuGraphLaunch_ptsz", w_graph_ptsz, 1},
 };
@@ -1654,6 +1877,8 @@ static void test_work_entries_fail_and_count(void **state)
     fake_stream_launch(v.s);
     assert_int_equal(cuEventRecord(v.e, v.s), CUDA_SUCCESS);
     fake_stream_retire(v.s, -1);
+    assert_int_equal(cuMemsetD8(v.p, 7, 64), CUDA_SUCCESS);
+    memset(v.host, 3, sizeof v.host);
     for (size_t i = 0; i < n; i++) {
         assert_non_null(fake_real_symbol(g_work_entries[i].name));
         fake_fail_nth(g_work_entries[i].name, 1, CUDA_ERROR_LAUNCH_FAILED);
@@ -1662,6 +1887,11 @@ static void test_work_entries_fail_and_count(void **state)
         if (g_work_entries[i].call(&v) != CUDA_ERROR_LAUNCH_FAILED)
             fail_msg("%s did not fail", g_work_entries[i].name);
     assert_int_equal(fake_stream_pending(v.s), 0);
+    /* The failed copies and memsets moved nothing. */
+    assert_int_equal(v.host[0], 3);
+    unsigned char dev[64];
+    assert_int_equal(cuMemcpyDtoH(dev, v.p, 64), CUDA_SUCCESS);
+    assert_int_equal(dev[0], 7);
     int units = 0;
     for (size_t i = 0; i < n; i++) {
         if (g_work_entries[i].call(&v) != CUDA_SUCCESS)
@@ -1790,13 +2020,17 @@ int main(void)
         T(test_synchronizing_calls),
         T(test_event_on_other_context),
         T(test_touch_kernel),
+        T(test_async_copies_and_memsets),
+        T(test_sync_copies_are_legacy_units),
         T(test_legacy_and_blocking_order),
         T(test_stream_wait_event),
         T(test_events_over_waits),
         T(test_completion_cascades),
         T(test_per_thread_streams),
         T(test_race_check),
+        T(test_race_check_copies),
         T(test_race_report),
+        T(test_race_report_host),
         T(test_ignore_stream_waits),
         T(test_host_functions),
         T(test_graph_launch),
@@ -1805,6 +2039,7 @@ int main(void)
         T(test_capture_thread_local_elsewhere),
         T(test_capture_to_graph_and_stream_ctx),
         T(test_capture_new_entry_points),
+        T(test_capture_copies),
         T(test_capture_join_by_wait),
         T(test_fail_nth_and_always),
         T(test_delay),
