@@ -35,9 +35,10 @@ long fake_live_allocations(void);
  * order.) */
 /* Enqueue one unit of pending "kernel" work, touching no memory, on a stream (NULL,
  * CU_STREAM_LEGACY, CU_STREAM_PER_THREAD or a created stream), as a launch would. It
- * completes only when the test says so. Returns 0, or -1 for an unknown stream. (Fake: NULL
- * is the legacy stream; a destroyed stream is unknown; a launch into a capturing stream is
- * captured, not run: it returns 0 and adds no pending work.) */
+ * completes only when the test says so (or as fake_set_work_ticks says). Returns 0, or -1
+ * for an unknown stream. (Fake: NULL is the legacy stream; a destroyed stream is unknown; a
+ * launch into a capturing stream is captured, not run: it returns 0 and adds no pending
+ * work.) */
 int fake_stream_launch(CUstream stream);
 /* Complete the oldest n pending units of that stream (n < 0: all), and first everything
  * they are ordered after, on any stream. Works on a stream that was already destroyed (its
@@ -52,6 +53,12 @@ int fake_stream_pending(CUstream stream);
  * n = *(size_t *)kernelParams[1] (bytes; they must lie in one live allocation unless n is
  * 0). Any other CUfunction is CUDA_ERROR_INVALID_HANDLE. (Addition to the original API.) */
 CUfunction fake_touch_kernel(void);
+/* Units submitted after this call complete by themselves `ticks` ticks after they could
+ * start (once their stream's previous unit and everything they are ordered after have
+ * completed); a tick is one call of any driver entry point (control calls are none). 0, the
+ * default, means only a retire or a synchronizing call completes them. Lets a test run a loop where the "GPU" lags
+ * behind the host. (Addition to the original API.) */
+void fake_set_work_ticks(uint64_t ticks);
 
 /* --- the race check ----------------------------------------------------------------------- */
 /* Races so far: each pending unit that touches bytes a newly submitted unit touches without

@@ -44,7 +44,11 @@ static atomic_bool g_torn_down;
 static atomic_long g_after_teardown;
 atomic_long fake_violations;
 
-void fake_lock(void) { pthread_mutex_lock(&g_mutex); }
+void fake_lock(void)
+{
+    pthread_mutex_lock(&g_mutex);
+    fake_timeline_advance();
+}
 
 /* Host functions run outside the lock, so one that calls the driver does not deadlock. */
 void fake_unlock(void)
@@ -110,6 +114,7 @@ CUresult fake_enter(enum fake_entry_id id)
 {
     struct entry_state *e = &g_entries[id];
     fake_self()->entry = id;
+    fake_tick();
     atomic_fetch_add_explicit(&e->calls, 1, memory_order_relaxed);
     if (atomic_load_explicit(&g_torn_down, memory_order_acquire)) {
         atomic_fetch_add(&g_after_teardown, 1);

@@ -146,8 +146,9 @@ FAKE_HIDDEN CUresult fake_enter(enum fake_entry_id id);
     } while (0)
 
 /* One mutex guards all driver state: simple, and plenty fast next to an mmap per alloc.
- * Releasing it runs the host functions of the units that completed meanwhile
- * (cuLaunchHostFunc), outside the lock. */
+ * Taking it first brings the timeline up to the current tick (fake_timeline_advance), so
+ * whatever a caller reads under it is up to date; releasing it runs the host functions of
+ * the units that completed meanwhile (cuLaunchHostFunc), outside the lock. */
 FAKE_HIDDEN void fake_lock(void);
 FAKE_HIDDEN void fake_unlock(void);
 
@@ -333,6 +334,10 @@ FAKE_HIDDEN CUresult fake_capture_guard_ctx_sync(const fake_ctx *ctx);
 FAKE_HIDDEN void fake_thread_exit_streams(struct fake_thread *t);
 
 /* ---- the timeline (fake_timeline.c) ----------------------------------------------------- */
+/* One tick per entry point call; called by fake_enter, without the lock. */
+FAKE_HIDDEN void fake_tick(void);
+/* Complete the units whose ticks ran out by now (fake_set_work_ticks); under the lock. */
+FAKE_HIDDEN void fake_timeline_advance(void);
 /* Whether completed units left host functions to run (under the lock), and running them
  * (without it: fake_unlock does both). */
 FAKE_HIDDEN bool fake_callbacks_waiting(void);

@@ -17,10 +17,10 @@
  * (cuStreamQuery, cuStreamSynchronize) means everything enqueued on it, for the legacy
  * stream also everything enqueued on the blocking streams of its context.
  *
- * Work completes only when a test retires it or a synchronizing call waits for it
- * (cuMemFree and cuCtxSynchronize for the whole context); completing a unit completes
- * everything it is ordered after first. Submitting a unit checks it for races against the
- * pending work (fake_timeline.c).
+ * Work completes only when a test retires it, a synchronizing call waits for it (cuMemFree
+ * and cuCtxSynchronize for the whole context), or its ticks run out (fake_set_work_ticks);
+ * completing a unit completes everything it is ordered after first. Submitting a unit
+ * checks it for races against the pending work (fake_timeline.c).
  *
  * Capture. An operation on a capturing stream becomes a graph node: no unit, no effect. A
  * stream that waits on an event recorded in a capture joins that capture sequence; ending

@@ -5,7 +5,15 @@
  * Completion. A stream's units complete in order, so a stream only counts how many have
  * completed. Completing a unit first completes everything it is ordered after, because a
  * GPU cannot finish work before the work it waits for. Units complete when a test retires
- * them or when a synchronizing call waits for them.
+ * them, when a synchronizing call waits for them, or, for units submitted after
+ * fake_set_work_ticks(t) with t > 0, by themselves t ticks after they could start. A tick is
+ * one entry point call; the timeline is brought up to the current tick lazily, each time
+ * the driver lock is taken (fake_lock), so no thread runs the "GPU".
+ *
+ * Exact times. A unit could start once it is the oldest pending unit of its stream and
+ * everything in its clock has completed; every completion is followed by wake(), which
+ * notes that tick as the start of each unit that just became able to start, so a unit's
+ * completion tick (start + ticks) is exact however rarely the timeline is evaluated.
  *
  * Races. When a unit is submitted, each pending unit that touches bytes it touches and is
  * not in its clock is a race: counted (fake_races) and reported on stderr. A synchronous
@@ -21,6 +29,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#define NEVER UINT64_MAX
 #define MAX_TOUCH 2
 
 struct fake_callback {
@@ -35,17 +44,25 @@ struct fake_unit {
     struct fake_clock after; /* what it is ordered after; its stream predecessor included */
     struct fake_range touch[MAX_TOUCH]; /* the device bytes it touches, none empty */
     int ntouch;
+    uint64_t ticks; /* completes this long after it could start; 0: only when told */
+    uint64_t start; /* the tick it could start at, NEVER until then */
     struct fake_callback *cb; /* cuLaunchHostFunc's function, queued when it completes */
     fake_unit *next;
 };
 
 atomic_long fake_race_count;
 
+static _Atomic uint64_t g_ticks; /* entry point calls so far */
 /* Under the lock: */
-static bool g_ignore_waits; /* fake_set_ignore_stream_waits */
-static fake_stream *g_busy; /* streams with pending units, any context */
+static uint64_t g_now;        /* the tick the timeline has been brought up to */
+static uint64_t g_work_ticks; /* fake_set_work_ticks */
+static long g_timed;          /* pending units with ticks > 0 */
+static bool g_ignore_waits;   /* fake_set_ignore_stream_waits */
+static fake_stream *g_busy;   /* streams with pending units, any context */
 /* Host functions of completed units, in completion order, not yet run. */
 static struct fake_callback *g_callbacks, **g_callbacks_tail = &g_callbacks;
+
+void fake_tick(void) { atomic_fetch_add_explicit(&g_ticks, 1, memory_order_relaxed); }
 
 bool fake_ignore_waits(void) { return g_ignore_waits; }
 
@@ -158,6 +175,8 @@ static void unit_done(fake_stream *s)
     if (!s->units)
         s->units_tail = NULL;
     s->completed = u->seq;
+    if (u->ticks)
+        g_timed--;
     if (u->cb) {
         u->cb->next = NULL;
         *g_callbacks_tail = u->cb;
@@ -188,10 +207,28 @@ static void complete_through(fake_stream *s, uint64_t seq)
     }
 }
 
-void fake_clock_complete(const struct fake_clock *c)
+/* Note the current tick as the start of every timed unit that just became able to start. */
+static void wake(void)
+{
+    if (g_timed == 0)
+        return;
+    for (fake_stream *s = g_busy; s; s = s->busy_next) {
+        fake_unit *u = s->units;
+        if (u->ticks && u->start == NEVER && fake_clock_done(&u->after))
+            u->start = g_now;
+    }
+}
+
+static void clock_complete(const struct fake_clock *c)
 {
     for (size_t i = 0; i < c->n; i++)
         complete_through(c->v[i].stream, c->v[i].seq);
+}
+
+void fake_clock_complete(const struct fake_clock *c)
+{
+    clock_complete(c);
+    wake();
 }
 
 void fake_retire(fake_stream *s, int64_t n)
@@ -200,6 +237,7 @@ void fake_retire(fake_stream *s, int64_t n)
     if (n >= 0 && (uint64_t)n < fake_pending(s))
         upto = s->completed + (uint64_t)n;
     complete_through(s, upto);
+    wake();
 }
 
 /* Restarts from the list head after each stream: completing one may complete others too. */
@@ -213,12 +251,52 @@ void fake_complete_ctx(fake_ctx *ctx)
             break;
         complete_through(s, s->submitted);
     }
+    wake();
 }
 
 void fake_complete_all(void)
 {
     while (g_busy)
         complete_through(g_busy, g_busy->submitted);
+}
+
+/* The tick a timed unit completes at by itself: NEVER if it cannot start yet (or ever). */
+static uint64_t unit_end(const fake_unit *u)
+{
+    if (!u->ticks || u->start == NEVER || u->start > NEVER - u->ticks)
+        return NEVER;
+    return u->start + u->ticks;
+}
+
+/* The stream whose oldest unit completes first by itself; NULL if none will. */
+static fake_stream *next_timed(void)
+{
+    fake_stream *best = NULL;
+    uint64_t best_end = NEVER;
+    for (fake_stream *s = g_busy; s; s = s->busy_next) {
+        if (unit_end(s->units) < best_end) {
+            best = s;
+            best_end = unit_end(s->units);
+        }
+    }
+    return best;
+}
+
+/* Completes the timed units in the order of their ticks, each at its own tick, so that
+ * what they let start starts at the right tick. */
+void fake_timeline_advance(void)
+{
+    uint64_t now = atomic_load_explicit(&g_ticks, memory_order_relaxed);
+    while (g_timed > 0) {
+        fake_stream *s = next_timed();
+        if (!s || unit_end(s->units) > now)
+            break;
+        g_now = unit_end(s->units);
+        unit_done(s);
+        wake();
+    }
+    if (now > g_now)
+        g_now = now;
 }
 
 /* ---- host functions ------------------------------------------------------------------------ */
@@ -294,9 +372,10 @@ bool fake_stream_idle(const fake_stream *s)
 /* Completing may unlink destroyed streams from the context's list: look again each time. */
 void fake_stream_drain(const fake_stream *s)
 {
-    fake_clock_complete(&s->clock);
+    clock_complete(&s->clock);
     for (const fake_stream *b; s->legacy && (b = blocking_busy(s));)
-        fake_clock_complete(&b->clock);
+        clock_complete(&b->clock);
+    wake();
 }
 
 /* ---- the race check ------------------------------------------------------------------------ */
@@ -360,6 +439,8 @@ static fake_unit *unit_new(const char *name, const struct fake_range *r, int nr,
     for (int i = 0; i < nr && u->ntouch < MAX_TOUCH; i++)
         if (r[i].n)
             u->touch[u->ntouch++] = r[i];
+    u->ticks = g_work_ticks;
+    u->start = NEVER;
     return u;
 }
 
@@ -401,6 +482,10 @@ CUresult fake_submit(fake_stream *s, const char *name, const struct fake_range *
     fake_clock_free(&s->clock);
     s->clock = next;
     append(s, u);
+    if (u->ticks) {
+        g_timed++;
+        wake();
+    }
     return CUDA_SUCCESS;
 }
 
@@ -409,17 +494,25 @@ CUresult fake_submit_sync(fake_stream *s, const char *name, const struct fake_ra
     struct fake_clock c = {0};
     CUresult rc = fake_stream_snapshot(s, &c);
     if (rc == CUDA_SUCCESS) {
-        fake_clock_complete(&c);
+        clock_complete(&c);
         /* The unit itself: numbered, and complete at once; s has nothing pending now. */
         s->submitted++;
         s->completed++;
         race_check(name, NULL, NULL, r, nr);
+        wake();
     }
     fake_clock_free(&c);
     return rc;
 }
 
 /* ---- control API ------------------------------------------------------------------------- */
+
+FAKE_API void fake_set_work_ticks(uint64_t ticks)
+{
+    fake_lock();
+    g_work_ticks = ticks;
+    fake_unlock();
+}
 
 FAKE_API void fake_set_ignore_stream_waits(int on)
 {

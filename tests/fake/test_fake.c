@@ -67,6 +67,7 @@ static int teardown(void **state)
     (void)state;
     CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
     cuThreadExchangeStreamCaptureMode(&mode);
+    fake_set_work_ticks(0);
     fake_set_ignore_stream_waits(0);
     fake_retire_all();
     int n = 0;
@@ -759,6 +760,15 @@ static CUresult touch(CUstream s, CUdeviceptr p, size_t n)
     return cuLaunchKernel(fake_touch_kernel(), 1, 1, 1, 32, 1, 1, 0, s, params, NULL);
 }
 
+/* n driver calls: n ticks. cuDriverGetVersion takes no lock, so the timeline only catches up
+ * at the next call that does (or a control call). */
+static void burn(int n)
+{
+    int v;
+    for (int i = 0; i < n; i++)
+        cuDriverGetVersion(&v);
+}
+
 static void test_touch_kernel(void **state)
 {
     (void)state;
@@ -1147,6 +1157,76 @@ static void test_per_thread_streams(void **state)
     cuEventDestroy(w.ev);
 }
 
+static void test_work_ticks(void **state)
+{
+    (void)state;
+    CUstream a = new_stream(CU_STREAM_NON_BLOCKING), b = new_stream(CU_STREAM_NON_BLOCKING);
+    CUevent e = new_event();
+    fake_set_work_ticks(3);
+    /* Submitted by a control call (not a tick): done 3 driver calls later. */
+    assert_int_equal(fake_stream_launch(a), 0);
+    burn(2);
+    assert_int_equal(fake_stream_pending(a), 1);
+    burn(1);
+    assert_int_equal(fake_stream_pending(a), 0);
+    /* A unit starts when its stream's previous unit completes. */
+    fake_stream_launch(a);
+    fake_stream_launch(a);
+    burn(3);
+    assert_int_equal(fake_stream_pending(a), 1);
+    burn(2);
+    assert_int_equal(fake_stream_pending(a), 1);
+    burn(1);
+    assert_int_equal(fake_stream_pending(a), 0);
+    /* ... and when what it waits for completes: a's unit ends at +3 (the record and the wait
+     * are ticks 1 and 2), b's starts then and ends at +6. */
+    fake_stream_launch(a);
+    assert_int_equal(cuEventRecord(e, a), CUDA_SUCCESS);
+    assert_int_equal(cuStreamWaitEvent(b, e, 0), CUDA_SUCCESS);
+    fake_stream_launch(b);
+    burn(1);
+    assert_int_equal(fake_stream_pending(a), 0);
+    assert_int_equal(fake_stream_pending(b), 1);
+    burn(2);
+    assert_int_equal(fake_stream_pending(b), 1);
+    burn(1);
+    assert_int_equal(fake_stream_pending(b), 0);
+
+    /* Units from before the setting wait for a retire, and hold back those after them. */
+    fake_set_work_ticks(0);
+    fake_stream_launch(a);
+    fake_set_work_ticks(2);
+    fake_stream_launch(a);
+    burn(10);
+    assert_int_equal(fake_stream_pending(a), 2);
+    fake_stream_retire(a, 1); /* the second can start now */
+    burn(1);
+    assert_int_equal(fake_stream_pending(a), 1);
+    assert_int_equal(cuStreamQuery(a), CUDA_SUCCESS); /* itself the second tick */
+
+    /* A host loop that runs ahead of a GPU needing 4 ticks a kernel, 2 ticks an iteration:
+     * work piles up while it runs, then drains by itself. */
+    CUdeviceptr p = new_mem(64);
+    fake_set_work_ticks(4);
+    int most = 0;
+    for (int i = 0; i < 20; i++) {
+        assert_int_equal(touch(a, p, 64), CUDA_SUCCESS);
+        assert_int_equal(cuEventRecord(e, a), CUDA_SUCCESS);
+        int n = fake_stream_pending(a);
+        most = n > most ? n : most;
+    }
+    assert_true(most > 5 && most < 20);
+    assert_int_equal(cuEventQuery(e), CUDA_ERROR_NOT_READY);
+    burn(4 * 20);
+    assert_int_equal(cuEventQuery(e), CUDA_SUCCESS);
+    assert_int_equal(fake_stream_pending(a), 0);
+    assert_int_equal(fake_races(), 0);
+    cuMemFree(p);
+    cuEventDestroy(e);
+    cuStreamDestroy(a);
+    cuStreamDestroy(b);
+}
+
 static void test_race_check(void **state)
 {
     (void)state;
@@ -1383,6 +1463,13 @@ static void test_host_functions(void **state)
     fake_stream_launch(b);
     assert_int_equal(cuStreamSynchronize(b), CUDA_SUCCESS);
     assert_int_equal(h.n, 3);
+    /* By ticks: run by whichever call finds the unit done. */
+    fake_set_work_ticks(1);
+    assert_int_equal(cuLaunchHostFunc(a, host_fn, &h), CUDA_SUCCESS);
+    assert_int_equal(h.n, 3);
+    assert_int_equal(cuStreamQuery(a), CUDA_SUCCESS);
+    assert_int_equal(h.n, 4);
+    fake_set_work_ticks(0);
     /* NULL is the per-thread stream in the _ptsz form. */
     assert_int_equal(cuLaunchHostFunc_ptsz(NULL, host_fn, &h), CUDA_SUCCESS);
     assert_int_equal(fake_stream_pending(CU_STREAM_PER_THREAD), 1);
@@ -1391,7 +1478,7 @@ static void test_host_functions(void **state)
     assert_int_equal(cuLaunchHostFunc(a, NULL, &h), CUDA_ERROR_INVALID_VALUE);
     assert_int_equal(cuLaunchHostFunc((CUstream)&h, host_fn, &h), CUDA_ERROR_INVALID_HANDLE);
     fake_retire_all();
-    assert_int_equal(h.n, 5);
+    assert_int_equal(h.n, 6);
     cuEventDestroy(e);
     cuStreamDestroy(a);
     cuStreamDestroy(b);
@@ -1415,6 +1502,57 @@ static void test_graph_launch(void **state)
     assert_int_equal(cuCtxSynchronize(), CUDA_SUCCESS);
     assert_int_equal(fake_stream_pending(s), 0);
     cuStreamDestroy(s);
+}
+
+/* Several threads, each with its own memory, per-thread stream and ticking "GPU": no races,
+ * and the host functions all run (under TSan, the timeline's locking is checked too). */
+#define TL_THREADS 4
+#define TL_ROUNDS 300
+
+struct tl_worker {
+    CUdeviceptr p;
+    struct host_calls h;
+    int failures;
+};
+
+static void *timeline_loop(void *arg)
+{
+    struct tl_worker *w = arg;
+    if (cuCtxSetCurrent(g_ctx) != CUDA_SUCCESS)
+        w->failures++;
+    for (int i = 0; i < TL_ROUNDS; i++) {
+        if (touch(CU_STREAM_PER_THREAD, w->p, 256) != CUDA_SUCCESS ||
+            cuMemsetD8Async_ptsz(w->p, (unsigned char)i, 256, NULL) != CUDA_SUCCESS ||
+            cuLaunchHostFunc_ptsz(NULL, host_fn, &w->h) != CUDA_SUCCESS)
+            w->failures++;
+        CUresult rc = cuStreamQuery_ptsz(NULL);
+        if (rc != CUDA_SUCCESS && rc != CUDA_ERROR_NOT_READY)
+            w->failures++;
+    }
+    if (cuStreamSynchronize(CU_STREAM_PER_THREAD) != CUDA_SUCCESS)
+        w->failures++;
+    return NULL;
+}
+
+static void test_timeline_threads(void **state)
+{
+    (void)state;
+    pthread_t t[TL_THREADS];
+    struct tl_worker w[TL_THREADS];
+    memset(w, 0, sizeof w);
+    fake_set_work_ticks(2);
+    for (int i = 0; i < TL_THREADS; i++) {
+        w[i].p = new_mem(256);
+        pthread_create(&t[i], NULL, timeline_loop, &w[i]);
+    }
+    for (int i = 0; i < TL_THREADS; i++)
+        pthread_join(t[i], NULL);
+    for (int i = 0; i < TL_THREADS; i++) {
+        assert_int_equal(w[i].failures, 0);
+        assert_int_equal(w[i].h.n, TL_ROUNDS);
+        assert_int_equal(cuMemFree(w[i].p), CUDA_SUCCESS);
+    }
+    assert_int_equal(fake_races(), 0);
 }
 
 /* ---- stream capture ------------------------------------------------------------------------ */
@@ -2027,6 +2165,7 @@ int main(void)
         T(test_events_over_waits),
         T(test_completion_cascades),
         T(test_per_thread_streams),
+        T(test_work_ticks),
         T(test_race_check),
         T(test_race_check_copies),
         T(test_race_report),
@@ -2034,6 +2173,7 @@ int main(void)
         T(test_ignore_stream_waits),
         T(test_host_functions),
         T(test_graph_launch),
+        T(test_timeline_threads),
         T(test_capture_global_violations),
         T(test_capture_relaxed_and_nonblocking),
         T(test_capture_thread_local_elsewhere),
