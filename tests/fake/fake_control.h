@@ -24,24 +24,57 @@ uint64_t fake_device_used(int device);
 long fake_live_allocations(void);
 
 /* --- work on streams --------------------------------------------------------------------- */
-/* Enqueue one unit of pending "kernel" work on a stream (NULL, CU_STREAM_LEGACY,
- * CU_STREAM_PER_THREAD or a created stream), as a launch would. Work on a stream completes in
- * order, only when the test says so. Returns 0, or -1 for an unknown stream. (Fake: NULL is
- * the legacy stream; a destroyed stream is unknown; a launch into a capturing stream is
- * captured, not run: it returns 0 and adds no pending work.) */
+/* Work on a stream is a sequence of units: this call's, and those of the driver calls that
+ * enqueue work (kernel launches, host functions, graph launches, asynchronous copies and
+ * memsets; the synchronous copies and memsets are units on the legacy stream that complete
+ * before they return). Units complete in order, each only after everything it is ordered
+ * after: its stream's earlier units, the legacy stream's rules with blocking streams, and
+ * the events its stream waited for (cuStreamWaitEvent). See the top of fake_stream.c. (Fake:
+ * a cuLaunchHostFunc function runs when its unit completes, outside the driver lock, before
+ * the driver or control call that completed it returns; one at a time, in completion
+ * order.) */
+/* Enqueue one unit of pending "kernel" work, touching no memory, on a stream (NULL,
+ * CU_STREAM_LEGACY, CU_STREAM_PER_THREAD or a created stream), as a launch would. It
+ * completes only when the test says so (or as fake_set_work_ticks says). Returns 0, or -1
+ * for an unknown stream. (Fake: NULL is the legacy stream; a destroyed stream is unknown; a
+ * launch into a capturing stream is captured, not run: it returns 0 and adds no pending
+ * work.) */
 int fake_stream_launch(CUstream stream);
-/* Complete the oldest n pending units of that stream (n < 0: all). Works on a stream that
- * was already destroyed (its work outlives it, as on a real GPU). */
+/* Complete the oldest n pending units of that stream (n < 0: all), and first everything
+ * they are ordered after, on any stream. Works on a stream that was already destroyed (its
+ * work outlives it, as on a real GPU). */
 void fake_stream_retire(CUstream stream, int n);
 /* Complete all pending work on every stream. */
 void fake_retire_all(void);
 /* Pending units on a stream. */
 int fake_stream_pending(CUstream stream);
+/* The one kernel the fake runs: cuLaunchKernel/cuLaunchKernelEx of this function make a unit
+ * that touches [p, p + n), where p = *(CUdeviceptr *)kernelParams[0] and
+ * n = *(size_t *)kernelParams[1] (bytes; they must lie in one live allocation unless n is
+ * 0). Any other CUfunction is CUDA_ERROR_INVALID_HANDLE. (Addition to the original API.) */
+CUfunction fake_touch_kernel(void);
+/* Units submitted after this call complete by themselves `ticks` ticks after they could
+ * start (once their stream's previous unit and everything they are ordered after have
+ * completed); a tick is one call of any driver entry point (control calls are none). 0, the
+ * default, means only a retire or a synchronizing call completes them. Lets a test run a loop where the "GPU" lags
+ * behind the host. (Addition to the original API.) */
+void fake_set_work_ticks(uint64_t ticks);
+
+/* --- the race check ----------------------------------------------------------------------- */
+/* Races so far: each pending unit that touches bytes a newly submitted unit touches without
+ * being ordered before it, and each pending unit that touches device bytes a synchronous
+ * copy or memset touches from the host. Each is also reported on stderr as "fake cuda: race:
+ * ...", naming both entry points and streams. Reset by fake_reset_counters. (Addition to the
+ * original API.) */
+long fake_races(void);
+/* Unsafe, to prove the race check can fail: while on, cuStreamWaitEvent returns
+ * CUDA_SUCCESS and orders nothing. (Addition to the original API.) */
+void fake_set_ignore_stream_waits(int on);
 
 /* --- counters ----------------------------------------------------------------------------- */
 /* Calls of one entry point by exact name ("cuMemAlloc_v2"), and reset of all counters.
  * (Fake: -1 for a name the fake does not export, so a typo cannot pass as "never called";
- * reset also zeroes the after-teardown and capture-violation counters.) */
+ * reset also zeroes the after-teardown, capture-violation and race counters.) */
 long fake_calls(const char *name);
 void fake_reset_counters(void);
 /* Driver calls that arrived after the fake driver's destructor ran (must stay 0). */

@@ -1,8 +1,10 @@
 /* Fake CUDA driver: the core. Per-call bookkeeping (counters, injected failures and delays,
  * init and teardown checks), the control API, the handle registry, devices and contexts.
  *
- * Memory lives in fake_mem.c, streams/events/capture in fake_stream.c, the discovery paths
- * (cuGetProcAddress) and error strings in fake_proc.c. */
+ * Memory and copies live in fake_mem.c, streams/events/capture in fake_stream.c, the units
+ * of work, their order, completion and race check in fake_timeline.c, kernel launches, host
+ * functions and graph launches in fake_launch.c, the discovery paths (cuGetProcAddress) and
+ * error strings in fake_proc.c. */
 #include "fake_internal.h"
 
 #include <errno.h>
@@ -42,8 +44,20 @@ static atomic_bool g_torn_down;
 static atomic_long g_after_teardown;
 atomic_long fake_violations;
 
-void fake_lock(void) { pthread_mutex_lock(&g_mutex); }
-void fake_unlock(void) { pthread_mutex_unlock(&g_mutex); }
+void fake_lock(void)
+{
+    pthread_mutex_lock(&g_mutex);
+    fake_timeline_advance();
+}
+
+/* Host functions run outside the lock, so one that calls the driver does not deadlock. */
+void fake_unlock(void)
+{
+    bool callbacks = fake_callbacks_waiting();
+    pthread_mutex_unlock(&g_mutex);
+    if (callbacks)
+        fake_run_callbacks();
+}
 
 /* A test that names an entry point the fake does not have is broken: say so loudly rather
  * than let an injection silently never fire. */
@@ -100,6 +114,7 @@ CUresult fake_enter(enum fake_entry_id id)
 {
     struct entry_state *e = &g_entries[id];
     fake_self()->entry = id;
+    fake_tick();
     atomic_fetch_add_explicit(&e->calls, 1, memory_order_relaxed);
     if (atomic_load_explicit(&g_torn_down, memory_order_acquire)) {
         atomic_fetch_add(&g_after_teardown, 1);
@@ -138,6 +153,7 @@ FAKE_API void fake_reset_counters(void)
         atomic_store(&g_entries[i].calls, 0);
     atomic_store(&g_after_teardown, 0);
     atomic_store(&fake_violations, 0);
+    atomic_store(&fake_race_count, 0);
 }
 
 FAKE_API long fake_calls_after_teardown(void) { return atomic_load(&g_after_teardown); }

@@ -107,7 +107,25 @@
     X(cuStreamEndCapture_ptsz, INIT)                                                           \
     X(cuStreamIsCapturing, INIT)                                                               \
     X(cuStreamIsCapturing_ptsz, INIT)                                                          \
-    X(cuThreadExchangeStreamCaptureMode, INIT)
+    X(cuThreadExchangeStreamCaptureMode, INIT)                                                 \
+    X(cuStreamWaitEvent, INIT)                                                                 \
+    X(cuStreamWaitEvent_ptsz, INIT)                                                            \
+    X(cuLaunchKernel, INIT)                                                                    \
+    X(cuLaunchKernel_ptsz, INIT)                                                               \
+    X(cuLaunchKernelEx, INIT)                                                                  \
+    X(cuLaunchKernelEx_ptsz, INIT)                                                             \
+    X(cuLaunchHostFunc, INIT)                                                                  \
+    X(cuLaunchHostFunc_ptsz, INIT)                                                             \
+    X(cuGraphLaunch, INIT)                                                                     \
+    X(cuGraphLaunch_ptsz, INIT)                                                                \
+    X(cuMemsetD8Async, INIT)                                                                   \
+    X(cuMemsetD8Async_ptsz, INIT)                                                              \
+    X(cuMemcpyHtoDAsync_v2, INIT)                                                              \
+    X(cuMemcpyHtoDAsync_v2_ptsz, INIT)                                                         \
+    X(cuMemcpyDtoHAsync_v2, INIT)                                                              \
+    X(cuMemcpyDtoHAsync_v2_ptsz, INIT)                                                         \
+    X(cuMemcpyDtoDAsync_v2, INIT)                                                              \
+    X(cuMemcpyDtoDAsync_v2_ptsz, INIT)
 
 enum fake_entry_id {
 #define FAKE_ID(name, init) ID_##name,
@@ -127,7 +145,10 @@ FAKE_HIDDEN CUresult fake_enter(enum fake_entry_id id);
             return enter_rc_;                                                                  \
     } while (0)
 
-/* One mutex guards all driver state: simple, and plenty fast next to an mmap per alloc. */
+/* One mutex guards all driver state: simple, and plenty fast next to an mmap per alloc.
+ * Taking it first brings the timeline up to the current tick (fake_timeline_advance), so
+ * whatever a caller reads under it is up to date; releasing it runs the host functions of
+ * the units that completed meanwhile (cuLaunchHostFunc), outside the lock. */
 FAKE_HIDDEN void fake_lock(void);
 FAKE_HIDDEN void fake_unlock(void);
 
@@ -149,6 +170,28 @@ typedef struct fake_ctx fake_ctx;
 typedef struct fake_stream fake_stream;
 typedef struct fake_event fake_event;
 typedef struct fake_alloc fake_alloc;
+typedef struct fake_unit fake_unit;
+
+/* A vector clock: for each stream named, the units of it (numbered from 1 in submission
+ * order) that something is ordered after, 1..seq. A stream not named contributes nothing.
+ * Entries whose units have all completed may be dropped at any time: ordering against
+ * completed work no longer matters to anyone. Streams are never freed, so the pointers
+ * stay valid. */
+struct fake_clock_entry {
+    fake_stream *stream;
+    uint64_t seq;
+};
+
+struct fake_clock {
+    size_t n, cap;
+    struct fake_clock_entry *v;
+};
+
+/* Device bytes [p, p + n) that a unit touches. */
+struct fake_range {
+    CUdeviceptr p;
+    size_t n;
+};
 
 struct fake_stream {
     enum fake_kind kind;
@@ -159,12 +202,25 @@ struct fake_stream {
     bool per_thread; /* some thread's CU_STREAM_PER_THREAD stream */
     bool destroyed;
     bool linked; /* on ctx->streams */
+    /* Units numbered so far and completed so far: units complete in order, so the pending
+     * ones are completed+1..submitted, kept in units (oldest first). */
     uint64_t submitted, completed;
-    /* Capture state; cap_status is a CUstreamCaptureStatus. */
+    fake_unit *units, *units_tail;
+    /* What the stream's next unit is ordered after by the stream itself: its latest unit
+     * (and so all that one was after) and the events it waited for since. The legacy rules
+     * for the next unit are added when it is submitted (fake_stream_snapshot). */
+    struct fake_clock clock;
+    bool busy; /* on the timeline's list of streams with pending units */
+    fake_stream *busy_prev, *busy_next;
+    /* Capture state; cap_status is a CUstreamCaptureStatus. A capture sequence is the
+     * stream that began it (cap_origin) plus the streams that joined it by waiting on an
+     * event recorded in it; all share cap_seq and copy the origin's mode, owner, graph. */
     int cap_status;
     CUstreamCaptureMode cap_mode;
     unsigned long cap_owner; /* fake thread id of the thread that began it */
     CUgraph cap_graph;       /* cuStreamBeginCaptureToGraph's graph, else NULL */
+    uint64_t cap_seq;
+    bool cap_origin;
     fake_stream *prev, *next;
 };
 
@@ -180,18 +236,15 @@ struct fake_ctx {
     fake_ctx *next_all;
 };
 
-struct fake_capture {
-    fake_stream *stream;
-    uint64_t count;
-};
-
 struct fake_event {
     enum fake_kind kind;
     fake_ctx *ctx;
     unsigned flags;
-    bool in_graph; /* last recorded into a capturing stream */
-    size_t n, cap;
-    struct fake_capture *v;
+    bool in_graph;   /* last recorded into a capturing stream */
+    uint64_t cap_seq; /* that capture sequence, when in_graph */
+    /* What the last record captured outside a capture: the event is complete once every
+     * unit named has completed. Empty when never recorded or in_graph. */
+    struct fake_clock clock;
     fake_event *prev, *next;
 };
 
@@ -234,7 +287,9 @@ extern FAKE_HIDDEN struct fake_device fake_devices[FAKE_MAX_DEVICES];
 extern FAKE_HIDDEN int fake_device_count;
 extern FAKE_HIDDEN long fake_live_allocs;
 extern FAKE_HIDDEN fake_ctx *fake_all_ctxs;
+/* Counters read and reset without the lock: capture violations and races. */
 extern FAKE_HIDDEN atomic_long fake_violations;
+extern FAKE_HIDDEN atomic_long fake_race_count;
 
 FAKE_HIDDEN struct fake_thread *fake_self(void);
 FAKE_HIDDEN const char *fake_entry_name(enum fake_entry_id id);
@@ -258,8 +313,19 @@ FAKE_HIDDEN void fake_stream_init(fake_stream *s, fake_ctx *ctx, unsigned flags,
  * destroyed streams unless allow_destroyed. */
 FAKE_HIDDEN CUresult fake_resolve_stream(CUstream h, bool ptsz, bool allow_destroyed,
                                          fake_stream **out);
-FAKE_HIDDEN void fake_complete_ctx(fake_ctx *ctx);
-FAKE_HIDDEN void fake_retire(fake_stream *s, int64_t n);
+/* A created or per-thread stream without CU_STREAM_NON_BLOCKING: the legacy stream and it
+ * are ordered after each other's earlier work. */
+FAKE_HIDDEN bool fake_blocking(const fake_stream *s);
+/* Drop a destroyed stream from its context's list once it has no pending work. */
+FAKE_HIDDEN void fake_stream_prune(fake_stream *s);
+/* May an asynchronous operation go into s now? CUDA_SUCCESS with *captured set when s
+ * captures (the operation becomes a graph node: no unit, no effect), or the error: use of
+ * the legacy stream while a blocking stream of its context captures (a violation), or an
+ * invalidated capture. */
+FAKE_HIDDEN CUresult fake_async_admit(fake_stream *s, bool *captured);
+/* The stream a synchronous copy or memset runs on (the legacy stream, or the per-thread one
+ * for the _ptds forms), after the capture rules for a call that waits for it. */
+FAKE_HIDDEN CUresult fake_sync_stream(bool ptds, fake_stream **out);
 /* Tear down what a dying context owns in streams, events and captures. */
 FAKE_HIDDEN void fake_streams_ctx_destroyed(fake_ctx *ctx);
 /* Capture rules: CUDA_SUCCESS, or the error (counted as a violation) for an unsafe call. */
@@ -267,7 +333,54 @@ FAKE_HIDDEN CUresult fake_capture_guard_unsafe(void);
 FAKE_HIDDEN CUresult fake_capture_guard_ctx_sync(const fake_ctx *ctx);
 FAKE_HIDDEN void fake_thread_exit_streams(struct fake_thread *t);
 
+/* ---- the timeline (fake_timeline.c) ----------------------------------------------------- */
+/* One tick per entry point call; called by fake_enter, without the lock. */
+FAKE_HIDDEN void fake_tick(void);
+/* Complete the units whose ticks ran out by now (fake_set_work_ticks); under the lock. */
+FAKE_HIDDEN void fake_timeline_advance(void);
+/* Whether completed units left host functions to run (under the lock), and running them
+ * (without it: fake_unlock does both). */
+FAKE_HIDDEN bool fake_callbacks_waiting(void);
+FAKE_HIDDEN void fake_run_callbacks(void);
+
+/* Submit one unit of work on s for entry point `name`: it touches the nr ranges r and calls
+ * fn(data) when it completes (fn may be NULL). Reports the races it has with pending work.
+ * CUDA_SUCCESS, or CUDA_ERROR_OUT_OF_MEMORY (nothing submitted). */
+FAKE_HIDDEN CUresult fake_submit(fake_stream *s, const char *name, const struct fake_range *r,
+                                 int nr, CUhostFn fn, void *data);
+/* A synchronous operation on s: one unit that completes, with all it is ordered after,
+ * before the call returns; then the host touches the ranges, a race with any unit that
+ * still touches them. */
+FAKE_HIDDEN CUresult fake_submit_sync(fake_stream *s, const char *name,
+                                      const struct fake_range *r, int nr);
+/* Pending units of s. */
+FAKE_HIDDEN uint64_t fake_pending(const fake_stream *s);
+/* Complete the oldest n pending units of s (n < 0: all), and all they are ordered after. */
+FAKE_HIDDEN void fake_retire(fake_stream *s, int64_t n);
+/* Complete every pending unit of the context's streams (and all they are ordered after),
+ * or of every context. */
+FAKE_HIDDEN void fake_complete_ctx(fake_ctx *ctx);
+FAKE_HIDDEN void fake_complete_all(void);
+/* What an operation submitted on s now would be ordered after: the stream's clock plus the
+ * legacy rules. Replaces *out. CUDA_SUCCESS or CUDA_ERROR_OUT_OF_MEMORY. */
+FAKE_HIDDEN CUresult fake_stream_snapshot(const fake_stream *s, struct fake_clock *out);
+/* Whether everything enqueued on s (for the legacy stream: and on its context's blocking
+ * streams) has completed; and making it so, as cuStreamSynchronize does. */
+FAKE_HIDDEN bool fake_stream_idle(const fake_stream *s);
+FAKE_HIDDEN void fake_stream_drain(const fake_stream *s);
+/* A clock: all its units completed? Complete them (and all they are ordered after). Join
+ * src into dst (CUDA_SUCCESS or CUDA_ERROR_OUT_OF_MEMORY). Empty it; free its memory. */
+FAKE_HIDDEN bool fake_clock_done(const struct fake_clock *c);
+FAKE_HIDDEN void fake_clock_complete(const struct fake_clock *c);
+FAKE_HIDDEN CUresult fake_clock_join(struct fake_clock *dst, const struct fake_clock *src);
+FAKE_HIDDEN void fake_clock_clear(struct fake_clock *c);
+FAKE_HIDDEN void fake_clock_free(struct fake_clock *c);
+/* fake_set_ignore_stream_waits: cuStreamWaitEvent orders nothing. */
+FAKE_HIDDEN bool fake_ignore_waits(void);
+
 /* ---- memory (fake_mem.c) ---------------------------------------------------------------- */
 FAKE_HIDDEN void fake_mem_ctx_destroyed(fake_ctx *ctx);
+/* CUDA_SUCCESS if the n bytes at p lie inside one live allocation, else INVALID_VALUE. */
+FAKE_HIDDEN CUresult fake_mem_span(CUdeviceptr p, size_t n);
 
 #endif

@@ -23,6 +23,7 @@ struct proc {
 #define P_PTSZ(base) {#base, 0, NULL, FN(base), NULL, FN(base##_ptsz)}
 #define P_V(base, since, old, new) {#base, since, FN(old), FN(new), NULL, NULL}
 #define P_V_PTDS(base) {#base, 3020, FN(base), FN(base##_v2), NULL, FN(base##_v2_ptds)}
+#define P_V2_PTSZ(base) {#base, 3020, NULL, FN(base##_v2), NULL, FN(base##_v2_ptsz)}
 
 static const struct proc g_procs[] = {
     P(cuInit),
@@ -76,6 +77,16 @@ static const struct proc g_procs[] = {
     P_PTSZ(cuStreamEndCapture),
     P_PTSZ(cuStreamIsCapturing),
     P(cuThreadExchangeStreamCaptureMode),
+    P_PTSZ(cuStreamWaitEvent),
+    P_PTSZ(cuLaunchKernel),
+    P_PTSZ(cuLaunchKernelEx),
+    P_PTSZ(cuLaunchHostFunc),
+    P_PTSZ(cuGraphLaunch),
+    P_PTSZ(cuMemsetD8Async),
+    /* Only the _v2 forms exist here; older versions get "not found". */
+    P_V2_PTSZ(cuMemcpyHtoDAsync),
+    P_V2_PTSZ(cuMemcpyDtoHAsync),
+    P_V2_PTSZ(cuMemcpyDtoDAsync),
 };
 
 static void *resolve(const char *symbol, int version, cuuint64_t flags)

@@ -1,11 +1,30 @@
-/* Fake CUDA driver: streams, events and stream capture.
+/* Fake CUDA driver: streams, events, stream waits and stream capture.
  *
- * The ordering model: each stream counts units of work submitted and completed; work
- * completes in order, only when a test retires it or a synchronizing call waits for it. An
- * event remembers (stream, submitted) pairs and is complete once every one of those streams
- * has completed that much. Recording on the legacy stream also remembers every blocking
- * stream of the context, because the legacy stream waits for them; non-blocking streams are
- * left out, which is exactly the hazard a caching allocator must fence on its own. */
+ * The ordering model. Work on a stream is a sequence of units, numbered from 1: a kernel
+ * launch, an asynchronous copy or memset, a host function, a graph launch, a test's
+ * fake_stream_launch, and the synchronous copies and memsets, which are units on the legacy
+ * stream (the per-thread stream for their _ptds forms) that complete before the call
+ * returns. Each unit carries a vector clock of the units it is ordered after (see
+ * fake_timeline.c): its stream's previous unit and all that one was after;
+ *  - on the legacy stream, everything enqueued so far on every blocking stream of its
+ *    context (created without CU_STREAM_NON_BLOCKING, per-thread streams included);
+ *    non-blocking streams are left out, which is exactly the hazard a caching allocator
+ *    must fence on its own;
+ *  - on a blocking stream, everything enqueued so far on the legacy stream of its context;
+ *  - after cuStreamWaitEvent(S, E), on S, everything E's last record captured.
+ * cuEventRecord takes the clock an operation submitted there and then would have (legacy
+ * rules included); the event is complete once every unit in it is. Waiting for a stream
+ * (cuStreamQuery, cuStreamSynchronize) means everything enqueued on it, for the legacy
+ * stream also everything enqueued on the blocking streams of its context.
+ *
+ * Work completes only when a test retires it, a synchronizing call waits for it (cuMemFree
+ * and cuCtxSynchronize for the whole context), or its ticks run out (fake_set_work_ticks);
+ * completing a unit completes everything it is ordered after first. Submitting a unit
+ * checks it for races against the pending work (fake_timeline.c).
+ *
+ * Capture. An operation on a capturing stream becomes a graph node: no unit, no effect. A
+ * stream that waits on an event recorded in a capture joins that capture sequence; ending
+ * the capture on the stream that began it ends it for all of them. */
 #include "fake_internal.h"
 
 #include <stdio.h>
@@ -14,9 +33,10 @@
 
 #define MAX_CAPTURES 64
 
-/* Streams with an ongoing capture sequence (active or invalidated), process-wide. */
+/* Streams in an ongoing capture sequence (active or invalidated), process-wide. */
 static fake_stream *g_captures[MAX_CAPTURES];
 static int g_ncaptures;
+static uint64_t g_last_seq; /* capture sequences are numbered from 1 */
 /* cuStreamEndCapture hands this out; nothing in the fake consumes graphs. */
 static char g_dummy_graph;
 
@@ -30,9 +50,7 @@ void fake_stream_init(fake_stream *s, fake_ctx *ctx, unsigned flags, bool legacy
     s->cap_status = CU_STREAM_CAPTURE_STATUS_NONE;
 }
 
-static uint64_t pending(const fake_stream *s) { return s->submitted - s->completed; }
-
-static bool blocking(const fake_stream *s)
+bool fake_blocking(const fake_stream *s)
 {
     return !s->legacy && !(s->flags & CU_STREAM_NON_BLOCKING);
 }
@@ -64,28 +82,11 @@ static void unlink_stream(fake_stream *s)
 
 /* A destroyed stream stays on its context's list only while it still has work, so that the
  * legacy stream and context-wide waits still see that work; then it drops off. Its memory
- * stays (registered) so the old handle and events that remember it keep working. */
-static void prune(fake_stream *s)
+ * stays (registered) so the old handle and clocks that name it keep working. */
+void fake_stream_prune(fake_stream *s)
 {
-    if (s->destroyed && pending(s) == 0)
+    if (s->destroyed && fake_pending(s) == 0)
         unlink_stream(s);
-}
-
-void fake_retire(fake_stream *s, int64_t n)
-{
-    if (n < 0 || (uint64_t)n > pending(s))
-        n = (int64_t)pending(s);
-    s->completed += (uint64_t)n;
-    prune(s);
-}
-
-void fake_complete_ctx(fake_ctx *ctx)
-{
-    fake_retire(&ctx->legacy, -1);
-    for (fake_stream *s = ctx->streams, *next; s; s = next) {
-        next = s->next;
-        fake_retire(s, -1);
-    }
 }
 
 static fake_stream *stream_new(fake_ctx *ctx, unsigned flags)
@@ -167,6 +168,41 @@ static void capture_remove(fake_stream *s)
     }
     s->cap_status = CU_STREAM_CAPTURE_STATUS_NONE;
     s->cap_graph = NULL;
+    s->cap_seq = 0;
+    s->cap_origin = false;
+}
+
+/* A stream of the ongoing capture sequence seq (its origin if there is one), or NULL. */
+static fake_stream *sequence_member(uint64_t seq)
+{
+    fake_stream *any = NULL;
+    for (int i = 0; i < g_ncaptures; i++) {
+        if (g_captures[i]->cap_seq != seq)
+            continue;
+        if (g_captures[i]->cap_origin)
+            return g_captures[i];
+        any = g_captures[i];
+    }
+    return any;
+}
+
+/* The stream leaves its capture; if it began it, every stream that joined leaves too. */
+static void capture_leave(fake_stream *s)
+{
+    if (!s->cap_origin) {
+        capture_remove(s);
+        return;
+    }
+    uint64_t seq = s->cap_seq;
+    for (fake_stream *m; (m = sequence_member(seq));)
+        capture_remove(m);
+}
+
+static void invalidate_sequence(uint64_t seq)
+{
+    for (int i = 0; i < g_ncaptures; i++)
+        if (g_captures[i]->cap_seq == seq)
+            g_captures[i]->cap_status = CU_STREAM_CAPTURE_STATUS_INVALIDATED;
 }
 
 /* cuThreadExchangeStreamCaptureMode's rule for "potentially unsafe" calls: a GLOBAL-mode
@@ -185,7 +221,7 @@ static bool unsafe_conflict(const fake_stream *s, const struct fake_thread *t)
  * legacy stream depend on the capture. */
 static bool legacy_conflict(const fake_stream *s, const fake_stream *target)
 {
-    return target && target->legacy && s->ctx == target->ctx && blocking(s);
+    return target && target->legacy && s->ctx == target->ctx && fake_blocking(s);
 }
 
 enum {
@@ -217,7 +253,7 @@ static CUresult guard(unsigned rules, const fake_stream *target, const fake_ctx 
             e = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
         if (e == CUDA_SUCCESS)
             continue;
-        s->cap_status = CU_STREAM_CAPTURE_STATUS_INVALIDATED;
+        invalidate_sequence(s->cap_seq);
         if (rc == CUDA_SUCCESS)
             rc = e;
     }
@@ -238,6 +274,30 @@ CUresult fake_capture_guard_unsafe(void)
 CUresult fake_capture_guard_ctx_sync(const fake_ctx *ctx)
 {
     return guard(RULE_UNSAFE | RULE_CTX, NULL, ctx, CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+}
+
+CUresult fake_async_admit(fake_stream *s, bool *captured)
+{
+    *captured = false;
+    if (s->legacy) {
+        CUresult rc = guard(RULE_LEGACY, s, NULL, CUDA_ERROR_STREAM_CAPTURE_IMPLICIT);
+        if (rc != CUDA_SUCCESS)
+            return rc;
+    }
+    if (s->cap_status == CU_STREAM_CAPTURE_STATUS_INVALIDATED)
+        return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    *captured = capturing(s);
+    return CUDA_SUCCESS;
+}
+
+/* A synchronous copy waits for its stream like cuStreamSynchronize, so the same rules apply,
+ * except that it is not one of the "potentially unsafe" calls. */
+CUresult fake_sync_stream(bool ptds, fake_stream **out)
+{
+    CUresult rc = fake_resolve_stream(NULL, ptds, false, out);
+    if (rc == CUDA_SUCCESS)
+        rc = guard(RULE_LEGACY | RULE_TARGET, *out, NULL, CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    return rc;
 }
 
 /* ---- contexts and threads going away ----------------------------------------------------- */
@@ -265,9 +325,9 @@ void fake_thread_exit_streams(struct fake_thread *t)
         if (s->destroyed)
             continue;
         if (capturing(s))
-            capture_remove(s);
+            capture_leave(s);
         s->destroyed = true;
-        prune(s);
+        fake_stream_prune(s);
     }
     t->nptds = 0;
 }
@@ -312,9 +372,9 @@ static CUresult stream_destroy(CUstream h)
     if (rc != CUDA_SUCCESS)
         return rc;
     if (capturing(s))
-        capture_remove(s);
+        capture_leave(s);
     s->destroyed = true;
-    prune(s);
+    fake_stream_prune(s);
     return CUDA_SUCCESS;
 }
 
@@ -330,32 +390,6 @@ FAKE_API CUresult cuStreamDestroy(CUstream hStream)
     LOCKED(stream_destroy(hStream));
 }
 
-/* What waiting for a stream waits for: its own work, and for the legacy stream also the work
- * of every blocking stream of the context. */
-static bool stream_done(const fake_stream *s)
-{
-    if (pending(s))
-        return false;
-    if (!s->legacy)
-        return true;
-    for (const fake_stream *b = s->ctx->streams; b; b = b->next)
-        if (blocking(b) && pending(b))
-            return false;
-    return true;
-}
-
-static void stream_complete(fake_stream *s)
-{
-    fake_retire(s, -1);
-    if (!s->legacy)
-        return;
-    for (fake_stream *b = s->ctx->streams, *next; b; b = next) {
-        next = b->next;
-        if (blocking(b))
-            fake_retire(b, -1);
-    }
-}
-
 static CUresult stream_wait(CUstream h, bool ptsz, bool block)
 {
     fake_stream *s;
@@ -366,8 +400,8 @@ static CUresult stream_wait(CUstream h, bool ptsz, bool block)
     if (rc != CUDA_SUCCESS)
         return rc;
     if (block)
-        stream_complete(s);
-    return stream_done(s) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+        fake_stream_drain(s);
+    return fake_stream_idle(s) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
 
 FAKE_API CUresult cuStreamQuery(CUstream hStream)
@@ -452,7 +486,7 @@ static void event_free(fake_event *e)
     if (e->next)
         e->next->prev = e->prev;
     fake_reg_del(e);
-    free(e->v);
+    fake_clock_free(&e->clock);
     free(e);
 }
 
@@ -509,37 +543,6 @@ FAKE_API CUresult cuEventDestroy(CUevent hEvent)
     LOCKED(event_destroy(hEvent));
 }
 
-/* Streams with nothing pending are left out: they are already past any count we would take. */
-static bool event_remember(fake_event *e, fake_stream *s)
-{
-    if (pending(s) == 0)
-        return true;
-    if (e->n == e->cap) {
-        size_t cap = e->cap ? 2 * e->cap : 4;
-        struct fake_capture *v = realloc(e->v, cap * sizeof *v);
-        if (!v)
-            return false;
-        e->v = v;
-        e->cap = cap;
-    }
-    e->v[e->n++] = (struct fake_capture){s, s->submitted};
-    return true;
-}
-
-static CUresult event_snapshot(fake_event *e, fake_stream *s)
-{
-    e->n = 0;
-    e->in_graph = false;
-    if (!event_remember(e, s))
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    if (!s->legacy)
-        return CUDA_SUCCESS;
-    for (fake_stream *b = s->ctx->streams; b; b = b->next)
-        if (blocking(b) && !event_remember(e, b))
-            return CUDA_ERROR_OUT_OF_MEMORY;
-    return CUDA_SUCCESS;
-}
-
 static CUresult event_record(CUevent h, CUstream hs, bool ptsz)
 {
     fake_event *e = fake_reg_find(h, KIND_EVENT);
@@ -552,9 +555,11 @@ static CUresult event_record(CUevent h, CUstream hs, bool ptsz)
     if (s->ctx != e->ctx)
         return CUDA_ERROR_INVALID_HANDLE;
     if (capturing(s)) {
-        /* Becomes a node of the graph being captured, not a fence on real work. */
-        e->n = 0;
+        /* Becomes a node of the graph being captured, not a fence on real work; a stream
+         * that waits on it joins the capture. */
+        fake_clock_clear(&e->clock);
         e->in_graph = true;
+        e->cap_seq = s->cap_seq;
         return CUDA_SUCCESS;
     }
     if (s->legacy) {
@@ -562,7 +567,8 @@ static CUresult event_record(CUevent h, CUstream hs, bool ptsz)
         if (rc != CUDA_SUCCESS)
             return rc;
     }
-    return event_snapshot(e, s);
+    e->in_graph = false;
+    return fake_stream_snapshot(s, &e->clock);
 }
 
 FAKE_API CUresult cuEventRecord(CUevent hEvent, CUstream hStream)
@@ -587,18 +593,9 @@ static CUresult event_wait(CUevent h, bool block)
         return rc;
     if (e->in_graph)
         return CUDA_ERROR_CAPTURED_EVENT;
-    bool done = true;
-    for (size_t i = 0; i < e->n; i++) {
-        fake_stream *s = e->v[i].stream;
-        if (s->completed >= e->v[i].count)
-            continue;
-        if (!block) {
-            done = false;
-            break;
-        }
-        fake_retire(s, (int64_t)(e->v[i].count - s->completed));
-    }
-    return done ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+    if (block)
+        fake_clock_complete(&e->clock);
+    return fake_clock_done(&e->clock) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
 
 FAKE_API CUresult cuEventQuery(CUevent hEvent)
@@ -611,6 +608,70 @@ FAKE_API CUresult cuEventSynchronize(CUevent hEvent)
 {
     ENTER(cuEventSynchronize);
     LOCKED(event_wait(hEvent, true));
+}
+
+/* ---- stream waits ------------------------------------------------------------------------ */
+
+/* s waits on an event recorded in capture sequence seq: it joins that sequence, as the real
+ * driver does for cross-stream capture (the "fork" of a captured graph). A sequence that has
+ * ended left no work to wait for. */
+static CUresult join_capture(fake_stream *s, uint64_t seq)
+{
+    const fake_stream *o = sequence_member(seq);
+    if (!o || s->cap_seq == seq)
+        return CUDA_SUCCESS;
+    if (capturing(s))
+        return CUDA_ERROR_STREAM_CAPTURE_MERGE;
+    if (s->legacy)
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    if (g_ncaptures == MAX_CAPTURES)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    s->cap_status = o->cap_status;
+    s->cap_mode = o->cap_mode;
+    s->cap_owner = o->cap_owner;
+    s->cap_graph = o->cap_graph;
+    s->cap_seq = seq;
+    s->cap_origin = false;
+    capture_add(s);
+    return CUDA_SUCCESS;
+}
+
+/* The event may belong to another context: waiting across contexts is allowed. */
+static CUresult stream_wait_event(CUstream hs, CUevent he, unsigned flags, bool ptsz)
+{
+    fake_stream *s;
+    CUresult rc = fake_resolve_stream(hs, ptsz, false, &s);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    fake_event *e = fake_reg_find(he, KIND_EVENT);
+    if (!e)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (flags & ~(unsigned)CU_EVENT_WAIT_EXTERNAL)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (s->legacy) {
+        rc = guard(RULE_LEGACY, s, NULL, CUDA_ERROR_STREAM_CAPTURE_IMPLICIT);
+        if (rc != CUDA_SUCCESS)
+            return rc;
+    }
+    if (e->in_graph)
+        return join_capture(s, e->cap_seq);
+    /* A capturing stream waiting on real work: nothing to add to the graph the fake does not
+     * keep, and no unit of s will run until the graph is launched. */
+    if (capturing(s) || fake_ignore_waits())
+        return CUDA_SUCCESS;
+    return fake_clock_join(&s->clock, &e->clock);
+}
+
+FAKE_API CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags)
+{
+    ENTER(cuStreamWaitEvent);
+    LOCKED(stream_wait_event(hStream, hEvent, Flags, false));
+}
+
+FAKE_API CUresult cuStreamWaitEvent_ptsz(CUstream hStream, CUevent hEvent, unsigned int Flags)
+{
+    ENTER(cuStreamWaitEvent_ptsz);
+    LOCKED(stream_wait_event(hStream, hEvent, Flags, true));
 }
 
 /* ---- stream capture ---------------------------------------------------------------------- */
@@ -639,6 +700,8 @@ static CUresult begin_capture(CUstream h, CUstreamCaptureMode mode, bool ptsz, C
     s->cap_mode = mode;
     s->cap_owner = fake_self()->id;
     s->cap_graph = graph;
+    s->cap_seq = ++g_last_seq;
+    s->cap_origin = true;
     capture_add(s);
     return CUDA_SUCCESS;
 }
@@ -712,11 +775,13 @@ static CUresult end_capture(CUstream h, CUgraph *graph, bool ptsz)
         return rc;
     if (!capturing(s))
         return CUDA_ERROR_ILLEGAL_STATE;
+    if (!s->cap_origin)
+        return CUDA_ERROR_STREAM_CAPTURE_UNMATCHED;
     if (s->cap_mode != CU_STREAM_CAPTURE_MODE_RELAXED && s->cap_owner != fake_self()->id)
         return CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD;
     bool invalidated = s->cap_status == CU_STREAM_CAPTURE_STATUS_INVALIDATED;
     CUgraph into = s->cap_graph;
-    capture_remove(s);
+    capture_leave(s);
     *graph = invalidated ? NULL : into ? into : (CUgraph)(void *)&g_dummy_graph;
     return invalidated ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED : CUDA_SUCCESS;
 }
@@ -782,8 +847,9 @@ FAKE_API int fake_stream_launch(CUstream stream)
     fake_stream *s;
     int rc = fake_resolve_stream(stream, false, false, &s) == CUDA_SUCCESS ? 0 : -1;
     /* A launch into a capturing stream is recorded into the graph, not run. */
-    if (rc == 0 && !capturing(s))
-        s->submitted++;
+    if (rc == 0 && !capturing(s) &&
+        fake_submit(s, "fake_stream_launch", NULL, 0, NULL, NULL) != CUDA_SUCCESS)
+        rc = -1;
     fake_unlock();
     return rc;
 }
@@ -800,8 +866,7 @@ FAKE_API void fake_stream_retire(CUstream stream, int n)
 FAKE_API void fake_retire_all(void)
 {
     fake_lock();
-    for (fake_ctx *c = fake_all_ctxs; c; c = c->next_all)
-        fake_complete_ctx(c);
+    fake_complete_all();
     fake_unlock();
 }
 
@@ -811,7 +876,7 @@ FAKE_API int fake_stream_pending(CUstream stream)
     fake_stream *s;
     int n = -1;
     if (fake_resolve_stream(stream, false, true, &s) == CUDA_SUCCESS)
-        n = (int)pending(s);
+        n = (int)fake_pending(s);
     fake_unlock();
     return n;
 }

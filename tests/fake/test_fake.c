@@ -3,8 +3,10 @@
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
@@ -19,6 +21,26 @@
  * CUDA_API_PER_THREAD_DEFAULT_STREAM, which would rename every other call too. */
 CUresult cuEventRecord_ptsz(CUevent hEvent, CUstream hStream);
 CUresult cuStreamQuery_ptsz(CUstream hStream);
+CUresult cuStreamWaitEvent_ptsz(CUstream hStream, CUevent hEvent, unsigned int Flags);
+CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
+                             unsigned int gridDimZ, unsigned int blockDimX,
+                             unsigned int blockDimY, unsigned int blockDimZ,
+                             unsigned int sharedMemBytes, CUstream hStream, void **kernelParams,
+                             void **extra);
+CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunction f, void **kernelParams,
+                               void **extra);
+CUresult cuLaunchHostFunc_ptsz(CUstream hStream, CUhostFn fn, void *userData);
+CUresult cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream);
+CUresult cuMemsetD8Async_ptsz(CUdeviceptr dstDevice, unsigned char uc, size_t N,
+                              CUstream hStream);
+CUresult cuMemcpyHtoDAsync_v2_ptsz(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount,
+                                   CUstream hStream);
+CUresult cuMemcpyDtoHAsync_v2_ptsz(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount,
+                                   CUstream hStream);
+CUresult cuMemcpyDtoDAsync_v2_ptsz(CUdeviceptr dstDevice, CUdeviceptr srcDevice,
+                                   size_t ByteCount, CUstream hStream);
+CUresult cuMemsetD8_v2_ptds(CUdeviceptr dstDevice, unsigned char uc, size_t N);
+CUresult cuMemcpyDtoH_v2_ptds(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount);
 
 #define MiB (1024ull * 1024)
 #define GiB (1024ull * MiB)
@@ -45,6 +67,8 @@ static int teardown(void **state)
     (void)state;
     CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
     cuThreadExchangeStreamCaptureMode(&mode);
+    fake_set_work_ticks(0);
+    fake_set_ignore_stream_waits(0);
     fake_retire_all();
     int n = 0;
     cuDeviceGetCount(&n);
@@ -292,6 +316,22 @@ static const struct lookup g_lookups[] = {
     {"cuStreamBeginCaptureToGraph", 12030, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM,
      "cuStreamBeginCaptureToGraph_ptsz"},
     {"cuCtxGetApiVersion", 12000, 0, "cuCtxGetApiVersion"},
+    {"cuLaunchKernel", 12000, 0, "cuLaunchKernel"},
+    {"cuLaunchKernel", 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM,
+     "cuLaunchKernel_ptsz"},
+    {"cuLaunchKernelEx", 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM,
+     "cuLaunchKernelEx_ptsz"},
+    {"cuLaunchHostFunc", 12000, 0, "cuLaunchHostFunc"},
+    {"cuStreamWaitEvent", 12000, 0, "cuStreamWaitEvent"},
+    {"cuStreamWaitEvent", 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM,
+     "cuStreamWaitEvent_ptsz"},
+    {"cuGraphLaunch", 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, "cuGraphLaunch_ptsz"},
+    {"cuMemsetD8Async", 12000, 0, "cuMemsetD8Async"},
+    {"cuMemcpyHtoDAsync", 12000, 0, "cuMemcpyHtoDAsync_v2"},
+    {"cuMemcpyDtoHAsync", 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM,
+     "cuMemcpyDtoHAsync_v2_ptsz"},
+    {"cuMemcpyDtoDAsync", 12000, 0, "cuMemcpyDtoDAsync_v2"},
+    {"cuMemcpyDtoDAsync", 3010, 0, NULL}, /* the v1 form is not in the fake */
     /* No _ptsz variant: the plain one, flag or not. */
     {"cuStreamCreate", 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, "cuStreamCreate"},
     {"cuInit", 2000, 0, "cuInit"},
@@ -690,6 +730,831 @@ static void test_event_on_other_context(void **state)
     cuEventDestroy(ev);
 }
 
+/* ---- the timeline: units, their order, completion, races ------------------------------------ */
+
+static CUstream new_stream(unsigned flags)
+{
+    CUstream s = NULL;
+    assert_int_equal(cuStreamCreate(&s, flags), CUDA_SUCCESS);
+    return s;
+}
+
+static CUevent new_event(void)
+{
+    CUevent e = NULL;
+    assert_int_equal(cuEventCreate(&e, 0), CUDA_SUCCESS);
+    return e;
+}
+
+static CUdeviceptr new_mem(size_t n)
+{
+    CUdeviceptr p = 0;
+    assert_int_equal(cuMemAlloc(&p, n), CUDA_SUCCESS);
+    return p;
+}
+
+/* The fake's touch kernel over [p, p + n) on stream s. */
+static CUresult touch(CUstream s, CUdeviceptr p, size_t n)
+{
+    void *params[] = {&p, &n};
+    return cuLaunchKernel(fake_touch_kernel(), 1, 1, 1, 32, 1, 1, 0, s, params, NULL);
+}
+
+/* n driver calls: n ticks. cuDriverGetVersion takes no lock, so the timeline only catches up
+ * at the next call that does (or a control call). */
+static void burn(int n)
+{
+    int v;
+    for (int i = 0; i < n; i++)
+        cuDriverGetVersion(&v);
+}
+
+static void test_touch_kernel(void **state)
+{
+    (void)state;
+    CUstream s = new_stream(CU_STREAM_NON_BLOCKING);
+    CUdeviceptr p = new_mem(4096), bogus = 16;
+    size_t n = 4096, big = 4097, zero = 0;
+    void *params[] = {&p, &n};
+    void *too_big[] = {&p, &big};
+    void *nothing[] = {&bogus, &zero};
+    CUfunction k = fake_touch_kernel();
+    assert_non_null(k);
+    assert_ptr_equal(fake_touch_kernel(), k);
+    assert_int_equal(cuLaunchKernel(k, 2, 1, 1, 128, 1, 1, 0, s, params, NULL), CUDA_SUCCESS);
+    assert_int_equal(fake_stream_pending(s), 1);
+    assert_int_equal(cuStreamQuery(s), CUDA_ERROR_NOT_READY);
+
+    /* Refused launches add no work. */
+    assert_int_equal(cuLaunchKernel((CUfunction)(void *)&n, 1, 1, 1, 1, 1, 1, 0, s, params, NULL),
+                     CUDA_ERROR_INVALID_HANDLE);
+    assert_int_equal(cuLaunchKernel(NULL, 1, 1, 1, 1, 1, 1, 0, s, params, NULL),
+                     CUDA_ERROR_INVALID_HANDLE);
+    assert_int_equal(cuLaunchKernel(k, 1, 1, 1, 1, 1, 1, 0, s, too_big, NULL),
+                     CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(cuLaunchKernel(k, 1, 1, 1, 1, 1, 1, 0, s, NULL, NULL),
+                     CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(cuLaunchKernel(k, 0, 1, 1, 1, 1, 1, 0, s, params, NULL),
+                     CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(cuLaunchKernel(k, 1, 1, 1, 1025, 1, 1, 0, s, params, NULL),
+                     CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(cuLaunchKernel(k, 1, 1, 1, 1, 1, 1, 0, (CUstream)&n, params, NULL),
+                     CUDA_ERROR_INVALID_HANDLE);
+    assert_int_equal(fake_stream_pending(s), 1);
+    /* Zero bytes touch nothing, wherever they point. */
+    assert_int_equal(cuLaunchKernel(k, 1, 1, 1, 1, 1, 1, 0, s, nothing, NULL), CUDA_SUCCESS);
+    assert_int_equal(fake_stream_pending(s), 2);
+
+    /* cuLaunchKernelEx takes its stream from the configuration. */
+    CUlaunchConfig cfg = {.gridDimX = 4, .gridDimY = 1, .gridDimZ = 1, .blockDimX = 256,
+                          .blockDimY = 1, .blockDimZ = 1, .hStream = s};
+    assert_int_equal(cuLaunchKernelEx(&cfg, k, params, NULL), CUDA_SUCCESS);
+    assert_int_equal(fake_stream_pending(s), 3);
+    assert_int_equal(cuLaunchKernelEx(NULL, k, params, NULL), CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(cuLaunchKernelEx(&cfg, NULL, params, NULL), CUDA_ERROR_INVALID_HANDLE);
+    assert_int_equal(cuStreamSynchronize(s), CUDA_SUCCESS);
+
+    /* NULL is the legacy stream, or the per-thread stream in the _ptsz forms. */
+    cfg.hStream = NULL;
+    assert_int_equal(cuLaunchKernelEx(&cfg, k, params, NULL), CUDA_SUCCESS);
+    assert_int_equal(fake_stream_pending(CU_STREAM_LEGACY), 1);
+    assert_int_equal(cuLaunchKernelEx_ptsz(&cfg, k, params, NULL), CUDA_SUCCESS);
+    assert_int_equal(cuLaunchKernel_ptsz(k, 1, 1, 1, 1, 1, 1, 0, NULL, params, NULL),
+                     CUDA_SUCCESS);
+    assert_int_equal(touch(CU_STREAM_PER_THREAD, p, 8), CUDA_SUCCESS);
+    assert_int_equal(fake_stream_pending(CU_STREAM_PER_THREAD), 3);
+    assert_int_equal(fake_stream_pending(CU_STREAM_LEGACY), 1);
+    assert_int_equal(fake_calls("cuLaunchKernel"), 10);
+    assert_int_equal(fake_calls("cuLaunchKernel_ptsz"), 1);
+    assert_int_equal(fake_calls("cuLaunchKernelEx"), 4);
+    assert_int_equal(fake_calls("cuLaunchKernelEx_ptsz"), 1);
+    assert_int_equal(fake_races(), 0); /* all on one stream, or ordered by the legacy rules */
+    assert_int_equal(cuCtxSynchronize(), CUDA_SUCCESS);
+    assert_int_equal(fake_stream_pending(CU_STREAM_PER_THREAD), 0);
+    assert_int_equal(cuMemFree(p), CUDA_SUCCESS);
+    cuStreamDestroy(s);
+}
+
+static void test_async_copies_and_memsets(void **state)
+{
+    (void)state;
+    CUstream s = new_stream(CU_STREAM_NON_BLOCKING);
+    CUdeviceptr p = new_mem(256), q = new_mem(256);
+    unsigned char in[256], out[256];
+    memset(in, 7, sizeof in);
+    memset(out, 0, sizeof out);
+    assert_int_equal(cuMemsetD8Async(p, 0x33, 256, s), CUDA_SUCCESS);
+    assert_int_equal(cuMemcpyHtoDAsync(q, in, 128, s), CUDA_SUCCESS);
+    assert_int_equal(cuMemcpyDtoDAsync(p + 128, q, 128, s), CUDA_SUCCESS);
+    assert_int_equal(cuMemcpyDtoHAsync(out, p, 256, s), CUDA_SUCCESS);
+    assert_int_equal(fake_stream_pending(s), 4);
+    /* The fake moves the bytes at submission. */
+    assert_int_equal(out[0], 0x33);
+    assert_int_equal(out[127], 0x33);
+    assert_int_equal(out[128], 7);
+    assert_int_equal(out[255], 7);
+
+    /* Ranges are checked as for the synchronous calls; a refused call adds no work. */
+    assert_int_equal(cuMemsetD8Async(p, 0, 257, s), CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(cuMemcpyHtoDAsync(q, NULL, 1, s), CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(cuMemcpyDtoHAsync(NULL, q, 1, s), CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(cuMemcpyDtoDAsync(p, q + 1, 256, s), CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(cuMemcpyDtoDAsync(p + 1, q, 256, s), CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(cuMemsetD8Async(p, 0, 1, (CUstream)in), CUDA_ERROR_INVALID_HANDLE);
+    assert_int_equal(fake_stream_pending(s), 4);
+    assert_int_equal(cuStreamSynchronize(s), CUDA_SUCCESS);
+
+    /* NULL is the legacy stream, or the per-thread stream in the _ptsz forms. */
+    assert_int_equal(cuMemsetD8Async(p, 1, 1, NULL), CUDA_SUCCESS);
+    assert_int_equal(fake_stream_pending(NULL), 1);
+    assert_int_equal(cuMemsetD8Async_ptsz(p, 2, 1, NULL), CUDA_SUCCESS);
+    assert_int_equal(cuMemcpyHtoDAsync_v2_ptsz(q, in, 1, NULL), CUDA_SUCCESS);
+    assert_int_equal(cuMemcpyDtoHAsync_v2_ptsz(out, p, 1, NULL), CUDA_SUCCESS);
+    assert_int_equal(cuMemcpyDtoDAsync_v2_ptsz(p + 1, q, 1, NULL), CUDA_SUCCESS);
+    assert_int_equal(fake_stream_pending(CU_STREAM_PER_THREAD), 4);
+    assert_int_equal(out[0], 2);
+    assert_int_equal(fake_races(), 0);
+    assert_int_equal(cuCtxSynchronize(), CUDA_SUCCESS);
+    assert_int_equal(fake_stream_pending(CU_STREAM_PER_THREAD), 0);
+    assert_int_equal(fake_stream_pending(NULL), 0);
+    cuMemFree(p);
+    cuMemFree(q);
+    cuStreamDestroy(s);
+}
+
+static void test_sync_copies_are_legacy_units(void **state)
+{
+    (void)state;
+    CUstream blk = new_stream(0), nb = new_stream(CU_STREAM_NON_BLOCKING);
+    CUdeviceptr p = new_mem(64), q = new_mem(64);
+    char buf[64] = {0};
+    fake_stream_launch(blk);
+    fake_stream_launch(nb);
+    fake_stream_launch(NULL);
+    assert_int_equal(cuMemsetD8(p, 1, 64), CUDA_SUCCESS);
+    /* It waited for the legacy stream, and so for the blocking streams; not for nb. */
+    assert_int_equal(fake_stream_pending(NULL), 0);
+    assert_int_equal(fake_stream_pending(blk), 0);
+    assert_int_equal(fake_stream_pending(nb), 1);
+
+    /* The _ptds forms run on the per-thread stream, which like any blocking stream is
+     * ordered after the legacy stream's earlier work. */
+    fake_stream_launch(NULL);
+    fake_stream_launch(CU_STREAM_PER_THREAD);
+    assert_int_equal(cuMemcpyDtoH_v2_ptds(buf, p, 64), CUDA_SUCCESS);
+    assert_int_equal(buf[63], 1);
+    assert_int_equal(fake_stream_pending(CU_STREAM_PER_THREAD), 0);
+    assert_int_equal(fake_stream_pending(NULL), 0);
+    assert_int_equal(fake_stream_pending(nb), 1);
+    assert_int_equal(cuMemsetD8_v2_ptds(q, 2, 64), CUDA_SUCCESS);
+    assert_int_equal(cuMemcpyDtoD(p, q, 64), CUDA_SUCCESS);
+    assert_int_equal(cuMemcpyDtoH(buf, p, 64), CUDA_SUCCESS);
+    assert_int_equal(buf[0], 2);
+    assert_int_equal(fake_calls("cuMemsetD8_v2_ptds"), 1);
+    assert_int_equal(fake_calls("cuMemcpyDtoH_v2"), 1);
+    assert_int_equal(fake_races(), 0); /* nb's unit touches nothing */
+    cuMemFree(p);
+    cuMemFree(q);
+    cuStreamDestroy(blk);
+    cuStreamDestroy(nb);
+}
+
+static void test_legacy_and_blocking_order(void **state)
+{
+    (void)state;
+    CUstream blk = new_stream(0), nb = new_stream(CU_STREAM_NON_BLOCKING);
+    /* A legacy unit is after the blocking streams' earlier units, not the non-blocking ones':
+     * completing it completes them first. */
+    fake_stream_launch(blk);
+    fake_stream_launch(nb);
+    fake_stream_launch(NULL);
+    fake_stream_retire(NULL, 1);
+    assert_int_equal(fake_stream_pending(blk), 0);
+    assert_int_equal(fake_stream_pending(nb), 1);
+    /* A blocking stream's unit is after the legacy stream's earlier units. */
+    fake_stream_launch(NULL);
+    fake_stream_launch(blk);
+    fake_stream_retire(blk, 1);
+    assert_int_equal(fake_stream_pending(NULL), 0);
+    /* The legacy stream and a non-blocking stream are not ordered either way. */
+    fake_stream_launch(NULL);
+    fake_stream_retire(nb, -1);
+    assert_int_equal(fake_stream_pending(NULL), 1);
+    fake_stream_launch(nb);
+    fake_stream_retire(NULL, -1);
+    assert_int_equal(fake_stream_pending(nb), 1);
+    fake_stream_retire(nb, -1);
+    /* The order is the order of submission: a blocking unit is not after later legacy work. */
+    fake_stream_launch(blk);
+    fake_stream_launch(NULL);
+    fake_stream_retire(blk, 1);
+    assert_int_equal(fake_stream_pending(NULL), 1);
+    fake_stream_retire(NULL, -1);
+
+    /* The legacy stream is ordered with the blocking streams of its own context only. */
+    CUcontext c2;
+    assert_int_equal(cuCtxCreate(&c2, NULL, 0, 0), CUDA_SUCCESS);
+    CUstream other = new_stream(0);
+    fake_stream_launch(other);
+    assert_int_equal(cuCtxPopCurrent(NULL), CUDA_SUCCESS);
+    fake_stream_launch(NULL);
+    fake_stream_retire(NULL, -1);
+    assert_int_equal(fake_stream_pending(other), 1);
+    assert_int_equal(cuCtxDestroy(c2), CUDA_SUCCESS); /* completes its work */
+    assert_int_equal(fake_stream_pending(other), 0);
+    cuStreamDestroy(blk);
+    cuStreamDestroy(nb);
+}
+
+static void test_stream_wait_event(void **state)
+{
+    (void)state;
+    CUstream a = new_stream(CU_STREAM_NON_BLOCKING), b = new_stream(CU_STREAM_NON_BLOCKING);
+    CUevent e = new_event(), fresh = new_event();
+    fake_stream_launch(a);
+    fake_stream_launch(a);
+    assert_int_equal(cuEventRecord(e, a), CUDA_SUCCESS);
+    fake_stream_launch(a); /* after the record: not waited for */
+    assert_int_equal(cuStreamWaitEvent(b, e, 0), CUDA_SUCCESS);
+    /* The wait is enqueued on b: b is not idle until a's first two units complete. */
+    assert_int_equal(cuStreamQuery(b), CUDA_ERROR_NOT_READY);
+    fake_stream_launch(b);
+    fake_stream_retire(b, 1);
+    assert_int_equal(fake_stream_pending(a), 1);
+    assert_int_equal(cuStreamQuery(b), CUDA_SUCCESS);
+
+    /* An event never recorded orders nothing; CU_EVENT_WAIT_EXTERNAL is a valid flag. */
+    assert_int_equal(cuStreamWaitEvent(b, fresh, CU_EVENT_WAIT_EXTERNAL), CUDA_SUCCESS);
+    assert_int_equal(cuStreamQuery(b), CUDA_SUCCESS);
+    assert_int_equal(cuStreamWaitEvent(b, e, 2), CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(cuStreamWaitEvent(b, NULL, 0), CUDA_ERROR_INVALID_HANDLE);
+    assert_int_equal(cuStreamWaitEvent(b, (CUevent)a, 0), CUDA_ERROR_INVALID_HANDLE);
+    assert_int_equal(cuStreamWaitEvent((CUstream)e, e, 0), CUDA_ERROR_INVALID_HANDLE);
+    assert_int_equal(cuStreamWaitEvent((CUstream)&e, e, 0), CUDA_ERROR_INVALID_HANDLE);
+
+    /* NULL is the legacy stream, or the per-thread stream in the _ptsz form. */
+    assert_int_equal(cuEventRecord(e, a), CUDA_SUCCESS); /* a's third unit */
+    assert_int_equal(cuStreamWaitEvent(NULL, e, 0), CUDA_SUCCESS);
+    assert_int_equal(cuStreamQuery(NULL), CUDA_ERROR_NOT_READY);
+    assert_int_equal(cuStreamWaitEvent_ptsz(NULL, e, 0), CUDA_SUCCESS);
+    assert_int_equal(cuStreamQuery_ptsz(NULL), CUDA_ERROR_NOT_READY);
+    assert_int_equal(cuStreamSynchronize(NULL), CUDA_SUCCESS);
+    assert_int_equal(fake_stream_pending(a), 0);
+    assert_int_equal(cuStreamQuery_ptsz(NULL), CUDA_SUCCESS);
+
+    /* Waiting on another context's event is allowed, and orders as any other. */
+    CUcontext c2;
+    assert_int_equal(cuCtxCreate(&c2, NULL, 0, 0), CUDA_SUCCESS);
+    CUstream o = new_stream(CU_STREAM_NON_BLOCKING);
+    CUevent eo = new_event();
+    fake_stream_launch(o);
+    assert_int_equal(cuEventRecord(eo, o), CUDA_SUCCESS);
+    assert_int_equal(cuCtxPopCurrent(NULL), CUDA_SUCCESS);
+    assert_int_equal(cuStreamWaitEvent(b, eo, 0), CUDA_SUCCESS);
+    fake_stream_launch(b);
+    fake_stream_retire(b, -1);
+    assert_int_equal(fake_stream_pending(o), 0);
+    assert_int_equal(fake_calls("cuStreamWaitEvent"), 9);
+    assert_int_equal(fake_calls("cuStreamWaitEvent_ptsz"), 1);
+    assert_int_equal(cuCtxDestroy(c2), CUDA_SUCCESS);
+    cuEventDestroy(e);
+    cuEventDestroy(fresh);
+    cuStreamDestroy(a);
+    cuStreamDestroy(b);
+}
+
+static void test_events_over_waits(void **state)
+{
+    (void)state;
+    CUstream a = new_stream(CU_STREAM_NON_BLOCKING), b = new_stream(CU_STREAM_NON_BLOCKING);
+    CUevent e1 = new_event(), e2 = new_event();
+    /* An event recorded after a wait covers what was waited for, even with no unit between. */
+    fake_stream_launch(a);
+    assert_int_equal(cuEventRecord(e1, a), CUDA_SUCCESS);
+    assert_int_equal(cuStreamWaitEvent(b, e1, 0), CUDA_SUCCESS);
+    assert_int_equal(cuEventRecord(e2, b), CUDA_SUCCESS);
+    assert_int_equal(cuEventQuery(e2), CUDA_ERROR_NOT_READY);
+    fake_stream_retire(a, -1);
+    assert_int_equal(cuEventQuery(e2), CUDA_SUCCESS);
+    /* Synchronizing on it completes both streams' work. */
+    fake_stream_launch(a);
+    assert_int_equal(cuEventRecord(e1, a), CUDA_SUCCESS);
+    assert_int_equal(cuStreamWaitEvent(b, e1, 0), CUDA_SUCCESS);
+    fake_stream_launch(b);
+    assert_int_equal(cuEventRecord(e2, b), CUDA_SUCCESS);
+    assert_int_equal(cuEventSynchronize(e2), CUDA_SUCCESS);
+    assert_int_equal(fake_stream_pending(a), 0);
+    assert_int_equal(fake_stream_pending(b), 0);
+    /* A wait takes the event as it is at the wait: a later record does not move it. */
+    fake_stream_launch(a);
+    assert_int_equal(cuEventRecord(e1, a), CUDA_SUCCESS);
+    assert_int_equal(cuStreamWaitEvent(b, e1, 0), CUDA_SUCCESS);
+    fake_stream_launch(a);
+    assert_int_equal(cuEventRecord(e1, a), CUDA_SUCCESS);
+    fake_stream_launch(b);
+    fake_stream_retire(b, -1);
+    assert_int_equal(fake_stream_pending(a), 1);
+    assert_int_equal(cuEventQuery(e1), CUDA_ERROR_NOT_READY);
+    cuEventDestroy(e1);
+    cuEventDestroy(e2);
+    cuStreamDestroy(a);
+    cuStreamDestroy(b);
+}
+
+static void test_completion_cascades(void **state)
+{
+    (void)state;
+    CUstream a = new_stream(CU_STREAM_NON_BLOCKING), b = new_stream(CU_STREAM_NON_BLOCKING),
+             c = new_stream(CU_STREAM_NON_BLOCKING), blk = new_stream(0);
+    CUevent ea = new_event(), eb = new_event();
+    /* a -> b -> c: completing c's unit completes the chain, not a's later unit. */
+    fake_stream_launch(a);
+    assert_int_equal(cuEventRecord(ea, a), CUDA_SUCCESS);
+    fake_stream_launch(a);
+    assert_int_equal(cuStreamWaitEvent(b, ea, 0), CUDA_SUCCESS);
+    fake_stream_launch(b);
+    assert_int_equal(cuEventRecord(eb, b), CUDA_SUCCESS);
+    assert_int_equal(cuStreamWaitEvent(c, eb, 0), CUDA_SUCCESS);
+    fake_stream_launch(c);
+    fake_stream_launch(c);
+    fake_stream_retire(c, 1);
+    assert_int_equal(fake_stream_pending(c), 1);
+    assert_int_equal(fake_stream_pending(b), 0);
+    assert_int_equal(fake_stream_pending(a), 1);
+    /* cuStreamSynchronize completes what the stream is ordered after too. */
+    fake_stream_launch(b);
+    assert_int_equal(cuEventRecord(eb, b), CUDA_SUCCESS);
+    assert_int_equal(cuStreamWaitEvent(c, eb, 0), CUDA_SUCCESS);
+    assert_int_equal(cuStreamSynchronize(c), CUDA_SUCCESS);
+    assert_int_equal(fake_stream_pending(b), 0);
+    assert_int_equal(fake_stream_pending(c), 0);
+    assert_int_equal(fake_stream_pending(a), 1);
+    /* Through the legacy rules: legacy -> blocking stream -> event -> c. */
+    fake_stream_launch(NULL);
+    fake_stream_launch(blk);
+    assert_int_equal(cuEventRecord(eb, blk), CUDA_SUCCESS);
+    assert_int_equal(cuStreamWaitEvent(c, eb, 0), CUDA_SUCCESS);
+    fake_stream_launch(c);
+    fake_stream_retire(c, -1);
+    assert_int_equal(fake_stream_pending(NULL), 0);
+    assert_int_equal(fake_stream_pending(blk), 0);
+    assert_int_equal(fake_stream_pending(a), 1);
+    /* fake_stream_retire on a destroyed stream still cascades. */
+    assert_int_equal(cuEventRecord(ea, a), CUDA_SUCCESS);
+    assert_int_equal(cuStreamWaitEvent(b, ea, 0), CUDA_SUCCESS);
+    fake_stream_launch(b);
+    assert_int_equal(cuStreamDestroy(b), CUDA_SUCCESS);
+    fake_stream_retire(b, -1);
+    assert_int_equal(fake_stream_pending(a), 0);
+    cuEventDestroy(ea);
+    cuEventDestroy(eb);
+    cuStreamDestroy(a);
+    cuStreamDestroy(c);
+    cuStreamDestroy(blk);
+}
+
+struct ptds_worker {
+    CUcontext ctx;
+    CUevent ev;
+    CUresult rc;
+};
+
+/* Launches on its own per-thread stream, records there, and exits: the stream dies, its
+ * work stays. */
+static void *ptds_thread(void *arg)
+{
+    struct ptds_worker *w = arg;
+    w->rc = cuCtxSetCurrent(w->ctx);
+    if (w->rc == CUDA_SUCCESS && fake_stream_launch(CU_STREAM_PER_THREAD) != 0)
+        w->rc = CUDA_ERROR_UNKNOWN;
+    if (w->rc == CUDA_SUCCESS)
+        w->rc = cuEventRecord_ptsz(w->ev, NULL);
+    return NULL;
+}
+
+static void test_per_thread_streams(void **state)
+{
+    (void)state;
+    struct ptds_worker w = {.ctx = g_ctx, .ev = new_event()};
+    pthread_t t;
+    fake_stream_launch(CU_STREAM_PER_THREAD);
+    pthread_create(&t, NULL, ptds_thread, &w);
+    pthread_join(t, NULL);
+    assert_int_equal(w.rc, CUDA_SUCCESS);
+    /* Each thread has its own: this one's holds one unit, not two. */
+    assert_int_equal(fake_stream_pending(CU_STREAM_PER_THREAD), 1);
+    assert_int_equal(cuEventQuery(w.ev), CUDA_ERROR_NOT_READY);
+    /* Both are blocking: a legacy unit is after both, the dead thread's included. */
+    fake_stream_launch(NULL);
+    fake_stream_retire(NULL, 1);
+    assert_int_equal(cuEventQuery(w.ev), CUDA_SUCCESS);
+    assert_int_equal(fake_stream_pending(CU_STREAM_PER_THREAD), 0);
+    /* And a per-thread unit is after earlier legacy work. */
+    fake_stream_launch(NULL);
+    fake_stream_launch(CU_STREAM_PER_THREAD);
+    fake_stream_retire(CU_STREAM_PER_THREAD, 1);
+    assert_int_equal(fake_stream_pending(NULL), 0);
+    cuEventDestroy(w.ev);
+}
+
+static void test_work_ticks(void **state)
+{
+    (void)state;
+    CUstream a = new_stream(CU_STREAM_NON_BLOCKING), b = new_stream(CU_STREAM_NON_BLOCKING);
+    CUevent e = new_event();
+    fake_set_work_ticks(3);
+    /* Submitted by a control call (not a tick): done 3 driver calls later. */
+    assert_int_equal(fake_stream_launch(a), 0);
+    burn(2);
+    assert_int_equal(fake_stream_pending(a), 1);
+    burn(1);
+    assert_int_equal(fake_stream_pending(a), 0);
+    /* A unit starts when its stream's previous unit completes. */
+    fake_stream_launch(a);
+    fake_stream_launch(a);
+    burn(3);
+    assert_int_equal(fake_stream_pending(a), 1);
+    burn(2);
+    assert_int_equal(fake_stream_pending(a), 1);
+    burn(1);
+    assert_int_equal(fake_stream_pending(a), 0);
+    /* ... and when what it waits for completes: a's unit ends at +3 (the record and the wait
+     * are ticks 1 and 2), b's starts then and ends at +6. */
+    fake_stream_launch(a);
+    assert_int_equal(cuEventRecord(e, a), CUDA_SUCCESS);
+    assert_int_equal(cuStreamWaitEvent(b, e, 0), CUDA_SUCCESS);
+    fake_stream_launch(b);
+    burn(1);
+    assert_int_equal(fake_stream_pending(a), 0);
+    assert_int_equal(fake_stream_pending(b), 1);
+    burn(2);
+    assert_int_equal(fake_stream_pending(b), 1);
+    burn(1);
+    assert_int_equal(fake_stream_pending(b), 0);
+
+    /* Units from before the setting wait for a retire, and hold back those after them. */
+    fake_set_work_ticks(0);
+    fake_stream_launch(a);
+    fake_set_work_ticks(2);
+    fake_stream_launch(a);
+    burn(10);
+    assert_int_equal(fake_stream_pending(a), 2);
+    fake_stream_retire(a, 1); /* the second can start now */
+    burn(1);
+    assert_int_equal(fake_stream_pending(a), 1);
+    assert_int_equal(cuStreamQuery(a), CUDA_SUCCESS); /* itself the second tick */
+
+    /* A host loop that runs ahead of a GPU needing 4 ticks a kernel, 2 ticks an iteration:
+     * work piles up while it runs, then drains by itself. */
+    CUdeviceptr p = new_mem(64);
+    fake_set_work_ticks(4);
+    int most = 0;
+    for (int i = 0; i < 20; i++) {
+        assert_int_equal(touch(a, p, 64), CUDA_SUCCESS);
+        assert_int_equal(cuEventRecord(e, a), CUDA_SUCCESS);
+        int n = fake_stream_pending(a);
+        most = n > most ? n : most;
+    }
+    assert_true(most > 5 && most < 20);
+    assert_int_equal(cuEventQuery(e), CUDA_ERROR_NOT_READY);
+    burn(4 * 20);
+    assert_int_equal(cuEventQuery(e), CUDA_SUCCESS);
+    assert_int_equal(fake_stream_pending(a), 0);
+    assert_int_equal(fake_races(), 0);
+    cuMemFree(p);
+    cuEventDestroy(e);
+    cuStreamDestroy(a);
+    cuStreamDestroy(b);
+}
+
+static void test_race_check(void **state)
+{
+    (void)state;
+    CUstream a = new_stream(CU_STREAM_NON_BLOCKING), b = new_stream(CU_STREAM_NON_BLOCKING),
+             blk = new_stream(0);
+    CUevent e = new_event();
+    CUdeviceptr p = new_mem(4096);
+    /* Overlapping bytes on two unordered streams: a race. */
+    assert_int_equal(touch(a, p, 1024), CUDA_SUCCESS);
+    assert_int_equal(touch(b, p + 512, 16), CUDA_SUCCESS);
+    assert_int_equal(fake_races(), 1);
+    /* Disjoint bytes: none. */
+    assert_int_equal(touch(b, p + 2048, 16), CUDA_SUCCESS);
+    assert_int_equal(fake_races(), 1);
+    fake_retire_all();
+    fake_reset_counters();
+    assert_int_equal(fake_races(), 0);
+
+    /* One stream is ordered; so are streams joined by an event wait. */
+    assert_int_equal(touch(a, p, 4096), CUDA_SUCCESS);
+    assert_int_equal(touch(a, p, 4096), CUDA_SUCCESS);
+    assert_int_equal(cuEventRecord(e, a), CUDA_SUCCESS);
+    assert_int_equal(cuStreamWaitEvent(b, e, 0), CUDA_SUCCESS);
+    assert_int_equal(touch(b, p, 4096), CUDA_SUCCESS);
+    assert_int_equal(fake_races(), 0);
+    /* ... but work submitted on a after the record is not ordered before b's. */
+    assert_int_equal(touch(a, p, 1), CUDA_SUCCESS);
+    assert_int_equal(fake_races(), 1);
+    /* Completed work is no race. */
+    fake_retire_all();
+    assert_int_equal(touch(b, p, 4096), CUDA_SUCCESS);
+    assert_int_equal(fake_races(), 1);
+    fake_retire_all();
+    fake_reset_counters();
+
+    /* The legacy stream and blocking streams are ordered; a non-blocking stream is not. */
+    assert_int_equal(touch(blk, p, 64), CUDA_SUCCESS);
+    assert_int_equal(touch(NULL, p, 64), CUDA_SUCCESS);
+    assert_int_equal(touch(blk, p, 64), CUDA_SUCCESS);
+    assert_int_equal(fake_races(), 0);
+    assert_int_equal(touch(b, p + 63, 1), CUDA_SUCCESS);
+    assert_int_equal(fake_races(), 3);
+    fake_retire_all();
+
+    /* cuMemFree waits for the context's work: nothing is left touching freed memory. */
+    assert_int_equal(touch(a, p, 64), CUDA_SUCCESS);
+    assert_int_equal(cuMemFree(p), CUDA_SUCCESS);
+    assert_int_equal(fake_stream_pending(a), 0);
+    assert_int_equal(fake_races(), 3);
+    cuEventDestroy(e);
+    cuStreamDestroy(a);
+    cuStreamDestroy(b);
+    cuStreamDestroy(blk);
+}
+
+static void test_race_check_copies(void **state)
+{
+    (void)state;
+    CUstream a = new_stream(CU_STREAM_NON_BLOCKING), b = new_stream(CU_STREAM_NON_BLOCKING),
+             blk = new_stream(0);
+    CUdeviceptr p = new_mem(4096), q = new_mem(64);
+    char buf[64];
+    /* Asynchronous copies and memsets check too, both ranges of a device-to-device copy. */
+    assert_int_equal(touch(a, p, 1024), CUDA_SUCCESS);
+    assert_int_equal(cuMemsetD8Async(p + 512, 0, 16, b), CUDA_SUCCESS);
+    assert_int_equal(fake_races(), 1);
+    assert_int_equal(touch(a, q, 64), CUDA_SUCCESS);
+    assert_int_equal(cuMemcpyDtoDAsync(p + 2048, q, 64, b), CUDA_SUCCESS);
+    assert_int_equal(fake_races(), 2);
+    assert_int_equal(cuMemcpyHtoDAsync(p + 3072, buf, 64, b), CUDA_SUCCESS); /* disjoint */
+    assert_int_equal(fake_races(), 2);
+    fake_retire_all();
+    fake_reset_counters();
+
+    /* A synchronous copy first completes the legacy and blocking streams' work; work on a
+     * non-blocking stream that still touches the bytes races with the host's access. */
+    assert_int_equal(touch(blk, p, 64), CUDA_SUCCESS);
+    assert_int_equal(cuMemcpyDtoH(buf, p, 64), CUDA_SUCCESS);
+    assert_int_equal(fake_races(), 0);
+    assert_int_equal(touch(a, p, 64), CUDA_SUCCESS);
+    assert_int_equal(cuMemcpyDtoH(buf, p, 64), CUDA_SUCCESS);
+    assert_int_equal(fake_races(), 1);
+    assert_int_equal(cuMemsetD8(p + 8, 0, 1), CUDA_SUCCESS);
+    assert_int_equal(cuMemcpyHtoD(p + 64, buf, 64), CUDA_SUCCESS); /* other bytes */
+    assert_int_equal(fake_races(), 2);
+    assert_int_equal(cuStreamSynchronize(a), CUDA_SUCCESS);
+    assert_int_equal(cuMemsetD8(p, 0, 64), CUDA_SUCCESS);
+    assert_int_equal(fake_races(), 2);
+    cuMemFree(p);
+    cuMemFree(q);
+    cuStreamDestroy(a);
+    cuStreamDestroy(b);
+    cuStreamDestroy(blk);
+}
+
+/* What the fake writes on stderr while fn runs. */
+static void capture_stderr(void (*fn)(void *), void *arg, char *out, size_t len)
+{
+    FILE *tmp = tmpfile();
+    assert_non_null(tmp);
+    fflush(stderr);
+    int saved = dup(2);
+    dup2(fileno(tmp), 2);
+    fn(arg);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    rewind(tmp);
+    size_t n = fread(out, 1, len - 1, tmp);
+    out[n] = '\0';
+    fclose(tmp);
+}
+
+struct race_setup {
+    CUstream a, b;
+    CUdeviceptr p;
+};
+
+static void race_two_streams(void *arg)
+{
+    struct race_setup *r = arg;
+    touch(r->a, r->p, 64);
+    touch(r->b, r->p + 8, 8);
+}
+
+static void test_race_report(void **state)
+{
+    (void)state;
+    struct race_setup r = {new_stream(CU_STREAM_NON_BLOCKING),
+                           new_stream(CU_STREAM_NON_BLOCKING), new_mem(64)};
+    char got[1024], want[1024];
+    capture_stderr(race_two_streams, &r, got, sizeof got);
+    snprintf(want, sizeof want,
+             "fake cuda: race: cuLaunchKernel on stream %p touches [0x%llx,0x%llx) while "
+             "cuLaunchKernel on stream %p, not ordered before it, still uses it\n",
+             (void *)r.b, (unsigned long long)r.p + 8, (unsigned long long)r.p + 16,
+             (void *)r.a);
+    assert_string_equal(got, want);
+    assert_int_equal(fake_races(), 1);
+    cuMemFree(r.p);
+    cuStreamDestroy(r.a);
+    cuStreamDestroy(r.b);
+}
+
+static void race_with_host(void *arg)
+{
+    struct race_setup *r = arg;
+    char buf[4];
+    touch(r->a, r->p, 64);
+    cuMemcpyDtoH(buf, r->p + 60, 4);
+}
+
+static void test_race_report_host(void **state)
+{
+    (void)state;
+    struct race_setup r = {new_stream(CU_STREAM_NON_BLOCKING), NULL, new_mem(64)};
+    char got[1024], want[1024];
+    capture_stderr(race_with_host, &r, got, sizeof got);
+    snprintf(want, sizeof want,
+             "fake cuda: race: cuMemcpyDtoH_v2 on the host touches [0x%llx,0x%llx) while "
+             "cuLaunchKernel on stream %p, not ordered before it, still uses it\n",
+             (unsigned long long)r.p + 60, (unsigned long long)r.p + 64, (void *)r.a);
+    assert_string_equal(got, want);
+    assert_int_equal(fake_races(), 1);
+    cuMemFree(r.p);
+    cuStreamDestroy(r.a);
+}
+
+/* The switch that breaks cuStreamWaitEvent makes the ordered case above a race. */
+static void test_ignore_stream_waits(void **state)
+{
+    (void)state;
+    CUstream a = new_stream(CU_STREAM_NON_BLOCKING), b = new_stream(CU_STREAM_NON_BLOCKING);
+    CUevent e = new_event();
+    CUdeviceptr p = new_mem(64);
+    for (int ignore = 0; ignore <= 1; ignore++) {
+        fake_set_ignore_stream_waits(ignore);
+        assert_int_equal(touch(a, p, 64), CUDA_SUCCESS);
+        assert_int_equal(cuEventRecord(e, a), CUDA_SUCCESS);
+        assert_int_equal(cuStreamWaitEvent(b, e, 0), CUDA_SUCCESS);
+        assert_int_equal(touch(b, p, 64), CUDA_SUCCESS);
+        assert_int_equal(fake_races(), ignore);
+        /* Without the wait, completing b leaves a's kernel running. */
+        fake_stream_retire(b, -1);
+        assert_int_equal(fake_stream_pending(a), ignore);
+        fake_retire_all();
+    }
+    fake_set_ignore_stream_waits(0);
+    cuMemFree(p);
+    cuEventDestroy(e);
+    cuStreamDestroy(a);
+    cuStreamDestroy(b);
+}
+
+struct host_calls {
+    int n;
+    CUstream query; /* if set, the function calls cuStreamQuery on it */
+    CUresult rc;
+};
+
+static void host_fn(void *data)
+{
+    struct host_calls *h = data;
+    h->n++;
+    if (h->query)
+        h->rc = cuStreamQuery(h->query);
+}
+
+static void test_host_functions(void **state)
+{
+    (void)state;
+    CUstream a = new_stream(CU_STREAM_NON_BLOCKING), b = new_stream(CU_STREAM_NON_BLOCKING);
+    CUevent e = new_event();
+    struct host_calls h = {0};
+    /* Called when its unit completes, not before. */
+    assert_int_equal(cuLaunchHostFunc(a, host_fn, &h), CUDA_SUCCESS);
+    assert_int_equal(fake_stream_pending(a), 1);
+    assert_int_equal(h.n, 0);
+    fake_stream_retire(a, 1);
+    assert_int_equal(h.n, 1);
+    /* Outside the driver lock: it may call the driver. */
+    h.query = a;
+    assert_int_equal(cuLaunchHostFunc(a, host_fn, &h), CUDA_SUCCESS);
+    fake_stream_launch(a);
+    fake_stream_retire(a, 1);
+    assert_int_equal(h.n, 2);
+    assert_int_equal(h.rc, CUDA_ERROR_NOT_READY);
+    fake_stream_retire(a, -1);
+    h.query = NULL;
+    /* Completed because other work is ordered after it. */
+    assert_int_equal(cuLaunchHostFunc(a, host_fn, &h), CUDA_SUCCESS);
+    assert_int_equal(cuEventRecord(e, a), CUDA_SUCCESS);
+    assert_int_equal(cuStreamWaitEvent(b, e, 0), CUDA_SUCCESS);
+    fake_stream_launch(b);
+    assert_int_equal(cuStreamSynchronize(b), CUDA_SUCCESS);
+    assert_int_equal(h.n, 3);
+    /* By ticks: run by whichever call finds the unit done. */
+    fake_set_work_ticks(1);
+    assert_int_equal(cuLaunchHostFunc(a, host_fn, &h), CUDA_SUCCESS);
+    assert_int_equal(h.n, 3);
+    assert_int_equal(cuStreamQuery(a), CUDA_SUCCESS);
+    assert_int_equal(h.n, 4);
+    fake_set_work_ticks(0);
+    /* NULL is the per-thread stream in the _ptsz form. */
+    assert_int_equal(cuLaunchHostFunc_ptsz(NULL, host_fn, &h), CUDA_SUCCESS);
+    assert_int_equal(fake_stream_pending(CU_STREAM_PER_THREAD), 1);
+    assert_int_equal(cuLaunchHostFunc(NULL, host_fn, &h), CUDA_SUCCESS);
+    assert_int_equal(fake_stream_pending(NULL), 1);
+    assert_int_equal(cuLaunchHostFunc(a, NULL, &h), CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(cuLaunchHostFunc((CUstream)&h, host_fn, &h), CUDA_ERROR_INVALID_HANDLE);
+    fake_retire_all();
+    assert_int_equal(h.n, 6);
+    cuEventDestroy(e);
+    cuStreamDestroy(a);
+    cuStreamDestroy(b);
+}
+
+static void test_graph_launch(void **state)
+{
+    (void)state;
+    CUstream s = new_stream(CU_STREAM_NON_BLOCKING);
+    CUgraphExec g = (CUgraphExec)(uintptr_t)0x1234;
+    assert_int_equal(cuGraphLaunch(NULL, s), CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(cuGraphLaunch(g, (CUstream)&g), CUDA_ERROR_INVALID_HANDLE);
+    assert_int_equal(cuGraphLaunch(g, s), CUDA_SUCCESS);
+    assert_int_equal(fake_stream_pending(s), 1);
+    assert_int_equal(cuGraphLaunch(g, NULL), CUDA_SUCCESS);
+    assert_int_equal(fake_stream_pending(NULL), 1);
+    assert_int_equal(cuGraphLaunch_ptsz(g, NULL), CUDA_SUCCESS);
+    assert_int_equal(fake_stream_pending(CU_STREAM_PER_THREAD), 1);
+    assert_int_equal(fake_calls("cuGraphLaunch"), 4);
+    assert_int_equal(fake_calls("cuGraphLaunch_ptsz"), 1);
+    assert_int_equal(cuCtxSynchronize(), CUDA_SUCCESS);
+    assert_int_equal(fake_stream_pending(s), 0);
+    cuStreamDestroy(s);
+}
+
+/* Several threads, each with its own memory, per-thread stream and ticking "GPU": no races,
+ * and the host functions all run (under TSan, the timeline's locking is checked too). */
+#define TL_THREADS 4
+#define TL_ROUNDS 300
+
+struct tl_worker {
+    CUdeviceptr p;
+    struct host_calls h;
+    int failures;
+};
+
+static void *timeline_loop(void *arg)
+{
+    struct tl_worker *w = arg;
+    if (cuCtxSetCurrent(g_ctx) != CUDA_SUCCESS)
+        w->failures++;
+    for (int i = 0; i < TL_ROUNDS; i++) {
+        if (touch(CU_STREAM_PER_THREAD, w->p, 256) != CUDA_SUCCESS ||
+            cuMemsetD8Async_ptsz(w->p, (unsigned char)i, 256, NULL) != CUDA_SUCCESS ||
+            cuLaunchHostFunc_ptsz(NULL, host_fn, &w->h) != CUDA_SUCCESS)
+            w->failures++;
+        CUresult rc = cuStreamQuery_ptsz(NULL);
+        if (rc != CUDA_SUCCESS && rc != CUDA_ERROR_NOT_READY)
+            w->failures++;
+    }
+    if (cuStreamSynchronize(CU_STREAM_PER_THREAD) != CUDA_SUCCESS)
+        w->failures++;
+    return NULL;
+}
+
+static void test_timeline_threads(void **state)
+{
+    (void)state;
+    pthread_t t[TL_THREADS];
+    struct tl_worker w[TL_THREADS];
+    memset(w, 0, sizeof w);
+    fake_set_work_ticks(2);
+    for (int i = 0; i < TL_THREADS; i++) {
+        w[i].p = new_mem(256);
+        pthread_create(&t[i], NULL, timeline_loop, &w[i]);
+    }
+    for (int i = 0; i < TL_THREADS; i++)
+        pthread_join(t[i], NULL);
+    for (int i = 0; i < TL_THREADS; i++) {
+        assert_int_equal(w[i].failures, 0);
+        assert_int_equal(w[i].h.n, TL_ROUNDS);
+        assert_int_equal(cuMemFree(w[i].p), CUDA_SUCCESS);
+    }
+    assert_int_equal(fake_races(), 0);
+}
+
 /* ---- stream capture ------------------------------------------------------------------------ */
 
 static void test_capture_global_violations(void **state)
@@ -848,6 +1713,150 @@ static void test_capture_thread_local_elsewhere(void **state)
     cuStreamDestroy(c.s);
 }
 
+/* Work for a capturing stream becomes graph nodes: no unit, no effect, no host call. */
+static void test_capture_new_entry_points(void **state)
+{
+    (void)state;
+    CUstream s = new_stream(0);
+    CUdeviceptr p = new_mem(64);
+    struct host_calls h = {0};
+    CUgraph g = NULL;
+    CUgraphExec exec = (CUgraphExec)(uintptr_t)0x1234;
+    CUstreamCaptureStatus st;
+    assert_int_equal(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+    assert_int_equal(touch(s, p, 64), CUDA_SUCCESS);
+    assert_int_equal(cuLaunchHostFunc(s, host_fn, &h), CUDA_SUCCESS);
+    assert_int_equal(cuGraphLaunch(exec, s), CUDA_SUCCESS);
+    /* Arguments are still checked. */
+    assert_int_equal(touch(s, p, 65), CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(fake_stream_pending(s), 0);
+    assert_int_equal(fake_capture_violations(), 0);
+
+    /* The legacy stream may not be used meanwhile (an implicit dependency on the capture). */
+    assert_int_equal(touch(NULL, p, 64), CUDA_ERROR_STREAM_CAPTURE_IMPLICIT);
+    assert_int_equal(fake_capture_violations(), 1);
+    assert_int_equal(cuStreamIsCapturing(s, &st), CUDA_SUCCESS);
+    assert_int_equal(st, CU_STREAM_CAPTURE_STATUS_INVALIDATED);
+    /* An invalidated capture takes no more work. */
+    assert_int_equal(touch(s, p, 64), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+    assert_int_equal(cuStreamEndCapture(s, &g), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+    fake_retire_all();
+    assert_int_equal(h.n, 0);
+    assert_int_equal(fake_races(), 0);
+    cuMemFree(p);
+    cuStreamDestroy(s);
+}
+
+/* Copies and memsets for a capturing stream move nothing; synchronous ones, which run on
+ * the legacy stream, are refused while a blocking stream captures. */
+static void test_capture_copies(void **state)
+{
+    (void)state;
+    CUstream s = new_stream(0);
+    CUdeviceptr p = new_mem(64), q = new_mem(64);
+    unsigned char in[64], out[64];
+    CUgraph g = NULL;
+    memset(in, 9, sizeof in);
+    memset(out, 0xaa, sizeof out);
+    assert_int_equal(cuMemsetD8(p, 5, 64), CUDA_SUCCESS);
+    assert_int_equal(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+    assert_int_equal(cuMemsetD8Async(p, 1, 64, s), CUDA_SUCCESS);
+    assert_int_equal(cuMemcpyHtoDAsync(p, in, 64, s), CUDA_SUCCESS);
+    assert_int_equal(cuMemcpyDtoHAsync(out, p, 64, s), CUDA_SUCCESS);
+    assert_int_equal(cuMemcpyDtoDAsync(q, p, 64, s), CUDA_SUCCESS);
+    assert_int_equal(cuMemsetD8Async(p, 1, 65, s), CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(fake_stream_pending(s), 0);
+    assert_int_equal(out[0], 0xaa);
+    assert_int_equal(fake_capture_violations(), 0);
+    assert_int_equal(cuMemsetD8(p, 1, 64), CUDA_ERROR_STREAM_CAPTURE_IMPLICIT);
+    assert_int_equal(fake_capture_violations(), 1);
+    assert_int_equal(cuStreamEndCapture(s, &g), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+    /* None of it ran. */
+    assert_int_equal(cuMemcpyDtoH(out, p, 64), CUDA_SUCCESS);
+    assert_int_equal(out[0], 5);
+    assert_int_equal(fake_races(), 0);
+    cuMemFree(p);
+    cuMemFree(q);
+    cuStreamDestroy(s);
+}
+
+/* Waiting on an event recorded in a capture joins the capture (a fork of the graph). */
+static void test_capture_join_by_wait(void **state)
+{
+    (void)state;
+    CUstream s = new_stream(CU_STREAM_NON_BLOCKING), t = new_stream(CU_STREAM_NON_BLOCKING),
+             u = new_stream(CU_STREAM_NON_BLOCKING);
+    CUevent e = new_event(), real = new_event();
+    CUdeviceptr p = new_mem(64), keep;
+    CUgraph g = NULL;
+    CUstreamCaptureStatus st;
+    assert_int_equal(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+    assert_int_equal(cuEventRecord(e, s), CUDA_SUCCESS);
+    assert_int_equal(cuStreamWaitEvent(t, e, 0), CUDA_SUCCESS);
+    assert_int_equal(cuStreamIsCapturing(t, &st), CUDA_SUCCESS);
+    assert_int_equal(st, CU_STREAM_CAPTURE_STATUS_ACTIVE);
+    /* Work on the joined stream is captured too. */
+    assert_int_equal(touch(t, p, 64), CUDA_SUCCESS);
+    assert_int_equal(fake_stream_launch(t), 0);
+    assert_int_equal(fake_stream_pending(t), 0);
+    assert_int_equal(cuStreamWaitEvent(t, e, 0), CUDA_SUCCESS); /* same sequence: nothing */
+    /* The capture ends on the stream that began it, for every stream in it. */
+    assert_int_equal(cuStreamEndCapture(t, &g), CUDA_ERROR_STREAM_CAPTURE_UNMATCHED);
+    assert_int_equal(cuStreamEndCapture(s, &g), CUDA_SUCCESS);
+    assert_non_null(g);
+    assert_int_equal(cuStreamIsCapturing(t, &st), CUDA_SUCCESS);
+    assert_int_equal(st, CU_STREAM_CAPTURE_STATUS_NONE);
+    /* An event from a capture that has ended leaves nothing to join or wait for. */
+    assert_int_equal(cuStreamWaitEvent(t, e, 0), CUDA_SUCCESS);
+    assert_int_equal(cuStreamIsCapturing(t, &st), CUDA_SUCCESS);
+    assert_int_equal(st, CU_STREAM_CAPTURE_STATUS_NONE);
+    assert_int_equal(cuStreamQuery(t), CUDA_SUCCESS);
+
+    /* A capturing stream waiting on an event recorded outside capture: nothing is added. */
+    fake_stream_launch(u);
+    assert_int_equal(cuEventRecord(real, u), CUDA_SUCCESS);
+    assert_int_equal(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+    assert_int_equal(cuStreamWaitEvent(s, real, 0), CUDA_SUCCESS);
+    assert_int_equal(cuStreamEndCapture(s, &g), CUDA_SUCCESS);
+    assert_int_equal(cuStreamQuery(s), CUDA_SUCCESS);
+    assert_int_equal(fake_stream_pending(u), 1);
+
+    /* Two capture sequences do not merge. */
+    assert_int_equal(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+    assert_int_equal(cuStreamBeginCapture(t, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+    assert_int_equal(cuEventRecord(e, s), CUDA_SUCCESS);
+    assert_int_equal(cuStreamWaitEvent(t, e, 0), CUDA_ERROR_STREAM_CAPTURE_MERGE);
+    /* The legacy stream cannot capture, so it cannot join either. */
+    assert_int_equal(cuStreamWaitEvent(NULL, e, 0), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    assert_int_equal(cuStreamEndCapture(t, &g), CUDA_SUCCESS);
+    assert_int_equal(cuStreamEndCapture(s, &g), CUDA_SUCCESS);
+
+    /* A violation invalidates the whole sequence, joined streams included. */
+    assert_int_equal(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+    assert_int_equal(cuEventRecord(e, s), CUDA_SUCCESS);
+    assert_int_equal(cuStreamWaitEvent_ptsz(t, e, 0), CUDA_SUCCESS);
+    assert_int_equal(cuMemAlloc(&keep, 64), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    assert_int_equal(cuStreamIsCapturing(t, &st), CUDA_SUCCESS);
+    assert_int_equal(st, CU_STREAM_CAPTURE_STATUS_INVALIDATED);
+    assert_int_equal(cuStreamEndCapture(s, &g), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+    assert_int_equal(cuStreamIsCapturing(t, &st), CUDA_SUCCESS);
+    assert_int_equal(st, CU_STREAM_CAPTURE_STATUS_NONE);
+
+    /* Destroying the stream that began a capture ends it for the joined ones. */
+    assert_int_equal(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+    assert_int_equal(cuEventRecord(e, s), CUDA_SUCCESS);
+    assert_int_equal(cuStreamWaitEvent(t, e, 0), CUDA_SUCCESS);
+    assert_int_equal(cuStreamDestroy(s), CUDA_SUCCESS);
+    assert_int_equal(cuStreamIsCapturing(t, &st), CUDA_SUCCESS);
+    assert_int_equal(st, CU_STREAM_CAPTURE_STATUS_NONE);
+    assert_int_equal(fake_capture_violations(), 1);
+    cuMemFree(p);
+    cuEventDestroy(e);
+    cuEventDestroy(real);
+    cuStreamDestroy(t);
+    cuStreamDestroy(u);
+}
+
 /* ---- injected failures and delays ---------------------------------------------------------- */
 
 static void test_fail_nth_and_always(void **state)
@@ -910,6 +1919,138 @@ static void test_delay(void **state)
     assert_true(now_ns() - t0 >= 3000000);
     fake_set_delay_ns("cuDriverGetVersion", 0);
     assert_int_equal(cuDriverGetVersion(&v), CUDA_SUCCESS);
+}
+
+/* ---- injected failures of the work entry points ---- */
+
+struct work_env {
+    CUstream s;
+    CUdeviceptr p;
+    unsigned char host[64];
+    CUevent e;
+    struct host_calls h;
+};
+
+static CUresult w_launch(struct work_env *v) { return touch(v->s, v->p, 64); }
+static CUresult w_launch_ptsz(struct work_env *v)
+{
+    size_t n = 64;
+    void *params[] = {&v->p, &n};
+    return cuLaunchKernel_ptsz(fake_touch_kernel(), 1, 1, 1, 1, 1, 1, 0, v->s, params, NULL);
+}
+static CUresult launch_ex(struct work_env *v, bool ptsz)
+{
+    size_t n = 64;
+    void *params[] = {&v->p, &n};
+    CUlaunchConfig cfg = {.gridDimX = 1, .gridDimY = 1, .gridDimZ = 1, .blockDimX = 1,
+                          .blockDimY = 1, .blockDimZ = 1, .hStream = v->s};
+    return ptsz ? cuLaunchKernelEx_ptsz(&cfg, fake_touch_kernel(), params, NULL)
+                : cuLaunchKernelEx(&cfg, fake_touch_kernel(), params, NULL);
+}
+static CUresult w_launch_ex(struct work_env *v) { return launch_ex(v, false); }
+static CUresult w_launch_ex_ptsz(struct work_env *v) { return launch_ex(v, true); }
+static CUresult w_host(struct work_env *v) { return cuLaunchHostFunc(v->s, host_fn, &v->h); }
+static CUresult w_host_ptsz(struct work_env *v)
+{
+    return cuLaunchHostFunc_ptsz(v->s, host_fn, &v->h);
+}
+static CUresult w_wait(struct work_env *v) { return cuStreamWaitEvent(v->s, v->e, 0); }
+static CUresult w_wait_ptsz(struct work_env *v) { return cuStreamWaitEvent_ptsz(v->s, v->e, 0); }
+static CUresult w_set(struct work_env *v) { return cuMemsetD8Async(v->p, 1, 64, v->s); }
+static CUresult w_set_ptsz(struct work_env *v) { return cuMemsetD8Async_ptsz(v->p, 1, 64, v->s); }
+static CUresult w_htod(struct work_env *v) { return cuMemcpyHtoDAsync(v->p, v->host, 64, v->s); }
+static CUresult w_htod_ptsz(struct work_env *v)
+{
+    return cuMemcpyHtoDAsync_v2_ptsz(v->p, v->host, 64, v->s);
+}
+static CUresult w_dtoh(struct work_env *v) { return cuMemcpyDtoHAsync(v->host, v->p, 64, v->s); }
+static CUresult w_dtoh_ptsz(struct work_env *v)
+{
+    return cuMemcpyDtoHAsync_v2_ptsz(v->host, v->p, 64, v->s);
+}
+static CUresult w_dtod(struct work_env *v) { return cuMemcpyDtoDAsync(v->p, v->p, 64, v->s); }
+static CUresult w_dtod_ptsz(struct work_env *v)
+{
+    return cuMemcpyDtoDAsync_v2_ptsz(v->p, v->p, 64, v->s);
+}
+static CUresult w_graph(struct work_env *v) { return cuGraphLaunch((CUgraphExec)v, v->s); }
+static CUresult w_graph_ptsz(struct work_env *v)
+{
+    return cuGraphLaunch_ptsz((CUgraphExec)v, v->s);
+}
+
+static const struct {
+    const char *name;
+    CUresult (*call)(struct work_env *);
+    int units; /* units a successful call adds */
+} g_work_entries[] = {
+    {"cuLaunchKernel", w_launch, 1},
+    {"cuLaunchKernel_ptsz", w_launch_ptsz, 1},
+    {"cuLaunchKernelEx", w_launch_ex, 1},
+    {"cuLaunchKernelEx_ptsz", w_launch_ex_ptsz, 1},
+    {"cuLaunchHostFunc", w_host, 1},
+    {"cuLaunchHostFunc_ptsz", w_host_ptsz, 1},
+    {"cuStreamWaitEvent", w_wait, 0},
+    {"cuStreamWaitEvent_ptsz", w_wait_ptsz, 0},
+    {"cuMemsetD8Async", w_set, 1},
+    {"cuMemsetD8Async_ptsz", w_set_ptsz, 1},
+    {"cuMemcpyHtoDAsync_v2", w_htod, 1},
+    {"cuMemcpyHtoDAsync_v2_ptsz", w_htod_ptsz, 1},
+    {"cuMemcpyDtoHAsync_v2", w_dtoh, 1},
+    {"cuMemcpyDtoHAsync_v2_ptsz", w_dtoh_ptsz, 1},
+    {"cuMemcpyDtoDAsync_v2", w_dtod, 1},
+    {"cuMemcpyDtoDAsync_v2_ptsz", w_dtod_ptsz, 1},
+    {"cuGraphLaunch", w_graph, 1},
+    {"cuGraphLaunch_ptsz", w_graph_ptsz, 1},
+};
+
+/* Every new entry point can be made to fail (doing nothing), counts its calls, and is what
+ * dlsym and fake_real_symbol find. */
+static void test_work_entries_fail_and_count(void **state)
+{
+    (void)state;
+    struct work_env v = {.s = new_stream(CU_STREAM_NON_BLOCKING), .p = new_mem(64)};
+    size_t n = sizeof g_work_entries / sizeof g_work_entries[0];
+    v.e = new_event();
+    fake_stream_launch(v.s);
+    assert_int_equal(cuEventRecord(v.e, v.s), CUDA_SUCCESS);
+    fake_stream_retire(v.s, -1);
+    assert_int_equal(cuMemsetD8(v.p, 7, 64), CUDA_SUCCESS);
+    memset(v.host, 3, sizeof v.host);
+    for (size_t i = 0; i < n; i++) {
+        assert_non_null(fake_real_symbol(g_work_entries[i].name));
+        fake_fail_nth(g_work_entries[i].name, 1, CUDA_ERROR_LAUNCH_FAILED);
+    }
+    for (size_t i = 0; i < n; i++)
+        if (g_work_entries[i].call(&v) != CUDA_ERROR_LAUNCH_FAILED)
+            fail_msg("%s did not fail", g_work_entries[i].name);
+    assert_int_equal(fake_stream_pending(v.s), 0);
+    /* The failed copies and memsets moved nothing. */
+    assert_int_equal(v.host[0], 3);
+    unsigned char dev[64];
+    assert_int_equal(cuMemcpyDtoH(dev, v.p, 64), CUDA_SUCCESS);
+    assert_int_equal(dev[0], 7);
+    int units = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (g_work_entries[i].call(&v) != CUDA_SUCCESS)
+            fail_msg("%s failed twice", g_work_entries[i].name);
+        units += g_work_entries[i].units;
+        assert_int_equal(fake_calls(g_work_entries[i].name), 2);
+    }
+    assert_int_equal(fake_stream_pending(v.s), units);
+    assert_int_equal(fake_races(), 0);
+
+    /* And can be slowed down. */
+    fake_set_delay_ns("cuStreamWaitEvent", 2000000);
+    uint64_t t0 = now_ns();
+    assert_int_equal(cuStreamWaitEvent(v.s, v.e, 0), CUDA_SUCCESS);
+    assert_true(now_ns() - t0 >= 2000000);
+    fake_set_delay_ns("cuStreamWaitEvent", 0);
+    fake_retire_all();
+    assert_int_equal(v.h.n, 2);
+    cuMemFree(v.p);
+    cuEventDestroy(v.e);
+    cuStreamDestroy(v.s);
 }
 
 /* ---- threads ------------------------------------------------------------------------------- */
@@ -1016,12 +2157,33 @@ int main(void)
         T(test_per_thread_stream_is_blocking),
         T(test_synchronizing_calls),
         T(test_event_on_other_context),
+        T(test_touch_kernel),
+        T(test_async_copies_and_memsets),
+        T(test_sync_copies_are_legacy_units),
+        T(test_legacy_and_blocking_order),
+        T(test_stream_wait_event),
+        T(test_events_over_waits),
+        T(test_completion_cascades),
+        T(test_per_thread_streams),
+        T(test_work_ticks),
+        T(test_race_check),
+        T(test_race_check_copies),
+        T(test_race_report),
+        T(test_race_report_host),
+        T(test_ignore_stream_waits),
+        T(test_host_functions),
+        T(test_graph_launch),
+        T(test_timeline_threads),
         T(test_capture_global_violations),
         T(test_capture_relaxed_and_nonblocking),
         T(test_capture_thread_local_elsewhere),
         T(test_capture_to_graph_and_stream_ctx),
+        T(test_capture_new_entry_points),
+        T(test_capture_copies),
+        T(test_capture_join_by_wait),
         T(test_fail_nth_and_always),
         T(test_delay),
+        T(test_work_entries_fail_and_count),
         T(test_threads_exact_counts),
     };
 #undef T
