@@ -79,6 +79,7 @@ struct cs_ctx_streams {
     CUevent pool[EVENT_POOL];
     int npool;
     bool said_record, said_wait;
+    bool sync_wanted;        /* atomic: a broken slot waits for one device synchronize */
     cs_ctx_streams *next;
 };
 
@@ -375,8 +376,11 @@ static void poll(cs_ctx_streams *cs)
     CUstreamCaptureMode mode = relaxed ? relax() : CU_STREAM_CAPTURE_MODE_GLOBAL;
     while (cs->count > 0) {
         slot *s = slot_at(cs, 0);
-        if (s->broken)
+        if (s->broken) {
+            /* Resolved by one device synchronize, without locks, at the next work call. */
+            __atomic_store_n(&cs->sync_wanted, true, __ATOMIC_RELEASE);
             break;
+        }
         for (; s->done < s->n; s->done++) {
             fence_event *e = &s->ev[s->done];
             /* An event that cannot be asked (an error) is not known complete. */
@@ -419,6 +423,7 @@ static void fence_stream(cs_ctx_streams *cs, slot *s, cs_stream *st)
     fence_event *e = slot_entry(s, target);
     if (!e) {
         s->broken = true;  /* out of host memory: complete only after a synchronize */
+        __atomic_store_n(&cs->sync_wanted, true, __ATOMIC_RELEASE);
         return;
     }
     CUevent old = e->ev;
@@ -439,12 +444,14 @@ static void fence_stream(cs_ctx_streams *cs, slot *s, cs_stream *st)
         r == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED)
         return;  /* a capture we did not see: recorded later */
     /* The stream cannot be fenced: its work is only known done once the device has
-     * synchronized. A stream other than the legacy one is no longer tracked. */
+     * synchronized, which the next work call does. A stream other than the legacy one is no
+     * longer tracked. */
+    __atomic_store_n(&cs->sync_wanted, true, __ATOMIC_RELEASE);
     if (!cs->said_record) {
         cs->said_record = true;
         cs_log("cuEventRecord on stream %p of context %p failed (error %d): the stream is no "
-               "longer tracked, and memory freed after its work is reused only once the device "
-               "has synchronized (said once per context)",
+               "longer tracked; memory freed after its work is reused once the device has "
+               "synchronized, which the next launch does once (said once per context)",
                (void *)target->handle, (void *)cs->ctx, (int)r);
     }
     s->broken = true;
@@ -737,14 +744,41 @@ static cs_stream *find_stream(CUstream h, int per_thread, bool make)
     return tl.per_thread;
 }
 
+/* A slot could not be recorded: wait once for the whole device, as cudaFree would have, so
+ * that everything fenced so far is known done. Called with nothing held. */
+static void resolve_broken(cs_ctx_streams *cs)
+{
+    bool pushed;
+    pthread_mutex_lock(&cs->lock);
+    uint64_t upto = cs->epoch;
+    bool go = __atomic_load_n(&cs->sync_wanted, __ATOMIC_ACQUIRE) && !cs->dead &&
+              cs_ctx_enter(cs->ctx, &pushed);
+    pthread_mutex_unlock(&cs->lock);
+    if (!go)
+        return;
+    CUresult r = drv()->cuCtxSynchronize();
+    pthread_mutex_lock(&cs->lock);
+    if (r == CUDA_SUCCESS && !cs->dead) {
+        while (cs->count > 0 && slot_at(cs, 0)->epoch <= upto)
+            pop_slot(cs);
+        __atomic_store_n(&cs->sync_wanted, false, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&cs->lock);
+    cs_ctx_leave(pushed);
+}
+
 cs_stream *cs_work_begin(CUstream stream, int per_thread)
 {
     if (cs_shim_get()->disabled)
         return NULL;  /* CACHESHIM_DISABLE: every call untouched */
     __atomic_add_fetch(&work_calls, 1, __ATOMIC_RELAXED);
     cs_stream *st = find_stream(stream, per_thread, true);
-    if (st && __builtin_expect(__atomic_load_n(&st->cs->order, __ATOMIC_ACQUIRE) >
-                                   __atomic_load_n(&st->waited, __ATOMIC_RELAXED), 0))
+    if (!st)
+        return NULL;
+    if (__builtin_expect(__atomic_load_n(&st->cs->sync_wanted, __ATOMIC_ACQUIRE), 0))
+        resolve_broken(st->cs);
+    if (__builtin_expect(__atomic_load_n(&st->cs->order, __ATOMIC_ACQUIRE) >
+                             __atomic_load_n(&st->waited, __ATOMIC_RELAXED), 0))
         catch_up(st);
     return st;
 }

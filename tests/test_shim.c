@@ -6,6 +6,7 @@
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -16,10 +17,7 @@
 
 #include <cmocka.h>
 
-#include "cacheshim.h"
-#include "fake_control.h"
-
-#define MiB (1024ull * 1024)
+#include "shim_util.h"
 
 typedef CUresult (*alloc_fn)(CUdeviceptr *, size_t);
 typedef CUresult (*free_fn)(CUdeviceptr);
@@ -56,22 +54,7 @@ static int get_stats(int device, cacheshim_stats *out, size_t size)
 
 static cacheshim_stats stats(int device)
 {
-    cacheshim_stats s;
-    assert_int_equal(get_stats(device, &s, sizeof s), 0);
-    return s;
-}
-
-static CUdeviceptr must_alloc(size_t size)
-{
-    CUdeviceptr p = 0;
-    assert_int_equal(cuMemAlloc(&p, size), CUDA_SUCCESS);
-    assert_true(p != 0);
-    return p;
-}
-
-static void must_free(CUdeviceptr p)
-{
-    assert_int_equal(cuMemFree(p), CUDA_SUCCESS);
+    return shim_stats(device);
 }
 
 /* The fake driver's own function, past the shim. */
@@ -190,126 +173,7 @@ static void test_dlsym_rtld_next_semantics(void **state)
     assert_int_equal(cu_next_probe_from_a(), 2);
 }
 
-/* ================================================================ streams */
-
-static void test_nonblocking_stream_fence(void **state)
-{
-    (void)state;
-    CUstream s;
-    assert_int_equal(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
-    CUdeviceptr a = must_alloc(5 * MiB);
-    assert_int_equal(fake_stream_launch(s), 0);  /* a kernel using a */
-    must_free(a);
-    CUdeviceptr b = must_alloc(5 * MiB);
-    assert_true(b != a);                          /* not reused while the kernel runs */
-    fake_stream_retire(s, -1);
-    must_free(b);
-    assert_int_equal(must_alloc(5 * MiB), a);     /* now it is */
-    assert_int_equal(cuStreamDestroy(s), CUDA_SUCCESS);
-}
-
-static void test_blocking_stream_fence(void **state)
-{
-    (void)state;
-    CUstream s;
-    assert_int_equal(cuStreamCreate(&s, CU_STREAM_DEFAULT), CUDA_SUCCESS);
-    CUdeviceptr a = must_alloc(6 * MiB);
-    fake_stream_launch(s);
-    must_free(a);
-    CUdeviceptr b = must_alloc(6 * MiB);
-    assert_true(b != a);
-    fake_stream_retire(s, -1);
-    must_free(b);
-    assert_int_equal(must_alloc(6 * MiB), a);
-    cuStreamDestroy(s);
-}
-
-static void test_legacy_and_per_thread_stream_fence(void **state)
-{
-    (void)state;
-    CUstream specials[] = {NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD};
-    for (int i = 0; i < 3; i++) {
-        size_t sz = (size_t)(7 + i) * MiB;
-        CUdeviceptr a = must_alloc(sz);
-        fake_stream_launch(specials[i]);
-        must_free(a);
-        CUdeviceptr b = must_alloc(sz);
-        assert_true(b != a);
-        fake_stream_retire(specials[i], -1);
-        must_free(b);
-        assert_int_equal(must_alloc(sz), a);
-    }
-}
-
-static void test_destroyed_busy_stream_fence(void **state)
-{
-    (void)state;
-    CUstream s;
-    assert_int_equal(cuStreamCreateWithPriority(&s, CU_STREAM_NON_BLOCKING, 0), CUDA_SUCCESS);
-    CUdeviceptr a = must_alloc(11 * MiB);
-    fake_stream_launch(s);
-    assert_int_equal(cuStreamDestroy(s), CUDA_SUCCESS);  /* its work still runs */
-    must_free(a);
-    CUdeviceptr b = must_alloc(11 * MiB);
-    assert_true(b != a);
-    fake_stream_retire(s, -1);
-    must_free(b);
-    assert_int_equal(must_alloc(11 * MiB), a);
-}
-
-static void test_many_streams_torture(void **state)
-{
-    (void)state;
-    /* Random launches, frees and retires: a block is never handed out while any work that
-     * was pending at its free is still pending. */
-    enum { NS = 6, NB = 32 };
-    CUstream s[NS];
-    for (int i = 0; i < NS; i++)
-        assert_int_equal(cuStreamCreate(&s[i], i % 2 ? CU_STREAM_NON_BLOCKING : 0), CUDA_SUCCESS);
-    struct { CUdeviceptr p; int stream; int pending_at_free; } blocks[NB];
-    memset(blocks, 0, sizeof blocks);
-    /* The pending work of a stream at the time of a free, as (stream, launches so far). */
-    int launched[NS] = {0}, retired[NS] = {0};
-    typedef struct { CUdeviceptr p; int stream; int upto; } freed_block;
-    static freed_block freed[4096];
-    int nfreed = 0;
-    srand(11);
-    for (int it = 0; it < 3000; it++) {
-        int k = rand() % NB, st = rand() % NS;
-        if (blocks[k].p) {
-            fake_stream_launch(s[blocks[k].stream]);
-            launched[blocks[k].stream]++;
-            if (nfreed < 4096)
-                freed[nfreed++] = (freed_block){blocks[k].p, blocks[k].stream,
-                                                launched[blocks[k].stream]};
-            must_free(blocks[k].p);
-            blocks[k].p = 0;
-        } else {
-            CUdeviceptr p = must_alloc((size_t)(rand() % 4 + 1) * 256 * 1024);
-            for (int j = nfreed - 1; j >= 0; j--) {
-                if (freed[j].p != p)
-                    continue;
-                /* The last free of this pointer: its work must have completed. */
-                assert_true(retired[freed[j].stream] >= freed[j].upto);
-                break;
-            }
-            blocks[k].p = p;
-            blocks[k].stream = st;
-        }
-        if (rand() % 5 == 0) {
-            int r = rand() % NS;
-            int n = rand() % 3;
-            fake_stream_retire(s[r], n);
-            retired[r] = launched[r] - fake_stream_pending(s[r]);
-        }
-    }
-    fake_retire_all();
-    for (int i = 0; i < NB; i++)
-        if (blocks[i].p)
-            must_free(blocks[i].p);
-    for (int i = 0; i < NS; i++)
-        cuStreamDestroy(s[i]);
-}
+/* Streams, fences, stream-ordered reuse and capture: tests/test_streams.c. */
 
 /* ================================================================ frees and queries */
 
@@ -410,34 +274,6 @@ static void test_primary_reset_forgets_blocks(void **state)
     assert_int_equal(s.bytes_in_use, 0);
 }
 
-/* ================================================================ capture */
-
-static void test_no_fence_during_capture(void **state)
-{
-    (void)state;
-    /* A blocking stream captures: an event on the legacy stream would be an implicit
-     * dependency on it. Relaxed mode lets the program itself allocate meanwhile. */
-    CUstream s;
-    assert_int_equal(cuStreamCreate(&s, CU_STREAM_DEFAULT), CUDA_SUCCESS);
-    CUdeviceptr a = must_alloc(1 * MiB);
-    must_free(a);
-    fake_reset_counters();
-    assert_int_equal(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
-    CUdeviceptr b = must_alloc(1 * MiB);  /* a needs a fence: a new block instead */
-    assert_true(b != a);
-    must_free(b);
-    CUdeviceptr c = must_alloc(1 * MiB);
-    must_free(c);
-    assert_int_equal(fake_calls("cuEventRecord"), 0);
-    assert_int_equal(fake_calls("cuMemFree_v2"), 0);
-    assert_int_equal(fake_capture_violations(), 0);
-    CUgraph g;
-    assert_int_equal(cuStreamEndCapture(s, &g), CUDA_SUCCESS);
-    assert_int_equal(must_alloc(1 * MiB), a);  /* fences again */
-    assert_true(fake_calls("cuEventRecord") > 0);
-    cuStreamDestroy(s);
-}
-
 /* ================================================================ injected failures */
 
 static void test_driver_errors_pass_through(void **state)
@@ -446,14 +282,6 @@ static void test_driver_errors_pass_through(void **state)
     CUdeviceptr p;
     fake_fail_nth("cuMemAlloc_v2", 1, CUDA_ERROR_UNKNOWN);
     assert_int_equal(cuMemAlloc(&p, 123 * MiB), CUDA_ERROR_UNKNOWN);
-    /* A failing event record makes blocks unready, never wrong. */
-    CUdeviceptr a = must_alloc(13 * MiB);
-    must_free(a);
-    fake_fail_always("cuEventRecord", CUDA_ERROR_UNKNOWN);
-    CUdeviceptr b = must_alloc(13 * MiB);
-    assert_true(b != a);
-    fake_fail_always("cuEventRecord", CUDA_SUCCESS);
-    must_free(b);
     /* No device for the context: the call goes to the driver unchanged. */
     fake_fail_nth("cuCtxGetCurrent", 1, CUDA_ERROR_INVALID_CONTEXT);
     fake_reset_counters();
@@ -461,22 +289,17 @@ static void test_driver_errors_pass_through(void **state)
     cuMemAlloc(&c, 1 * MiB);
     if (c)
         cuMemFree(c);
-    /* Stream creation failing is reported as is and nothing is tracked. */
+    /* Stream creation failing is the driver's answer, as it is. */
     CUstream s;
     fake_fail_nth("cuStreamCreate", 1, CUDA_ERROR_OUT_OF_MEMORY);
     assert_int_equal(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_ERROR_OUT_OF_MEMORY);
-}
-
-static void test_event_query_error_is_not_ready(void **state)
-{
-    (void)state;
-    CUdeviceptr a = must_alloc(17 * MiB);
+    /* A failing launch is the driver's answer too. */
+    CUdeviceptr a = must_alloc(1 * MiB);
+    fake_fail_nth("cuLaunchKernel", 1, CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES);
+    void *params[] = {&a, &(size_t){1 * MiB}};
+    assert_int_equal(cuLaunchKernel(fake_touch_kernel(), 1, 1, 1, 1, 1, 1, 0, NULL, params, NULL),
+                     CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES);
     must_free(a);
-    fake_fail_always("cuEventQuery", CUDA_ERROR_LAUNCH_FAILED);
-    CUdeviceptr b = must_alloc(17 * MiB);
-    assert_true(b != a);
-    fake_fail_always("cuEventQuery", CUDA_SUCCESS);
-    must_free(b);
 }
 
 /* ================================================================ cap, threshold, OOM */
@@ -510,25 +333,33 @@ static void test_cap(void **state)
     must_free(big);
 }
 
-static void test_cap_waits_for_busy_block(void **state)
+static void test_cap_takes_busy_block(void **state)
 {
     (void)state;
-    /* At the cap, a block whose kernel still runs is waited for rather than refused. */
-    CUstream s;
+    /* At the cap, a block whose kernel still runs is reused rather than refused: handed out
+     * with the next work ordered after the kernel (ordered), or waited for (completed). */
+    bool completed = getenv("CACHESHIM_REUSE") && !strcmp(getenv("CACHESHIM_REUSE"), "completed");
+    CUstream s, t;
     assert_int_equal(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    assert_int_equal(cuStreamCreate(&t, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
     CUdeviceptr p[6];
     for (int i = 0; i < 6; i++)
         p[i] = must_alloc(10 * MiB);
-    fake_stream_launch(s);
+    launch(s, p[0], 10 * MiB);
     must_free(p[0]);
     assert_int_equal(fake_stream_pending(s), 1);
+    fake_reset_counters();
     CUdeviceptr q = must_alloc(10 * MiB);
     assert_int_equal(q, p[0]);
-    assert_int_equal(fake_stream_pending(s), 0);  /* waited for */
+    assert_int_equal(fake_stream_pending(s), completed ? 0 : 1);  /* waited for, or not */
+    launch(t, q, 10 * MiB);
+    assert_int_equal(fake_races(), 0);
+    fake_retire_all();
     for (int i = 1; i < 6; i++)
         must_free(p[i]);
     must_free(q);
     cuStreamDestroy(s);
+    cuStreamDestroy(t);
 }
 
 static void test_cap_percent(void **state)
@@ -578,17 +409,23 @@ static void test_oom_recovery(void **state)
     must_free(must_alloc(40 * MiB));
 }
 
-static void test_oom_recovery_waits_for_busy_blocks(void **state)
+static void test_oom_recovery_with_busy_blocks(void **state)
 {
     (void)state;
+    /* A busy block of another size stands in the way: it goes back to the driver, whose free
+     * waits for the device, and the allocation is retried. */
     CUstream s;
     assert_int_equal(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
     CUdeviceptr a = must_alloc(30 * MiB);
-    fake_stream_launch(s);
+    launch(s, a, 30 * MiB);
     must_free(a);  /* busy */
-    CUdeviceptr b = must_alloc(50 * MiB);  /* needs a's memory: wait, release, retry */
-    assert_true(stats(0).fence_waits >= 1);
+    cacheshim_stats before = stats(0);
+    CUdeviceptr b = must_alloc(50 * MiB);  /* needs a's memory: release, retry */
+    cacheshim_stats st = stats(0);
+    assert_int_equal(st.oom_recoveries - before.oom_recoveries, 1);
+    assert_true(st.releases > before.releases);
     assert_int_equal(fake_stream_pending(s), 0);
+    assert_int_equal(fake_races(), 0);
     must_free(b);
     cuStreamDestroy(s);
 }
@@ -884,24 +721,19 @@ int main(int argc, char **argv)
 
     const struct CMUnitTest paths[] = {T(test_direct_binding_is_cached), T(test_dlsym_path_gets_wrapper),
                                        T(test_get_proc_address_paths), T(test_dlsym_rtld_next_semantics)};
-    const struct CMUnitTest streams[] = {T(test_nonblocking_stream_fence), T(test_blocking_stream_fence),
-                                         T(test_legacy_and_per_thread_stream_fence),
-                                         T(test_destroyed_busy_stream_fence), T(test_many_streams_torture)};
     const struct CMUnitTest frees[] = {T(test_foreign_double_null_frees), T(test_address_range_is_honest),
                                        T(test_mem_get_info_uncapped)};
     const struct CMUnitTest contexts[] = {T(test_context_destroy_forgets_blocks),
                                           T(test_primary_reset_forgets_blocks)};
-    const struct CMUnitTest capture[] = {T(test_no_fence_during_capture)};
-    const struct CMUnitTest failures[] = {T(test_driver_errors_pass_through),
-                                          T(test_event_query_error_is_not_ready)};
+    const struct CMUnitTest failures[] = {T(test_driver_errors_pass_through)};
     const struct CMUnitTest process[] = {T(test_fork_child_is_usable), T(test_exit_with_cached_blocks),
                                          T(test_exit_table_two_devices_with_details),
                                          T(test_exit_nothing_allocated),
                                          T(test_bad_option_is_reported), T(test_oom_report_line)};
-    const struct CMUnitTest cap[] = {T(test_cap), T(test_cap_waits_for_busy_block)};
+    const struct CMUnitTest cap[] = {T(test_cap), T(test_cap_takes_busy_block)};
     const struct CMUnitTest cap_percent[] = {T(test_cap_percent)};
     const struct CMUnitTest threshold[] = {T(test_threshold)};
-    const struct CMUnitTest oom[] = {T(test_oom_recovery), T(test_oom_recovery_waits_for_busy_blocks)};
+    const struct CMUnitTest oom[] = {T(test_oom_recovery), T(test_oom_recovery_with_busy_blocks)};
     const struct CMUnitTest disabled[] = {T(test_disabled_passes_everything)};
     const struct CMUnitTest race[] = {T(test_threads_race_first_call)};
 
@@ -910,10 +742,8 @@ int main(int argc, char **argv)
         return _cmocka_run_group_tests(name, tests, sizeof tests / sizeof tests[0], \
                                        with_setup ? setup : NULL, NULL);
     GROUP("paths", paths, 1)
-    GROUP("streams", streams, 1)
     GROUP("frees", frees, 1)
     GROUP("contexts", contexts, 1)
-    GROUP("capture", capture, 1)
     GROUP("failures", failures, 1)
     GROUP("process", process, 1)
     GROUP("cap", cap, 1)

@@ -1,0 +1,540 @@
+/* Integration tests of where the GPU's work is: fences only on streams that had work,
+ * stream-ordered reuse, capture state per stream, failures. This program runs under
+ * LD_PRELOAD=libcacheshim.so against the fake driver, whose timeline flags any unit of work
+ * that touches bytes an earlier unit, not ordered before it, still uses (fake_races). Work is
+ * launched through cuLaunchKernel, as a program does, so the shim sees it.
+ *
+ * argv[1] picks the group; meson runs "streams" and "capture" with CACHESHIM_REUSE unset
+ * (ordered) and with =completed, and "sync-free" with CACHESHIM_SYNC_FREE=1. */
+#include <cuda.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "shim_util.h"
+
+static CUcontext primary;
+
+static bool ordered(void)
+{
+    const char *m = getenv("CACHESHIM_REUSE");
+    return !m || strcmp(m, "completed") != 0;
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    primary = shim_test_primary();
+    return 0;
+}
+
+/* Every test leaves an idle GPU, no injected failure and no race behind. */
+static int check_clean(void **state)
+{
+    (void)state;
+    fake_retire_all();
+    fake_set_work_ticks(0);
+    fake_set_ignore_stream_waits(0);
+    long races = fake_races();
+    fake_reset_counters();
+    assert_int_equal(races, 0);
+    return 0;
+}
+
+static CUstream make_stream(unsigned flags)
+{
+    CUstream s;
+    assert_int_equal(cuStreamCreate(&s, flags), CUDA_SUCCESS);
+    return s;
+}
+
+/* ================================================================ reuse across streams */
+
+/* A block used on stream X, freed at once, asked for again and used on stream Y: under
+ * ordered reuse the same block comes back and Y's work is ordered after X's by the shim;
+ * under completed reuse a new block comes back. Never a race. Every pair of kinds of stream:
+ * the legacy stream (NULL and CU_STREAM_LEGACY), the per-thread stream, a blocking and a
+ * non-blocking stream. */
+static void test_reuse_across_streams(void **state)
+{
+    (void)state;
+    CUstream kinds[] = {NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD, make_stream(0),
+                        make_stream(CU_STREAM_NON_BLOCKING), make_stream(CU_STREAM_NON_BLOCKING)};
+    int n = sizeof kinds / sizeof kinds[0];
+    for (int x = 0; x < n; x++) {
+        for (int y = 0; y < n; y++) {
+            size_t size = (size_t)(1 + x * n + y) * MiB;
+            CUdeviceptr a = must_alloc(size);
+            launch(kinds[x], a, size);
+            must_free(a);
+            CUdeviceptr b = must_alloc(size);
+            if (ordered())
+                assert_int_equal(b, a);
+            else
+                assert_true(b != a);
+            launch(kinds[y], b, size);
+            assert_int_equal(fake_races(), 0);
+            must_free(b);
+            fake_retire_all();
+        }
+    }
+    for (int i = 3; i < n; i++)
+        cuStreamDestroy(kinds[i]);
+}
+
+/* The unsafe switch of the fake drops every stream wait: the shim's ordering is then gone,
+ * and the race check must see it. Proves the check can fail. */
+static void test_control_without_waits_races(void **state)
+{
+    (void)state;
+    if (!ordered())
+        skip();
+    CUstream s = make_stream(CU_STREAM_NON_BLOCKING), t = make_stream(CU_STREAM_NON_BLOCKING);
+    size_t size = 37 * MiB + 4096;  /* a size no other test leaves in the cache */
+    CUdeviceptr a = must_alloc(size);
+    launch(s, a, size);
+    must_free(a);
+    fake_set_ignore_stream_waits(1);
+    CUdeviceptr b = must_alloc(size);
+    assert_int_equal(b, a);
+    launch(t, b, size);
+    assert_true(fake_races() > 0);
+    fake_set_ignore_stream_waits(0);
+    fake_retire_all();
+    fake_reset_counters();  /* the race was the point */
+    must_free(b);
+    cuStreamDestroy(s);
+    cuStreamDestroy(t);
+}
+
+/* One stream: it already runs after its own work, so reuse needs no wait at all, and each
+ * free that follows a launch records one event. */
+static void test_one_stream_needs_no_wait(void **state)
+{
+    (void)state;
+    CUstream s = make_stream(CU_STREAM_NON_BLOCKING);
+    fake_reset_counters();
+    cacheshim_stats before = shim_stats(0);
+    for (int i = 0; i < 100; i++) {
+        CUdeviceptr a = must_alloc(16 * MiB);
+        launch(s, a, 16 * MiB);
+        must_free(a);
+    }
+    cacheshim_stats after = shim_stats(0);
+    assert_int_equal(fake_calls("cuStreamWaitEvent"), 0);
+    assert_int_equal(fake_calls("cuEventRecord"), 100);
+    assert_int_equal(after.fences - before.fences, 100);
+    if (ordered())
+        assert_true(after.driver_allocs - before.driver_allocs <= 1);
+    assert_int_equal(fake_races(), 0);
+    cuStreamDestroy(s);
+}
+
+/* 96 non-blocking streams alive: with no work, a pair records, queries and waits nothing;
+ * with one launch per pair on one stream, one event per free, not 96. */
+static void test_idle_streams_cost_nothing(void **state)
+{
+    (void)state;
+    enum { NS = 96 };
+    CUstream s[NS];
+    for (int i = 0; i < NS; i++)
+        s[i] = make_stream(CU_STREAM_NON_BLOCKING);
+    CUdeviceptr warm[NS];
+    for (int i = 0; i < NS; i++) { /* every stream has been seen by the shim */
+        warm[i] = must_alloc(4096);
+        launch(s[i], warm[i], 4096);
+    }
+    for (int i = 0; i < NS; i++)
+        must_free(warm[i]);
+    fake_retire_all();
+    /* The fences of the frees above (and of earlier tests) are polled once, found complete. */
+    for (int i = 0; i < 4; i++)
+        must_free(must_alloc(1 * MiB));
+    fake_reset_counters();
+    for (int i = 0; i < 1000; i++)
+        must_free(must_alloc(1 * MiB));
+    assert_int_equal(fake_calls("cuEventRecord"), 0);
+    assert_int_equal(fake_calls("cuEventQuery"), 0);
+    assert_int_equal(fake_calls("cuStreamWaitEvent"), 0);
+    for (int i = 0; i < 1000; i++) {
+        CUdeviceptr a = must_alloc(1 * MiB);
+        launch(s[7], a, 1 * MiB);
+        must_free(a);
+    }
+    assert_int_equal(fake_calls("cuEventRecord"), 1000);
+    assert_int_equal(fake_races(), 0);
+    for (int i = 0; i < NS; i++)
+        cuStreamDestroy(s[i]);
+}
+
+/* The pipelined loop with the GPU far behind the host: 16 MiB, a launch, a free, 2000 times,
+ * never waiting; work takes 300 driver calls to complete. On one stream and round-robin over
+ * four: ordered reuse holds a block or two however far behind the GPU is. */
+static void test_gpu_far_behind(void **state)
+{
+    (void)state;
+    CUstream s[4];
+    for (int i = 0; i < 4; i++)
+        s[i] = make_stream(CU_STREAM_NON_BLOCKING);
+    for (int nstreams = 1; nstreams <= 4; nstreams += 3) {
+        assert_int_equal(cuCtxSynchronize(), CUDA_SUCCESS);
+        cacheshim_stats before = shim_stats(0);
+        fake_set_work_ticks(300);
+        for (int i = 0; i < 2000; i++) {
+            CUdeviceptr a = must_alloc(16 * MiB);
+            launch(s[i % nstreams], a, 16 * MiB);
+            must_free(a);
+        }
+        fake_set_work_ticks(0);
+        cacheshim_stats after = shim_stats(0);
+        uint64_t grown = after.driver_allocs - before.driver_allocs;
+        if (ordered()) {
+            /* The bounds: 2 blocks beyond the working set, 8 with four streams. */
+            assert_true(grown <= (nstreams == 1 ? 2u : 8u));
+            assert_true(after.ordered_hits - before.ordered_hits >= 1900);
+        } else {
+            assert_true(grown > 8);  /* completed reuse follows the lag: documented */
+        }
+        assert_int_equal(fake_races(), 0);
+        fake_retire_all();
+    }
+    for (int i = 0; i < 4; i++)
+        cuStreamDestroy(s[i]);
+}
+
+/* Random launches on six streams of every kind, frees, reallocations, retires and some lag:
+ * the timeline must never see a race. */
+static void test_torture(void **state)
+{
+    (void)state;
+    enum { NS = 6, NB = 32 };
+    CUstream s[NS] = {NULL, CU_STREAM_PER_THREAD, make_stream(0), make_stream(0),
+                      make_stream(CU_STREAM_NON_BLOCKING), make_stream(CU_STREAM_NON_BLOCKING)};
+    struct {
+        CUdeviceptr p;
+        size_t size;
+        int stream;
+    } b[NB];
+    memset(b, 0, sizeof b);
+    srand(11);
+    for (int it = 0; it < 6000; it++) {
+        if (it % 1000 == 0)
+            fake_set_work_ticks((uint64_t)(rand() % 40));
+        int k = rand() % NB;
+        if (b[k].p) {
+            /* Work on the stream the block lives on: the program itself orders its work. */
+            if (rand() % 3)
+                launch(s[b[k].stream], b[k].p, b[k].size);
+            must_free(b[k].p);
+            b[k].p = 0;
+        } else {
+            b[k].size = (size_t)(rand() % 4 + 1) * 256 * 1024;
+            b[k].p = must_alloc(b[k].size);
+            b[k].stream = rand() % NS;
+            launch(s[b[k].stream], b[k].p, b[k].size);
+        }
+        if (rand() % 7 == 0)
+            fake_stream_retire(s[rand() % NS], rand() % 3);
+    }
+    fake_set_work_ticks(0);
+    fake_retire_all();
+    for (int i = 0; i < NB; i++)
+        if (b[i].p)
+            must_free(b[i].p);
+    assert_int_equal(fake_races(), 0);
+    for (int i = 2; i < NS; i++)
+        cuStreamDestroy(s[i]);
+}
+
+/* A stream destroyed while its kernel still runs: the kernel's block is still fenced. */
+static void test_destroyed_busy_stream(void **state)
+{
+    (void)state;
+    CUstream s = make_stream(CU_STREAM_NON_BLOCKING), t = make_stream(CU_STREAM_NON_BLOCKING);
+    CUdeviceptr a = must_alloc(11 * MiB);
+    launch(s, a, 11 * MiB);
+    assert_int_equal(cuStreamDestroy(s), CUDA_SUCCESS);
+    must_free(a);
+    CUdeviceptr b = must_alloc(11 * MiB);
+    launch(t, b, 11 * MiB);
+    assert_int_equal(fake_races(), 0);
+    fake_retire_all();
+    must_free(b);
+    cuStreamDestroy(t);
+}
+
+/* Per-thread default streams can only be named by their own thread: a block used on another
+ * thread's per-thread stream, freed here, is fenced through the legacy stream. Also after that
+ * thread has exited. */
+static CUdeviceptr shared_block;
+static pthread_barrier_t step;
+
+static void *ptds_worker(void *arg)
+{
+    (void)arg;
+    assert_int_equal(cuCtxSetCurrent(primary), CUDA_SUCCESS);
+    launch(CU_STREAM_PER_THREAD, shared_block, 2 * MiB);
+    pthread_barrier_wait(&step);  /* launched */
+    pthread_barrier_wait(&step);  /* the main thread freed and reused it */
+    return NULL;
+}
+
+static void test_other_threads_per_thread_stream(void **state)
+{
+    (void)state;
+    CUstream t = make_stream(CU_STREAM_NON_BLOCKING);
+    for (int exited = 0; exited < 2; exited++) {
+        pthread_barrier_init(&step, NULL, 2);
+        shared_block = must_alloc(2 * MiB);
+        pthread_t th;
+        pthread_create(&th, NULL, ptds_worker, NULL);
+        pthread_barrier_wait(&step);
+        if (exited) {
+            pthread_barrier_wait(&step);
+            pthread_join(th, NULL);
+        }
+        must_free(shared_block);
+        CUdeviceptr b = must_alloc(2 * MiB);
+        launch(t, b, 2 * MiB);
+        assert_int_equal(fake_races(), 0);
+        if (!exited) {
+            pthread_barrier_wait(&step);
+            pthread_join(th, NULL);
+        }
+        fake_retire_all();
+        must_free(b);
+        pthread_barrier_destroy(&step);
+    }
+    cuStreamDestroy(t);
+}
+
+/* ================================================================ capture */
+
+/* Work before a capture is fenced when it begins; nothing is recorded into a capturing stream
+ * or waited from it; the capture sees no violation. */
+static void test_nothing_into_a_capturing_stream(void **state)
+{
+    (void)state;
+    CUstream s = make_stream(CU_STREAM_NON_BLOCKING), u = make_stream(CU_STREAM_NON_BLOCKING);
+    CUdeviceptr a = must_alloc(1 * MiB), busy = must_alloc(5 * MiB);
+    launch(s, a, 1 * MiB);
+    launch(u, busy, 5 * MiB);
+    must_free(busy);  /* pending on u */
+    assert_int_equal(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+    fake_reset_counters();
+    launch(s, a, 1 * MiB);  /* captured, not run */
+    must_free(a);
+    CUdeviceptr b = must_alloc(5 * MiB);  /* ordered: busy, the streams to wait for u */
+    launch(s, b, 5 * MiB);                /* captured: no wait inserted into s */
+    assert_int_equal(fake_calls("cuStreamWaitEvent"), 0);
+    assert_int_equal(fake_capture_violations(), 0);
+    CUgraph g;
+    assert_int_equal(cuStreamEndCapture(s, &g), CUDA_SUCCESS);
+    must_free(b);
+    /* The stream captures no more: fences and waits work on it again. */
+    CUdeviceptr c = must_alloc(5 * MiB);
+    launch(s, c, 5 * MiB);
+    assert_int_equal(fake_races(), 0);
+    must_free(c);
+    assert_int_equal(fake_capture_violations(), 0);
+    cuStreamDestroy(s);
+    cuStreamDestroy(u);
+}
+
+/* However a capture ends, the cache works after it: idle memory can be given back, blocks are
+ * reused. Ends: invalidated by a forbidden call, the capturing stream destroyed, an end on the
+ * wrong thread (the capture goes on) then a proper end, the capture's thread exiting. */
+static CUstream wrong_thread_stream;
+static void *end_elsewhere(void *arg)
+{
+    (void)arg;
+    CUgraph g;
+    assert_int_equal(cuCtxSetCurrent(primary), CUDA_SUCCESS);
+    assert_int_equal(cuStreamEndCapture(wrong_thread_stream, &g),
+                     CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD);
+    return NULL;
+}
+
+static void *capture_and_exit(void *arg)
+{
+    (void)arg;
+    assert_int_equal(cuCtxSetCurrent(primary), CUDA_SUCCESS);
+    assert_int_equal(cuStreamBeginCapture(CU_STREAM_PER_THREAD, CU_STREAM_CAPTURE_MODE_RELAXED),
+                     CUDA_SUCCESS);
+    return NULL;  /* exits while capturing */
+}
+
+static void cache_works(void)
+{
+    uint64_t (*trim)(void) = (uint64_t (*)(void))dlsym(RTLD_DEFAULT, "cacheshim_trim");
+    assert_non_null(trim);
+    CUstream t = make_stream(CU_STREAM_NON_BLOCKING);
+    cacheshim_stats before = shim_stats(0);
+    fake_set_work_ticks(1);  /* the GPU keeps up: completed reuse hits too */
+    for (int i = 0; i < 100; i++) {
+        CUdeviceptr a = must_alloc(3 * MiB);
+        launch(t, a, 3 * MiB);
+        must_free(a);
+    }
+    fake_set_work_ticks(0);
+    cacheshim_stats after = shim_stats(0);
+    assert_true(after.hits - before.hits >= 95);
+    fake_retire_all();
+    assert_true(trim() >= 3 * MiB);  /* nothing thinks a capture still runs */
+    cuStreamDestroy(t);
+}
+
+static void test_capture_ending_badly_leaves_cache_working(void **state)
+{
+    (void)state;
+    CUgraph g;
+    /* Invalidated: a global-mode capture, and a synchronizing call during it. */
+    CUstream s = make_stream(CU_STREAM_NON_BLOCKING);
+    assert_int_equal(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+    assert_int_not_equal(cuCtxSynchronize(), CUDA_SUCCESS);
+    assert_int_equal(cuStreamEndCapture(s, &g), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+    cache_works();
+    /* Destroyed while capturing. */
+    assert_int_equal(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+    assert_int_equal(cuStreamDestroy(s), CUDA_SUCCESS);
+    cache_works();
+    /* Ended on the wrong thread: the capture goes on, then ends properly. */
+    wrong_thread_stream = make_stream(CU_STREAM_NON_BLOCKING);
+    assert_int_equal(cuStreamBeginCapture(wrong_thread_stream, CU_STREAM_CAPTURE_MODE_GLOBAL),
+                     CUDA_SUCCESS);
+    pthread_t th;
+    pthread_create(&th, NULL, end_elsewhere, NULL);
+    pthread_join(th, NULL);
+    assert_int_equal(cuStreamEndCapture(wrong_thread_stream, &g), CUDA_SUCCESS);
+    cache_works();
+    cuStreamDestroy(wrong_thread_stream);
+    /* The capturing thread exits. */
+    pthread_create(&th, NULL, capture_and_exit, NULL);
+    pthread_join(th, NULL);
+    cache_works();
+    fake_reset_counters();  /* the violation above was the point */
+}
+
+/* ================================================================ failures */
+
+/* A stream whose event cannot be recorded is dropped, blocks freed after its work are not
+ * reused until the device has synchronized (once, at the next launch), and the context keeps
+ * reusing memory after that. */
+static void test_failed_record_drops_the_stream(void **state)
+{
+    (void)state;
+    CUstream s = make_stream(CU_STREAM_NON_BLOCKING), t = make_stream(CU_STREAM_NON_BLOCKING);
+    CUdeviceptr a = must_alloc(13 * MiB);
+    launch(s, a, 13 * MiB);
+    fake_fail_nth("cuEventRecord", 1, CUDA_ERROR_INVALID_HANDLE);
+    must_free(a);
+    CUdeviceptr b = must_alloc(13 * MiB);
+    assert_true(b != a);  /* a's work is not known done, and nothing can be ordered after it */
+    long syncs = fake_calls("cuCtxSynchronize");
+    launch(t, b, 13 * MiB);  /* the next launch synchronizes the device once */
+    assert_int_equal(fake_calls("cuCtxSynchronize"), syncs + 1);
+    must_free(b);
+    fake_retire_all();
+    assert_int_equal(must_alloc(13 * MiB), a);
+    must_free(a);
+    cache_works();
+    assert_int_equal(fake_calls("cuCtxSynchronize"), syncs + 1);
+    assert_int_equal(fake_races(), 0);
+    cuStreamDestroy(s);
+    cuStreamDestroy(t);
+}
+
+/* A stream wait that fails is replaced by a host wait before the program's work goes on. */
+static void test_failed_wait_waits_on_the_host(void **state)
+{
+    (void)state;
+    if (!ordered())
+        skip();
+    CUstream s = make_stream(CU_STREAM_NON_BLOCKING), t = make_stream(CU_STREAM_NON_BLOCKING);
+    CUdeviceptr a = must_alloc(7 * MiB);
+    launch(s, a, 7 * MiB);
+    must_free(a);
+    CUdeviceptr b = must_alloc(7 * MiB);
+    assert_int_equal(b, a);
+    fake_fail_always("cuStreamWaitEvent", CUDA_ERROR_UNKNOWN);
+    launch(t, b, 7 * MiB);
+    fake_fail_always("cuStreamWaitEvent", CUDA_SUCCESS);
+    assert_int_equal(fake_stream_pending(s), 0);  /* waited for on the host */
+    assert_int_equal(fake_races(), 0);
+    fake_retire_all();
+    must_free(b);
+    cuStreamDestroy(s);
+    cuStreamDestroy(t);
+}
+
+/* An event that cannot be queried is not known complete: in completed mode its block waits. */
+static void test_query_error_is_not_ready(void **state)
+{
+    (void)state;
+    CUstream s = make_stream(CU_STREAM_NON_BLOCKING);
+    CUdeviceptr a = must_alloc(17 * MiB);
+    launch(s, a, 17 * MiB);
+    must_free(a);
+    fake_retire_all();
+    fake_fail_always("cuEventQuery", CUDA_ERROR_LAUNCH_FAILED);
+    CUdeviceptr b = must_alloc(17 * MiB);
+    fake_fail_always("cuEventQuery", CUDA_SUCCESS);
+    if (ordered())
+        assert_int_equal(b, a);  /* ordered reuse needs no query */
+    else
+        assert_true(b != a);
+    must_free(b);
+    cuStreamDestroy(s);
+}
+
+/* ================================================================ CACHESHIM_SYNC_FREE=1 */
+
+static void test_sync_free_waits_for_the_device(void **state)
+{
+    (void)state;
+    CUstream s = make_stream(CU_STREAM_NON_BLOCKING);
+    CUdeviceptr a = must_alloc(1 * MiB);
+    launch(s, a, 1 * MiB);
+    assert_int_equal(fake_stream_pending(s), 1);
+    must_free(a);
+    assert_int_equal(fake_stream_pending(s), 0);
+    assert_int_equal(must_alloc(1 * MiB), a);  /* still cached */
+    must_free(a);
+    cuStreamDestroy(s);
+}
+
+#define T(fn) cmocka_unit_test_teardown(fn, check_clean)
+
+int main(int argc, char **argv)
+{
+    const char *group = argc > 1 ? argv[1] : "";
+    const struct CMUnitTest streams[] = {
+        T(test_reuse_across_streams),      T(test_control_without_waits_races),
+        T(test_one_stream_needs_no_wait),  T(test_idle_streams_cost_nothing),
+        T(test_gpu_far_behind),            T(test_torture),
+        T(test_destroyed_busy_stream),     T(test_other_threads_per_thread_stream),
+        T(test_failed_record_drops_the_stream), T(test_failed_wait_waits_on_the_host),
+        T(test_query_error_is_not_ready),
+    };
+    const struct CMUnitTest capture[] = {
+        T(test_nothing_into_a_capturing_stream),
+        T(test_capture_ending_badly_leaves_cache_working),
+    };
+    const struct CMUnitTest sync_free[] = {T(test_sync_free_waits_for_the_device)};
+    if (!strcmp(group, "streams"))
+        return cmocka_run_group_tests_name("streams", streams, setup, NULL);
+    if (!strcmp(group, "capture"))
+        return cmocka_run_group_tests_name("capture", capture, setup, NULL);
+    if (!strcmp(group, "sync-free"))
+        return cmocka_run_group_tests_name("sync-free", sync_free, setup, NULL);
+    fprintf(stderr, "test_streams: unknown group '%s'\n", group);
+    return 2;
+}
