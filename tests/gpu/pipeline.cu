@@ -1,7 +1,8 @@
 // pipeline: the loop a training step is made of, with the host running ahead of the GPU.
 //
 //     pipeline [--iters N] [--spin-us US] [--mib M] [--streams K] [--async] [--require-shim]
-//              (defaults: 4000 iterations, 50 us, 16 MiB, K = 0)
+//              [--max-blocks N]
+//              (defaults: 4000 iterations, 50 us, 16 MiB, K = 0, no bound on blocks)
 //
 // Each iteration i:
 //   1. B = cudaMalloc(M MiB)
@@ -27,11 +28,14 @@
 //   PASS pipeline iters=N streams=K spin_us=US corruptions=0 it_per_s=X peak_reserved_MiB=R
 //        blocks=B hit_rate=H driver_peak_used_MiB=D driver_base_used_MiB=D0 mib=M api=A
 //
-// (one line). R and B = ceil(peak reserved / block size) come from the shim's statistics when
-// it is loaded (the cudaMalloc loop), from the default mempool's reserved-memory high mark with
-// --async, else "-"; H is hits / requests over the loop, from the shim ("-" without it).
-// it_per_s counts the whole loop and the final synchronize. A word that changed, a kernel that
-// did not run all its blocks, or a CUDA error is a FAIL line and exit status 1.
+// (one line). R comes from the shim's statistics when it is loaded (the cudaMalloc loop: its
+// peak reserved, the few bytes allocated before the loop included), from the default
+// mempool's reserved-memory high mark with --async, else "-". B is the number of M MiB blocks
+// the loop needed: ceil((peak reserved - reserved before the loop) / block size), "-" when R
+// is. H is hits / requests over the loop, from the shim ("-" without it). it_per_s counts the
+// whole loop and the final synchronize. A word that changed, a kernel that did not run all
+// its blocks, B above --max-blocks (checked only when B is known: what proves that memory
+// does not grow with the GPU's lag), or a CUDA error is a FAIL line and exit status 1.
 #include <cuda_runtime.h>
 
 #include <chrono>
@@ -105,7 +109,7 @@ static long number(const char *s, long min, long max)
 
 int main(int argc, char **argv)
 {
-    long iters = 4000, spin_us = 50, mib = 16, nstreams = 0;
+    long iters = 4000, spin_us = 50, mib = 16, nstreams = 0, max_blocks = -1;
     bool async = false;
     int require_shim = 0;
     bool bad_args = false;
@@ -120,6 +124,8 @@ int main(int argc, char **argv)
             bad_args = (mib = number(argv[++i], 1, 65536)) < 0;
         else if (!strcmp(a, "--streams") && has_value)
             bad_args = (nstreams = number(argv[++i], 0, 1024)) < 0;
+        else if (!strcmp(a, "--max-blocks") && has_value)
+            bad_args = (max_blocks = number(argv[++i], 1, 100000000)) < 0;
         else if (!strcmp(a, "--async"))
             async = true;
         else if (!strcmp(a, "--require-shim"))
@@ -129,7 +135,7 @@ int main(int argc, char **argv)
     }
     if (bad_args) {
         printf("usage: pipeline [--iters N] [--spin-us US] [--mib M] [--streams K] [--async] "
-               "[--require-shim]\n");
+               "[--require-shim] [--max-blocks N]\n");
         return 2;
     }
     const size_t bytes = (size_t)mib << 20, words = bytes / 4;
@@ -196,18 +202,20 @@ int main(int argc, char **argv)
 
     char reserved[32] = "-", nblocks[32] = "-", hit_rate[32] = "-";
     const char *peak_from = "none";
+    long long loop_blocks = -1; // blocks the loop needed, when known
     if (async) {
-        uint64_t high = 0;
+        uint64_t high = 0; // the pool holds only the loop's blocks: reset before it
         CK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemHigh, &high));
         snprintf(reserved, sizeof reserved, "%.1f", (double)high / 1048576.0);
-        snprintf(nblocks, sizeof nblocks, "%llu", (unsigned long long)((high + bytes - 1) / bytes));
+        loop_blocks = (long long)((high + bytes - 1) / bytes);
         peak_from = "mempool";
     }
     if (shim && shim_stats(&after) == 0) {
         if (!async) {
+            uint64_t held = before.bytes_in_use + before.bytes_cached;
+            uint64_t loop = after.peak_reserved > held ? after.peak_reserved - held : 0;
             snprintf(reserved, sizeof reserved, "%.1f", (double)after.peak_reserved / 1048576.0);
-            snprintf(nblocks, sizeof nblocks, "%llu",
-                     (unsigned long long)((after.peak_reserved + bytes - 1) / bytes));
+            loop_blocks = (long long)((loop + bytes - 1) / bytes);
             peak_from = "shim";
         }
         uint64_t req = after.requests - before.requests, hits = after.hits - before.hits;
@@ -221,6 +229,8 @@ int main(int argc, char **argv)
                (unsigned long long)(after.fence_waits - before.fence_waits),
                (unsigned long long)(after.driver_allocs - before.driver_allocs));
     }
+    if (loop_blocks >= 0)
+        snprintf(nblocks, sizeof nblocks, "%lld", loop_blocks);
     for (auto &s : streams)
         CK(cudaStreamDestroy(s));
 
@@ -248,6 +258,12 @@ int main(int argc, char **argv)
     }
     if (h.bad) {
         printf("FAIL pipeline %s\n", fields);
+        return 1;
+    }
+    if (max_blocks > 0 && loop_blocks > max_blocks) {
+        printf("FAIL pipeline %s: the loop needed %lld blocks, more than --max-blocks %ld: "
+               "memory grew with the GPU's lag\n",
+               fields, loop_blocks, max_blocks);
         return 1;
     }
     printf("PASS pipeline %s\n", fields);
