@@ -1,6 +1,8 @@
 // capture_abort: a stream capture that ends badly must leave the cache working.
 //
-//     capture_abort [--iters N] [--require-shim]        (default 1000 iterations)
+//     capture_abort [--iters N] [--parts abc] [--require-shim]
+//                   (default 1000 iterations, all three parts; --parts c, ac or bc leaves out
+//                   a part, to tell which one left the cache broken)
 //
 // All streams are non-blocking. Before each capture, a block is freed while a 2 ms kernel on
 // stream D still uses it, so a shim with stream-ordered reuse has a fence pending that the
@@ -121,18 +123,23 @@ int main(int argc, char **argv)
 {
     long iters = 1000;
     int require_shim = 0;
+    const char *parts = "abc";
     for (int i = 1; i < argc; i++) {
         char *end = nullptr;
         if (!strcmp(argv[i], "--iters") && i + 1 < argc &&
             (iters = strtol(argv[i + 1], &end, 10)) > 0 && !*end)
             i++;
+        else if (!strcmp(argv[i], "--parts") && i + 1 < argc &&
+                 strspn(argv[i + 1], "abc") == strlen(argv[i + 1]) && strchr(argv[i + 1], 'c'))
+            parts = argv[++i];
         else if (!strcmp(argv[i], "--require-shim"))
             require_shim = 1;
         else {
-            printf("usage: capture_abort [--iters N] [--require-shim]\n");
+            printf("usage: capture_abort [--iters N] [--parts abc|ac|bc|c] [--require-shim]\n");
             return 2;
         }
     }
+    const bool part_a = strchr(parts, 'a') != nullptr, part_b = strchr(parts, 'b') != nullptr;
 
     CK(cudaFree(0));
     cudaStream_t a, b, c, d;
@@ -148,48 +155,56 @@ int main(int argc, char **argv)
     CK(cudaDeviceSynchronize());
 
     // (a) a fork that is never joined back
-    leave_fence_pending(d);
-    CK(cudaStreamBeginCapture(a, cudaStreamCaptureModeGlobal));
-    mark<<<1, 32, 0, a>>>(&slots[0], 0xA0u);
-    cudaError_t launch_a = cudaGetLastError();
-    cudaError_t rec = cudaEventRecord(fork, a);
-    cudaError_t wait = cudaStreamWaitEvent(b, fork, 0);
-    mark<<<1, 32, 0, b>>>(&slots[1], 0xB0u);
-    cudaError_t launch_b = cudaGetLastError();
-    cudaGraph_t graph = nullptr;
-    cudaError_t end_rc = cudaStreamEndCapture(a, &graph);
-    cudaError_t last_a = cudaGetLastError(); // clears the error state if anything set it
-    printf("capture_abort: (a) launch_a=%d record=%d wait=%d launch_b=%d end_capture=%d (%s) "
-           "graph=%s last_error=%d (%s) capturing: A=%s B=%s\n",
-           (int)launch_a, (int)rec, (int)wait, (int)launch_b, (int)end_rc,
-           cudaGetErrorName(end_rc), graph ? "returned" : "null", (int)last_a,
-           cudaGetErrorName(last_a), capture_status(a), capture_status(b));
-    if (graph)
-        cudaGraphDestroy(graph);
+    cudaError_t end_rc = cudaErrorStreamCaptureUnjoined; // what (a) must answer, when it runs
+    if (part_a) {
+        leave_fence_pending(d);
+        CK(cudaStreamBeginCapture(a, cudaStreamCaptureModeGlobal));
+        mark<<<1, 32, 0, a>>>(&slots[0], 0xA0u);
+        cudaError_t launch_a = cudaGetLastError();
+        cudaError_t rec = cudaEventRecord(fork, a);
+        cudaError_t wait = cudaStreamWaitEvent(b, fork, 0);
+        mark<<<1, 32, 0, b>>>(&slots[1], 0xB0u);
+        cudaError_t launch_b = cudaGetLastError();
+        cudaGraph_t graph = nullptr;
+        end_rc = cudaStreamEndCapture(a, &graph);
+        cudaError_t last_a = cudaGetLastError(); // clears the error state if anything set it
+        printf("capture_abort: (a) launch_a=%d record=%d wait=%d launch_b=%d end_capture=%d (%s) "
+               "graph=%s last_error=%d (%s) capturing: A=%s B=%s\n",
+               (int)launch_a, (int)rec, (int)wait, (int)launch_b, (int)end_rc,
+               cudaGetErrorName(end_rc), graph ? "returned" : "null", (int)last_a,
+               cudaGetErrorName(last_a), capture_status(a), capture_status(b));
+        if (graph)
+            cudaGraphDestroy(graph);
+    }
 
     // (b) a capturing stream destroyed
-    leave_fence_pending(d);
-    cudaError_t begin_c = cudaStreamBeginCapture(c, cudaStreamCaptureModeGlobal);
-    mark<<<1, 32, 0, c>>>(&slots[2], 0xC0u);
-    cudaError_t launch_c = cudaGetLastError();
-    cudaError_t destroy_rc = cudaStreamDestroy(c);
-    cudaError_t last_b = cudaGetLastError();
-    printf("capture_abort: (b) begin_capture=%d launch=%d destroy_while_capturing=%d (%s) "
-           "last_error=%d (%s)\n",
-           (int)begin_c, (int)launch_c, (int)destroy_rc, cudaGetErrorName(destroy_rc),
-           (int)last_b, cudaGetErrorName(last_b));
-    if (destroy_rc != cudaSuccess) { // C lives on: end what it captures, destroy it again
-        const char *st = capture_status(c);
-        cudaGraph_t g2 = nullptr;
-        cudaError_t end_c = cudaStreamEndCapture(c, &g2);
-        if (g2)
-            cudaGraphDestroy(g2);
-        cudaError_t destroy2 = cudaStreamDestroy(c);
-        cudaError_t last2 = cudaGetLastError();
-        printf("capture_abort: (b) C still there: capturing=%s end_capture=%d (%s) "
-               "destroy_again=%d (%s) last_error=%d\n",
-               st, (int)end_c, cudaGetErrorName(end_c), (int)destroy2,
-               cudaGetErrorName(destroy2), (int)last2);
+    cudaError_t destroy_rc = cudaSuccess;
+    if (part_b) {
+        leave_fence_pending(d);
+        cudaError_t begin_c = cudaStreamBeginCapture(c, cudaStreamCaptureModeGlobal);
+        mark<<<1, 32, 0, c>>>(&slots[2], 0xC0u);
+        cudaError_t launch_c = cudaGetLastError();
+        destroy_rc = cudaStreamDestroy(c);
+        cudaError_t last_b = cudaGetLastError();
+        printf("capture_abort: (b) begin_capture=%d launch=%d destroy_while_capturing=%d (%s) "
+               "last_error=%d (%s)\n",
+               (int)begin_c, (int)launch_c, (int)destroy_rc, cudaGetErrorName(destroy_rc),
+               (int)last_b, cudaGetErrorName(last_b));
+        if (destroy_rc != cudaSuccess) { // C lives on: end what it captures, destroy it again
+            const char *st = capture_status(c);
+            cudaGraph_t g2 = nullptr;
+            cudaError_t end_c = cudaStreamEndCapture(c, &g2);
+            if (g2)
+                cudaGraphDestroy(g2);
+            cudaError_t destroy2 = cudaStreamDestroy(c);
+            cudaError_t last2 = cudaGetLastError();
+            printf("capture_abort: (b) C still there: capturing=%s end_capture=%d (%s) "
+                   "destroy_again=%d (%s) last_error=%d\n",
+                   st, (int)end_c, cudaGetErrorName(end_c), (int)destroy2,
+                   cudaGetErrorName(destroy2), (int)last2);
+        }
+    } else {
+        CK(cudaStreamDestroy(c));
     }
 
     // A, B and the legacy stream still run work.
@@ -246,8 +261,8 @@ int main(int argc, char **argv)
 
     char fields[256];
     snprintf(fields, sizeof fields,
-             "end_rc=%d hits=%s requests=%s iters=%ld destroy_rc=%d corruptions=%llu", (int)end_rc,
-             hits, requests, iters, (int)destroy_rc, hc.bad);
+             "end_rc=%d hits=%s requests=%s iters=%ld destroy_rc=%d corruptions=%llu parts=%s",
+             (int)end_rc, hits, requests, iters, (int)destroy_rc, hc.bad, parts);
     int failed = 0;
     if (end_rc != cudaErrorStreamCaptureUnjoined) {
         printf("FAIL capture_abort: (a) cudaStreamEndCapture answered %d (%s), not %d "
