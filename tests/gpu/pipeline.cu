@@ -21,12 +21,17 @@
 // makes the next stream wait on the fence needs one or two. Either way no kernel may see
 // another iteration's pattern in its block.
 //
-// The driver's view: cudaMemGetInfo (used = total - free) is sampled every 256 iterations,
-// without synchronizing, and the highest value is printed, with the value before the loop.
+// The driver's view: used memory is sampled every 256 iterations, without synchronizing,
+// and the highest value is printed, with the value before the loop. It comes from NVML
+// (libnvidia-ml.so.1, opened at run time; the whole GPU, every process) when it answers,
+// since the shim answers cudaMemGetInfo itself and counts its cached blocks as free; else
+// from cudaMemGetInfo (driver_view=nvml|cudaMemGetInfo says which). cudaMemGetInfo's own
+// highest used value is printed too, as memgetinfo_peak_used_MiB: what the program is told.
 // After the loop: one cudaDeviceSynchronize, then
 //
 //   PASS pipeline iters=N streams=K spin_us=US corruptions=0 it_per_s=X peak_reserved_MiB=R
 //        blocks=B hit_rate=H driver_peak_used_MiB=D driver_base_used_MiB=D0 mib=M api=A
+//        driver_view=V memgetinfo_peak_used_MiB=G
 //
 // (one line). R comes from the shim's statistics when it is loaded (the cudaMalloc loop: its
 // peak reserved, the few bytes allocated before the loop included), from the default
@@ -100,6 +105,44 @@ __global__ void fill_spin_check(uint32_t *buf, size_t words, uint32_t seed, uint
         atomicAdd(&cnt->ran, 1ull);
 }
 
+// NVML through dlopen, declared here: no header or link flag needed, and no NVML is fine.
+struct NvmlMemory {
+    unsigned long long total, free, used;
+};
+typedef int (*nvml_init_fn)(void);
+typedef int (*nvml_by_pci_fn)(const char *, void **);
+typedef int (*nvml_mem_fn)(void *, NvmlMemory *);
+
+struct DriverView {
+    nvml_mem_fn mem = nullptr;
+    void *dev = nullptr;
+
+    // Finds the GPU of CUDA device 0 by its PCI bus id; false when NVML is not there.
+    bool open()
+    {
+        void *lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+        if (!lib)
+            return false;
+        nvml_init_fn init = (nvml_init_fn)dlsym(lib, "nvmlInit_v2");
+        nvml_by_pci_fn by_pci = (nvml_by_pci_fn)dlsym(lib, "nvmlDeviceGetHandleByPciBusId_v2");
+        mem = (nvml_mem_fn)dlsym(lib, "nvmlDeviceGetMemoryInfo");
+        char bus[32];
+        if (!init || !by_pci || !mem || init() != 0 ||
+            cudaDeviceGetPCIBusId(bus, sizeof bus, 0) != cudaSuccess || by_pci(bus, &dev) != 0) {
+            mem = nullptr;
+            return false;
+        }
+        return used() != 0;
+    }
+
+    // Bytes in use on the whole GPU, 0 on failure.
+    unsigned long long used()
+    {
+        NvmlMemory m;
+        return mem && mem(dev, &m) == 0 ? m.used : 0;
+    }
+};
+
 static long number(const char *s, long min, long max)
 {
     char *end;
@@ -166,8 +209,11 @@ int main(int argc, char **argv)
     const bool shim = shim_stats(&before) == 0;
     size_t free_b = 0, total_b = 0;
     CK(cudaMemGetInfo(&free_b, &total_b));
-    const size_t base_used = total_b - free_b;
-    size_t peak_used = base_used;
+    size_t mgi_peak = total_b - free_b;
+    DriverView nvml;
+    const bool have_nvml = nvml.open();
+    const unsigned long long base_used = have_nvml ? nvml.used() : total_b - free_b;
+    unsigned long long peak_used = base_used;
 
     auto t0 = std::chrono::steady_clock::now();
     for (long i = 0; i < iters; i++) {
@@ -185,9 +231,12 @@ int main(int argc, char **argv)
         else
             CK(cudaFree(b));
         if (i % kSampleEvery == 0 || i == iters - 1) {
-            CK(cudaMemGetInfo(&free_b, &total_b)); // does not wait for the device
-            if (total_b - free_b > peak_used)
-                peak_used = total_b - free_b;
+            CK(cudaMemGetInfo(&free_b, &total_b)); // neither waits for the device
+            if (total_b - free_b > mgi_peak)
+                mgi_peak = total_b - free_b;
+            unsigned long long u = have_nvml ? nvml.used() : total_b - free_b;
+            if (u > peak_used)
+                peak_used = u;
         }
     }
     auto t1 = std::chrono::steady_clock::now();
@@ -245,13 +294,15 @@ int main(int argc, char **argv)
         return 1;
 
     const unsigned long long want_ran = (unsigned long long)iters * (unsigned long long)blocks;
-    char fields[512];
+    char fields[640];
     snprintf(fields, sizeof fields,
              "iters=%ld streams=%ld spin_us=%ld corruptions=%llu it_per_s=%.1f "
              "peak_reserved_MiB=%s blocks=%s hit_rate=%s driver_peak_used_MiB=%.1f "
-             "driver_base_used_MiB=%.1f mib=%ld api=%s",
+             "driver_base_used_MiB=%.1f mib=%ld api=%s driver_view=%s "
+             "memgetinfo_peak_used_MiB=%.1f",
              iters, nstreams, spin_us, h.bad, (double)iters / total_s, reserved, nblocks,
-             hit_rate, (double)peak_used / 1048576.0, (double)base_used / 1048576.0, mib, api);
+             hit_rate, (double)peak_used / 1048576.0, (double)base_used / 1048576.0, mib, api,
+             have_nvml ? "nvml" : "cudaMemGetInfo", (double)mgi_peak / 1048576.0);
     if (h.ran != want_ran) {
         printf("FAIL pipeline %s: %llu of %llu thread blocks ran\n", fields, h.ran, want_ran);
         return 1;
