@@ -18,7 +18,9 @@
 //       captures. The result codes are printed, not judged; if C still captures afterwards,
 //       the capture is ended and C destroyed again.
 //   After both: a kernel each on A, B and the legacy stream must run (values checked).
-//   (c) N times, on D without any host synchronization: cudaMalloc(1 MiB), a kernel writes
+//   (c) A fence is left pending once more (so that --parts c differs from the others only by
+//       the captures), then N times, on D without any host synchronization:
+//       cudaMalloc(1 MiB), a kernel writes
 //       the iteration's pattern into all of it and re-reads it (mismatches counted on the
 //       device), cudaFree. One synchronize after the loop.
 // With the shim loaded, its statistics are read before and after (c): the loop must have
@@ -227,6 +229,7 @@ int main(int argc, char **argv)
     CK(cudaMalloc(&cnt, sizeof *cnt));
     CK(cudaMemset(cnt, 0, sizeof *cnt));
     CK(cudaDeviceSynchronize());
+    leave_fence_pending(d);
     cacheshim_stats before, after;
     const bool shim = shim_stats(&before) == 0;
     for (long i = 0; i < iters; i++) {
