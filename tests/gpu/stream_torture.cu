@@ -1,7 +1,7 @@
 // stream_torture: is a freed block ever handed out while the GPU may still touch it?
 //
 //     stream_torture [CYCLES] [--in-flight] [--unsafe-reuse] [--require-shim]
-//                    [--spin-us MIN:MAX]
+//                    [--spin-us MIN:MAX] [--min-same-block N]
 //
 // Four non-blocking streams (cudaStreamNonBlocking), one blocking stream, and the legacy
 // default stream. Each cycle c:
@@ -46,7 +46,10 @@
 //   PASS stream_torture_inflight cycles=N corruptions=0 same_block_reuse=R
 //
 // With --unsafe-reuse too, the control of this mode (stream_torture_inflight_control) must
-// print CONTROL corruptions=N with N > 0, as above.
+// print CONTROL corruptions=N with N > 0, as above. --min-same-block N fails a run in which B
+// itself came back fewer than N times: with a shim that reuses only completed blocks the mode
+// passes without ever reusing a block in flight, so this is what shows the in-flight reuse
+// was exercised at all.
 #include <cuda_runtime.h>
 
 #include <chrono>
@@ -144,6 +147,7 @@ int main(int argc, char **argv)
     bool unsafe = false, in_flight = false;
     int require_shim = 0;
     unsigned spin_min_us = 100, spin_max_us = 500;
+    long min_same_block = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--unsafe-reuse"))
             unsafe = true;
@@ -151,7 +155,14 @@ int main(int argc, char **argv)
             in_flight = true;
         else if (!strcmp(argv[i], "--require-shim"))
             require_shim = 1;
-        else if (!strcmp(argv[i], "--spin-us") && i + 1 < argc) {
+        else if (!strcmp(argv[i], "--min-same-block") && i + 1 < argc) {
+            char *end;
+            min_same_block = strtol(argv[++i], &end, 10);
+            if (*end || min_same_block < 0) {
+                printf("stream_torture: --min-same-block wants a count\n");
+                return 2;
+            }
+        } else if (!strcmp(argv[i], "--spin-us") && i + 1 < argc) {
             if (sscanf(argv[++i], "%u:%u", &spin_min_us, &spin_max_us) != 2 ||
                 spin_max_us <= spin_min_us) {
                 printf("stream_torture: --spin-us wants MIN:MAX with MIN < MAX\n");
@@ -159,7 +170,7 @@ int main(int argc, char **argv)
             }
         } else if ((cycles = strtol(argv[i], NULL, 10)) <= 0) {
             printf("usage: stream_torture [CYCLES] [--in-flight] [--unsafe-reuse] "
-                   "[--require-shim] [--spin-us MIN:MAX]\n");
+                   "[--require-shim] [--spin-us MIN:MAX] [--min-same-block N]\n");
             return 2;
         }
     }
@@ -311,6 +322,12 @@ int main(int argc, char **argv)
     }
     if (corruptions) {
         printf("FAIL %s cycles=%ld corruptions=%llu\n", name, cycles, corruptions);
+        return 1;
+    }
+    if (same_block < min_same_block) {
+        printf("FAIL %s cycles=%ld corruptions=0 same_block_reuse=%ld: fewer than "
+               "--min-same-block %ld, the freed block was not handed back while in flight\n",
+               name, cycles, same_block, min_same_block);
         return 1;
     }
     if (in_flight)
