@@ -1,11 +1,23 @@
 // bench_pairs: latency of one allocation + free pair, three ways, medians over many runs.
 //
-//     bench_pairs [--runs N] [--pairs N] [--size BYTES] [--require-shim]
+//     bench_pairs [--runs N] [--pairs N] [--size BYTES] [--streams N]
+//                 [--kernel [--kernel-on one|rr|legacy]] [--require-shim]
 //                 (defaults: 31 runs x 10000 pairs of 1 MiB, after one warm-up run)
-//     bench_pairs --sizes LIST [--threads LIST] [--runs N] [--pairs N] [--require-shim]
+//     bench_pairs --sizes LIST [--threads LIST] [--runs N] [--pairs N] [--streams N]
+//                 [--require-shim]
 //                 (sweep: LIST like 512,4K,64K,1M,16M,256M,1G and 1,4,16; defaults 11 runs x
 //                 200 pairs a thread, a quarter of that from 256 MiB, a tenth from 1 GiB, so
 //                 that a full sweep of the raw driver stays within about a minute and a half)
+//
+//   --streams N      create N non-blocking streams before any timing and keep them alive to
+//                    the end (an allocator that fences every live stream pays for each)
+//   --kernel         per pair, launch one tiny kernel that writes the first 4 KiB of the
+//                    block, between the allocation and the free, on: the first of the N
+//                    streams (--kernel-on one, the default; the legacy stream when N = 0),
+//                    each of them in turn (rr), or the legacy default stream (legacy).
+//                    cudaMallocAsync then allocates and frees on that stream too. Nothing
+//                    waits within a run; each run ends with one cudaDeviceSynchronize, inside
+//                    the timing. Not in sweep mode.
 //
 //   cuMemAlloc       cuMemAlloc_v2 + cuMemFree_v2 through the driver API, the pointers taken
 //                    from cudaGetDriverEntryPointByVersion (under LD_PRELOAD the shim hands out
@@ -15,12 +27,13 @@
 //                    (release threshold UINT64_MAX); the stream is synchronized once at the end
 //                    of each run, inside the timing
 //
-// One line each:  bench NAME median_ns=X min_ns=X max_ns=X runs=N pairs=N
+// One line each:  bench NAME median_ns=X min_ns=X max_ns=X runs=N pairs=N streams=N kernel=K
+// (K: none, one, rr or legacy)
 // (ns per pair; min/max are those of the runs' means). scripts/gpu-check runs it without and
 // with the shim and prints the two side by side.
 //
 // Sweep mode (--sizes or --threads), for every size x thread count x NAME, one line:
-//   bench NAME size=BYTES threads=N median_ns=X pairs_per_s=Y runs=R pairs=P
+//   bench NAME size=BYTES threads=N median_ns=X pairs_per_s=Y runs=R pairs=P streams=N kernel=none
 // Each of the N threads loops its own P pairs (cudaMallocAsync: on its own stream); a run's
 // latency is the mean over threads of each thread's time per pair, median_ns the median over
 // runs; pairs_per_s is N*P over the run's wall time, median over runs. scripts/bench-gpu runs
@@ -67,20 +80,61 @@ typedef CUresult (*free_fn)(CUdeviceptr);
 
 static long runs = 31, pairs = 10000;
 
-// fn(n) does n pairs; returns ns per pair of each timed run.
+// --streams and --kernel: the streams kept alive, and where each pair's kernel goes.
+enum KernelOn { kNone, kOne, kRoundRobin, kLegacy };
+static const char *const kKernelName[] = {"none", "one", "rr", "legacy"};
+static KernelOn kernel_on = kNone;
+static std::vector<cudaStream_t> alive;
+
+enum { kTouchBytes = 4096, kTouchThreads = 256 };
+
+// The tiny kernel of --kernel: writes the first min(size, 4 KiB) bytes of the block.
+__global__ void touch(unsigned char *p, size_t n)
+{
+    for (size_t i = threadIdx.x; i < n; i += blockDim.x)
+        p[i] = (unsigned char)i;
+}
+
+// The stream of pair i's kernel (0: the legacy default stream).
+static inline cudaStream_t launch_stream(long i)
+{
+    if (kernel_on == kOne && !alive.empty())
+        return alive[0];
+    if (kernel_on == kRoundRobin)
+        return alive[(size_t)i % alive.size()];
+    return (cudaStream_t)0;
+}
+
+static inline void launch_touch(void *p, size_t size, long i)
+{
+    touch<<<1, kTouchThreads, 0, launch_stream(i)>>>((unsigned char *)p,
+                                                      std::min(size, (size_t)kTouchBytes));
+}
+
+// fn(n) does n pairs; returns ns per pair of each timed run. With --kernel, each run (the
+// warm-up too) ends with one cudaDeviceSynchronize, timed, and a check of the launches.
 static void bench(const char *name, const std::function<void(long)> &fn)
 {
-    fn(std::max(100L, pairs / 10)); // warm-up
+    auto one_run = [&](long n) {
+        fn(n);
+        if (kernel_on != kNone) {
+            CK(cudaDeviceSynchronize());
+            CK(cudaGetLastError());
+        }
+    };
+    one_run(std::max(100L, pairs / 10)); // warm-up
     std::vector<double> ns;
     for (long r = 0; r < runs; r++) {
         auto t0 = std::chrono::steady_clock::now();
-        fn(pairs);
+        one_run(pairs);
         auto t1 = std::chrono::steady_clock::now();
         ns.push_back(std::chrono::duration<double, std::nano>(t1 - t0).count() / (double)pairs);
     }
     std::sort(ns.begin(), ns.end());
-    printf("bench %s median_ns=%.1f min_ns=%.1f max_ns=%.1f runs=%ld pairs=%ld\n", name,
-           ns[ns.size() / 2], ns.front(), ns.back(), runs, pairs);
+    printf("bench %s median_ns=%.1f min_ns=%.1f max_ns=%.1f runs=%ld pairs=%ld streams=%zu "
+           "kernel=%s\n",
+           name, ns[ns.size() / 2], ns.front(), ns.back(), runs, pairs, alive.size(),
+           kKernelName[kernel_on]);
     fflush(stdout);
 }
 
@@ -151,8 +205,10 @@ static void sweep_one(const char *name, size_t size, int threads, long p, const 
     }
     std::sort(lat.begin(), lat.end());
     std::sort(rate.begin(), rate.end());
-    printf("bench %s size=%zu threads=%d median_ns=%.1f pairs_per_s=%.0f runs=%ld pairs=%ld\n",
-           name, size, threads, lat[lat.size() / 2], rate[rate.size() / 2], runs, p);
+    printf("bench %s size=%zu threads=%d median_ns=%.1f pairs_per_s=%.0f runs=%ld pairs=%ld "
+           "streams=%zu kernel=none\n",
+           name, size, threads, lat[lat.size() / 2], rate[rate.size() / 2], runs, p,
+           alive.size());
     fflush(stdout);
 }
 
@@ -206,7 +262,8 @@ int main(int argc, char **argv)
     size_t size = 1u << 20;
     int require_shim = 0;
     const char *sizes_arg = nullptr, *threads_arg = nullptr;
-    bool runs_set = false, pairs_set = false;
+    bool runs_set = false, pairs_set = false, bad_args = false;
+    long nstreams = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--runs") && i + 1 < argc)
             runs = strtol(argv[++i], NULL, 10), runs_set = true;
@@ -220,8 +277,25 @@ int main(int argc, char **argv)
             size = strtoull(argv[++i], NULL, 10);
         else if (!strcmp(argv[i], "--require-shim"))
             require_shim = 1;
-        else
-            runs = 0;
+        else if (!strcmp(argv[i], "--streams") && i + 1 < argc) {
+            char *end;
+            const char *v = argv[++i];
+            nstreams = strtol(v, &end, 10);
+            bad_args |= !*v || *end || nstreams < 0 || nstreams > 4096;
+        } else if (!strcmp(argv[i], "--kernel"))
+            kernel_on = kernel_on == kNone ? kOne : kernel_on;
+        else if (!strcmp(argv[i], "--kernel-on") && i + 1 < argc) {
+            const char *k = argv[++i];
+            if (!strcmp(k, "one"))
+                kernel_on = kOne;
+            else if (!strcmp(k, "rr"))
+                kernel_on = kRoundRobin;
+            else if (!strcmp(k, "legacy"))
+                kernel_on = kLegacy;
+            else
+                bad_args = true;
+        } else
+            bad_args = true;
     }
     bool sweeping = sizes_arg || threads_arg;
     std::vector<size_t> sizes, threads;
@@ -231,18 +305,28 @@ int main(int argc, char **argv)
         if (!runs_set) runs = 11;
         if (!pairs_set) pairs = 200;
     }
-    if (runs <= 0 || pairs <= 0 || size == 0 || (sweeping && (sizes.empty() || threads.empty()))) {
-        printf("usage: bench_pairs [--runs N] [--pairs N] [--size BYTES] [--require-shim]\n"
+    if (bad_args || runs <= 0 || pairs <= 0 || size == 0 ||
+        (sweeping && (sizes.empty() || threads.empty() || kernel_on != kNone)) ||
+        (kernel_on == kRoundRobin && nstreams == 0)) {
+        printf("usage: bench_pairs [--runs N] [--pairs N] [--size BYTES] [--streams N]\n"
+               "                   [--kernel [--kernel-on one|rr|legacy]] [--require-shim]\n"
                "       bench_pairs --sizes LIST [--threads LIST] [--runs N] [--pairs N] "
-               "[--require-shim]\n");
+               "[--streams N] [--require-shim]\n"
+               "(--kernel-on rr needs --streams N > 0; --kernel is not for the sweep)\n");
         return 2;
     }
     CK(cudaFree(0));
+    alive.resize((size_t)nstreams);
+    for (auto &st : alive)
+        CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     if (sweeping)
-        printf("bench_pairs: sweep sizes=%s threads=%s runs=%ld pairs=%ld\n",
-               sizes_arg ? sizes_arg : "(--size)", threads_arg ? threads_arg : "1", runs, pairs);
+        printf("bench_pairs: sweep sizes=%s threads=%s runs=%ld pairs=%ld streams=%zu\n",
+               sizes_arg ? sizes_arg : "(--size)", threads_arg ? threads_arg : "1", runs, pairs,
+               alive.size());
     else
-        printf("bench_pairs: size=%zu runs=%ld pairs=%ld\n", size, runs, pairs);
+        printf("bench_pairs: size=%zu runs=%ld pairs=%ld streams=%zu (non-blocking, alive) "
+               "kernel=%s\n",
+               size, runs, pairs, alive.size(), kKernelName[kernel_on]);
 
     // (a) driver API through the entry-point table
     void *pa = nullptr, *pf = nullptr;
@@ -257,6 +341,8 @@ int main(int argc, char **argv)
     free_fn d_free = (free_fn)pf;
     if (sweeping) {
         sweep(sizes, threads, pairs, d_alloc, d_free);
+        for (auto &st : alive)
+            CK(cudaStreamDestroy(st));
         if (shim_require("bench_pairs", require_shim))
             return 1;
         printf("PASS bench_pairs\n");
@@ -266,6 +352,8 @@ int main(int argc, char **argv)
         for (long i = 0; i < n; i++) {
             CUdeviceptr p;
             CKD(d_alloc(&p, size));
+            if (kernel_on != kNone)
+                launch_touch((void *)p, size, i);
             CKD(d_free(p));
         }
     });
@@ -275,6 +363,8 @@ int main(int argc, char **argv)
         for (long i = 0; i < n; i++) {
             void *p;
             CK(cudaMalloc(&p, size));
+            if (kernel_on != kNone)
+                launch_touch(p, size, i);
             CK(cudaFree(p));
         }
     });
@@ -287,6 +377,16 @@ int main(int argc, char **argv)
     cudaStream_t s;
     CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     bench("cudaMallocAsync", [&](long n) {
+        if (kernel_on != kNone) { // on the kernel's stream; bench() synchronizes at the end
+            for (long i = 0; i < n; i++) {
+                void *p;
+                cudaStream_t ks = launch_stream(i);
+                CK(cudaMallocAsync(&p, size, ks));
+                launch_touch(p, size, i);
+                CK(cudaFreeAsync(p, ks));
+            }
+            return;
+        }
         for (long i = 0; i < n; i++) {
             void *p;
             CK(cudaMallocAsync(&p, size, s));
@@ -295,6 +395,8 @@ int main(int argc, char **argv)
         CK(cudaStreamSynchronize(s));
     });
     CK(cudaStreamDestroy(s));
+    for (auto &st : alive)
+        CK(cudaStreamDestroy(st));
 
     if (shim_require("bench_pairs", require_shim))
         return 1;

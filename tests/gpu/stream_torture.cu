@@ -1,6 +1,7 @@
 // stream_torture: is a freed block ever handed out while the GPU may still touch it?
 //
-//     stream_torture [CYCLES] [--unsafe-reuse] [--require-shim] [--spin-us MIN:MAX]
+//     stream_torture [CYCLES] [--in-flight] [--unsafe-reuse] [--require-shim]
+//                    [--spin-us MIN:MAX] [--min-same-block N]
 //
 // Four non-blocking streams (cudaStreamNonBlocking), one blocking stream, and the legacy
 // default stream. Each cycle c:
@@ -31,6 +32,24 @@
 //   PASS stream_torture_control cycles=N corruptions=N
 //
 // and fails (exit 1) if it saw none: then the test could not have caught a bad allocator.
+//
+// --in-flight: blocks are reused while kernels on other streams still run, the case a shim
+// with stream-ordered reuse (a freed block handed out before its fence completed, the next
+// stream made to wait on the fence) must get right. 16 non-blocking streams, no blocking
+// stream and no legacy-stream work. Each cycle c: the long kernel on stream c % 16 writes,
+// spins and re-checks B; B is freed at once; the same size is allocated again (such a shim
+// hands back B) and overwritten at once on another of the 16 streams, by a kernel (even
+// cycles) or cudaMemsetAsync (odd cycles). The ring holds 32 blocks, so up to 32 cycles are in
+// flight, and its oldest is verified on its stream and freed at once, as above. Both
+// directions are counted as above; same_block_reuse says how often B itself came back.
+//
+//   PASS stream_torture_inflight cycles=N corruptions=0 same_block_reuse=R
+//
+// With --unsafe-reuse too, the control of this mode (stream_torture_inflight_control) must
+// print CONTROL corruptions=N with N > 0, as above. --min-same-block N fails a run in which B
+// itself came back fewer than N times: with a shim that reuses only completed blocks the mode
+// passes without ever reusing a block in flight, so this is what shows the in-flight reuse
+// was exercised at all.
 #include <cuda_runtime.h>
 
 #include <chrono>
@@ -52,7 +71,8 @@
         }                                                                                     \
     } while (0)
 
-enum { kBlocks = 16, kThreads = 256, kRing = 8, kNonBlocking = 4 };
+enum { kBlocks = 16, kThreads = 256, kRing = 8, kNonBlocking = 4, kInFlightStreams = 16,
+       kInFlightRing = 32 };
 
 // Per-cycle result slots (in one long-lived device buffer).
 struct Slot {
@@ -124,33 +144,51 @@ static const char *kMethod[] = {"legacy_memset", "kernel_other_stream", "memseta
 int main(int argc, char **argv)
 {
     long cycles = 2000;
-    bool unsafe = false;
+    bool unsafe = false, in_flight = false;
     int require_shim = 0;
     unsigned spin_min_us = 100, spin_max_us = 500;
+    long min_same_block = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--unsafe-reuse"))
             unsafe = true;
+        else if (!strcmp(argv[i], "--in-flight"))
+            in_flight = true;
         else if (!strcmp(argv[i], "--require-shim"))
             require_shim = 1;
-        else if (!strcmp(argv[i], "--spin-us") && i + 1 < argc) {
+        else if (!strcmp(argv[i], "--min-same-block") && i + 1 < argc) {
+            char *end;
+            min_same_block = strtol(argv[++i], &end, 10);
+            if (*end || min_same_block < 0) {
+                printf("stream_torture: --min-same-block wants a count\n");
+                return 2;
+            }
+        } else if (!strcmp(argv[i], "--spin-us") && i + 1 < argc) {
             if (sscanf(argv[++i], "%u:%u", &spin_min_us, &spin_max_us) != 2 ||
                 spin_max_us <= spin_min_us) {
                 printf("stream_torture: --spin-us wants MIN:MAX with MIN < MAX\n");
                 return 2;
             }
         } else if ((cycles = strtol(argv[i], NULL, 10)) <= 0) {
-            printf("usage: stream_torture [CYCLES] [--unsafe-reuse] [--require-shim] "
-                   "[--spin-us MIN:MAX]\n");
+            printf("usage: stream_torture [CYCLES] [--in-flight] [--unsafe-reuse] "
+                   "[--require-shim] [--spin-us MIN:MAX] [--min-same-block N]\n");
             return 2;
         }
     }
-    const char *name = unsafe ? "stream_torture_control" : "stream_torture";
+    const char *name = in_flight ? (unsafe ? "stream_torture_inflight_control"
+                                           : "stream_torture_inflight")
+                                 : (unsafe ? "stream_torture_control" : "stream_torture");
+    // Default: 4 non-blocking streams, then one blocking stream (index kNonBlocking). In
+    // flight: 16 non-blocking streams, none blocking.
+    const int nonblocking = in_flight ? kInFlightStreams : kNonBlocking;
+    const int nstreams = in_flight ? kInFlightStreams : kNonBlocking + 1;
+    const int ring_size = in_flight ? kInFlightRing : kRing;
 
     CK(cudaFree(0));
-    cudaStream_t streams[kNonBlocking + 1];
-    for (int i = 0; i < kNonBlocking; i++)
+    std::vector<cudaStream_t> streams(nstreams);
+    for (int i = 0; i < nonblocking; i++)
         CK(cudaStreamCreateWithFlags(&streams[i], cudaStreamNonBlocking));
-    CK(cudaStreamCreate(&streams[kNonBlocking])); // blocking: ordered with the legacy stream
+    if (!in_flight)
+        CK(cudaStreamCreate(&streams[kNonBlocking])); // blocking: ordered with the legacy stream
 
     Slot *results;
     CK(cudaMalloc(&results, sizeof(Slot) * cycles));
@@ -171,12 +209,17 @@ int main(int argc, char **argv)
     auto t0 = std::chrono::steady_clock::now();
     for (long c = 0; c < cycles; c++) {
         size_t size = kSizes[c % kNumSizes], words = size / 4;
-        int si = (int)(c % (kNonBlocking + 1));
+        int si = (int)(c % nstreams);
         cudaStream_t s = streams[si];
         // A non-blocking stream other than s for the overwrite.
-        int oi = (int)((c + 1 + c / 7) % kNonBlocking);
-        if (oi == si)
-            oi = (oi + 1) % kNonBlocking;
+        int oi;
+        if (in_flight) {
+            oi = (int)((si + 1 + (c / 3) % (kInFlightStreams - 1)) % kInFlightStreams);
+        } else {
+            oi = (int)((c + 1 + c / 7) % kNonBlocking);
+            if (oi == si)
+                oi = (oi + 1) % kNonBlocking;
+        }
         cudaStream_t other = streams[oi];
         uint64_t spin_ns =
             1000ull * (spin_min_us + (unsigned)((c * 7919) % (spin_max_us - spin_min_us)));
@@ -197,7 +240,7 @@ int main(int argc, char **argv)
         }
 
         Pending p = {b2, words, 0, 0, c};
-        int m = (int)(c % 3);
+        int m = in_flight ? 1 + (int)(c % 2) : (int)(c % 3); // in flight: no legacy memset
         method_of[c] = m;
         stream_of[c] = si;
         switch (m) {
@@ -219,7 +262,7 @@ int main(int argc, char **argv)
             break;
         }
         ring.push_back(p);
-        if ((int)ring.size() > kRing) {
+        if ((int)ring.size() > ring_size) {
             retire(ring.front());
             ring.erase(ring.begin());
         }
@@ -234,8 +277,8 @@ int main(int argc, char **argv)
     std::vector<Slot> h(cycles);
     CK(cudaMemcpy(h.data(), results, sizeof(Slot) * cycles, cudaMemcpyDeviceToHost));
     CK(cudaFree(results));
-    for (int i = 0; i <= kNonBlocking; i++)
-        CK(cudaStreamDestroy(streams[i]));
+    for (cudaStream_t st : streams)
+        CK(cudaStreamDestroy(st));
 
     unsigned long long spin_bad = 0, b2_bad = 0;
     long not_ran = 0, bad_cycles = 0;
@@ -248,14 +291,15 @@ int main(int argc, char **argv)
         if (h[c].spin_changed || h[c].b2_bad) {
             bad_cycles++;
             by_method[method_of[c]]++;
-            on_blocking += stream_of[c] == kNonBlocking;
+            on_blocking += !in_flight && stream_of[c] == kNonBlocking;
         }
     }
     unsigned long long corruptions = spin_bad + b2_bad;
 
-    printf("%s: cycles=%ld streams=%d non-blocking + 1 blocking + legacy spin_us=%u-%u "
-           "wall_ms=%.1f same_block_reuse=%ld\n",
-           name, cycles, kNonBlocking, spin_min_us, spin_max_us, ms, same_block);
+    printf("%s: cycles=%ld streams=%d non-blocking%s spin_us=%u-%u ring=%d wall_ms=%.1f "
+           "same_block_reuse=%ld\n",
+           name, cycles, nonblocking, in_flight ? "" : " + 1 blocking + legacy", spin_min_us,
+           spin_max_us, ring_size, ms, same_block);
     printf("%s: corrupted words: while spinning=%llu in the new owner's block=%llu; corrupted "
            "cycles=%ld (%s=%ld %s=%ld %s=%ld; kernel on the blocking stream=%ld)\n",
            name, spin_bad, b2_bad, bad_cycles, kMethod[0], by_method[0], kMethod[1], by_method[1],
@@ -280,6 +324,16 @@ int main(int argc, char **argv)
         printf("FAIL %s cycles=%ld corruptions=%llu\n", name, cycles, corruptions);
         return 1;
     }
-    printf("PASS %s cycles=%ld corruptions=0\n", name, cycles);
+    if (same_block < min_same_block) {
+        printf("FAIL %s cycles=%ld corruptions=0 same_block_reuse=%ld: fewer than "
+               "--min-same-block %ld, the freed block was not handed back while in flight\n",
+               name, cycles, same_block, min_same_block);
+        return 1;
+    }
+    if (in_flight)
+        printf("PASS %s cycles=%ld corruptions=0 same_block_reuse=%ld\n", name, cycles,
+               same_block);
+    else
+        printf("PASS %s cycles=%ld corruptions=0\n", name, cycles);
     return 0;
 }
