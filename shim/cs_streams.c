@@ -86,6 +86,7 @@ struct cs_ctx_streams {
 /* Contexts and the handle -> stream map. Lock order: a context's lock, then this one. */
 static pthread_mutex_t reg_lock = PTHREAD_MUTEX_INITIALIZER;
 static cs_ctx_streams *contexts;
+static cs_ctx_streams *dead_contexts; /* forgotten, kept: late callers may hold a pointer */
 static cs_stream *buckets[STREAM_BUCKETS];
 static cs_stream *spare;            /* records are recycled, never freed (stale pointers stay safe) */
 static uint64_t generation;         /* atomic: bumped whenever a record leaves the map */
@@ -284,8 +285,11 @@ void cs_streams_forget(CUcontext ctx)
     while (*pp && (*pp)->ctx != ctx)
         pp = &(*pp)->next;
     cs_ctx_streams *cs = *pp;
-    if (cs)
+    if (cs) {
         *pp = cs->next;
+        cs->next = dead_contexts;
+        dead_contexts = cs;
+    }
     pthread_mutex_unlock(&reg_lock);
     if (!cs)
         return;
