@@ -17,7 +17,8 @@
 /* ---------------------------------------------------------------- fake backend
  *
  * One stream of work. gpu_busy() issues work; a fence at a free then takes a new epoch,
- * which completes only when the test says so (gpu_idle, or a wait). */
+ * which completes only when the test says so (gpu_idle, or a wait). The cache calls fence,
+ * reached and order_after without its lock (per-thread fast paths), so they are atomic. */
 
 static struct {
     uint64_t next_addr, used, budget;
@@ -62,27 +63,35 @@ static int fb_free(void *dev, uint64_t addr, int *raw)
 static uint64_t fb_fence(void *dev)
 {
     (void)dev;
-    if (be.dirty) {
-        be.epoch++;
-        be.dirty = false;
-        be.fences++;
+    if (__atomic_exchange_n(&be.dirty, false, __ATOMIC_ACQ_REL)) {
+        __atomic_add_fetch(&be.fences, 1, __ATOMIC_RELAXED);
+        return __atomic_add_fetch(&be.epoch, 1, __ATOMIC_ACQ_REL);
     }
-    return be.epoch;
+    return __atomic_load_n(&be.epoch, __ATOMIC_ACQUIRE);
 }
 
 static int fb_reached(void *dev, uint64_t epoch)
 {
     (void)dev;
-    be.reaches++;
-    return epoch <= be.completed && (!be.stuck || epoch == 0);
+    __atomic_add_fetch(&be.reaches, 1, __ATOMIC_RELAXED);
+    return epoch <= __atomic_load_n(&be.completed, __ATOMIC_ACQUIRE) && (!be.stuck || epoch == 0);
+}
+
+/* Every epoch up to this one has completed. */
+static void complete_to(uint64_t epoch)
+{
+    uint64_t done = __atomic_load_n(&be.completed, __ATOMIC_ACQUIRE);
+    while (epoch > done &&
+           !__atomic_compare_exchange_n(&be.completed, &done, epoch, true, __ATOMIC_ACQ_REL,
+                                        __ATOMIC_ACQUIRE)) {
+    }
 }
 
 static int fb_wait(void *dev, uint64_t epoch)
 {
     (void)dev;
-    be.waits++;
-    if (epoch > be.completed)
-        be.completed = epoch;
+    __atomic_add_fetch(&be.waits, 1, __ATOMIC_RELAXED);
+    complete_to(epoch);
     return 0;
 }
 
@@ -90,7 +99,7 @@ static int fb_order_after(void *dev, uint64_t epoch)
 {
     (void)dev;
     (void)epoch;
-    be.orders++;
+    __atomic_add_fetch(&be.orders, 1, __ATOMIC_RELAXED);
     return be.fail_order ? -1 : 0;
 }
 
@@ -100,12 +109,8 @@ static const cs_backend_ops ops = {fb_alloc, fb_free, fb_fence, fb_reached, fb_w
                                    fb_order_after};
 
 /* Work is issued (the GPU is busy from now) / everything issued so far completes. */
-static void gpu_busy(void) { be.dirty = true; }
-static void gpu_idle(void)
-{
-    fb_fence(NULL);
-    be.completed = be.epoch;
-}
+static void gpu_busy(void) { __atomic_store_n(&be.dirty, true, __ATOMIC_RELEASE); }
+static void gpu_idle(void) { complete_to(fb_fence(NULL)); }
 
 /* ---------------------------------------------------------------- fixtures */
 
