@@ -158,14 +158,19 @@ static void map_remove(cs_tcache *tc, cs_block *b)
 
 /* ---------------------------------------------------------------- slots */
 
-static tc_slot *slot_find(cs_tcache *tc, const cs_heap *h)
+static tc_slot *slot_search(cs_tcache *tc, const cs_heap *h)
 {
-    if (tc->last && tc->last->heap == h)
-        return tc->last;
     for (tc_slot *s = tc->slots; s; s = s->next)
         if (s->heap == h)
             return tc->last = s;
     return NULL;
+}
+
+static inline tc_slot *slot_find(cs_tcache *tc, const cs_heap *h)
+{
+    if (__builtin_expect(tc->last && tc->last->heap == h, 1))
+        return tc->last;
+    return slot_search(tc, h);
 }
 
 static tc_slot *slot_get(cs_tcache *tc, cs_heap *h)
@@ -193,12 +198,19 @@ static void sum_mine(const cs_tcache *tc, int device, cs_tc_mine *m)
     }
 }
 
-static void note_peaks(cs_cache *c, const cs_tcache *tc, int device)
+/* After an allocation from slot s. What the thread holds in other slots of the device can
+ * only lower the figures (idle bytes, and owned bytes >= their requests), so s alone gives
+ * upper bounds: when they do not pass the peaks, nothing needs summing. */
+static void note_peaks(cs_cache *c, const cs_tcache *tc, const tc_slot *s, int device)
 {
     device_state *d = &c->devices[device];
+    uint64_t base = cs_load(&d->base), base_req = cs_load(&d->base_req);
+    if (base - s->idle <= cs_load(&d->peak_in_use) &&
+        base_req - s->idle - s->in_use + s->requested <= cs_load(&d->peak_requested))
+        return;
     cs_tc_mine m;
     sum_mine(tc, device, &m);
-    cs_note_peaks(d, cs_load(&d->base) - m.idle, cs_load(&d->base_req) - m.owned + m.requested);
+    cs_note_peaks(d, base - m.idle, base_req - m.owned + m.requested);
 }
 
 /* Counters into the device; the slot's bytes leave with its blocks. Cache's lock held. */
@@ -301,16 +313,21 @@ static inline cs_tcache *tc_get(cs_cache *c)
     return tc_get_slow(c);
 }
 
-/* This thread's cache for c if it has one; takes no lock. */
-static cs_tcache *tc_mine(cs_cache *c)
+static cs_tcache *tc_mine_search(cs_cache *c)
 {
-    cs_tcache *tc = tls_last;
-    if (tc && __atomic_load_n(&tc->cache, __ATOMIC_RELAXED) == c)
-        return tc;
-    for (tc = tls_mine; tc; tc = tc->mine_next)
+    for (cs_tcache *tc = tls_mine; tc; tc = tc->mine_next)
         if (__atomic_load_n(&tc->cache, __ATOMIC_ACQUIRE) == c)
             return tc;
     return NULL;
+}
+
+/* This thread's cache for c if it has one; takes no lock. */
+static inline cs_tcache *tc_mine(cs_cache *c)
+{
+    cs_tcache *tc = tls_last;
+    if (__builtin_expect(tc && __atomic_load_n(&tc->cache, __ATOMIC_RELAXED) == c, 1))
+        return tc;
+    return tc_mine_search(c);
 }
 
 /* ---------------------------------------------------------------- fast paths */
@@ -356,7 +373,7 @@ bool cs_tc_alloc(cs_cache *c, cs_heap *h, int cls, uint64_t size, uint64_t *addr
     s->requested += size;
     s->requests++;
     s->hits++;
-    note_peaks(c, tc, h->device);
+    note_peaks(c, tc, s, h->device);
     pthread_mutex_unlock(&tc->lock);
     *addr = b->addr;
     return true;
