@@ -33,8 +33,9 @@ typedef struct cacheshim_stats {
     uint64_t bytes_in_use;      /* bytes of blocks the program holds now (block sizes) */
     uint64_t bytes_requested;   /* bytes the program asked for, of blocks it holds now */
     uint64_t bytes_cached;      /* idle bytes the cache holds now */
-    uint64_t peak_in_use;       /* highest bytes_in_use */
-    uint64_t peak_requested;    /* highest bytes_requested: the program's own peak */
+    uint64_t peak_in_use;       /* highest bytes_in_use (approximate while several threads
+                                   allocate at once: docs/usage.md says by how much) */
+    uint64_t peak_requested;    /* highest bytes_requested: the program's own peak (idem) */
     uint64_t peak_reserved;     /* highest in use + cached: what the process held through the shim */
     uint64_t driver_allocs;     /* cuMemAlloc calls made by the shim */
     uint64_t driver_frees;      /* cuMemFree calls made by the shim */

@@ -7,68 +7,19 @@
  * pointer stay true. A freed block waits in its class's idle list with the fence epoch the
  * backend gave at its free. It is reused once that epoch has completed or, in ordered mode,
  * at once, after the backend has arranged that every stream's next work waits for the epoch
- * on the GPU (see "reuse"). */
+ * on the GPU (see "reuse").
+ *
+ * In front of this core sit per-thread caches (cs_tcache.c): a thread's allocation of a block
+ * it freed itself, and its free of a block it holds, take no lock here. What they own the
+ * core sees through their owner's lock: the trim, the cap, OOM recovery, statistics, lookups
+ * and a free from another thread. */
 #include "cs_cache.h"
 
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
-enum { BLOCK_IN_USE = 1, BLOCK_IDLE = 2 };
-
-typedef struct cs_block {
-    uint64_t addr;
-    uint64_t size;       /* class bytes: what the driver allocated */
-    uint64_t requested;  /* what the program asked for, for honest address ranges */
-    uint64_t epoch;      /* the fence epoch covering all work issued before its free */
-    cs_heap *heap;
-    struct cs_block *hash_next;
-    struct cs_block *cls_prev, *cls_next; /* idle list of its class, oldest first */
-    struct cs_block *lru_prev, *lru_next; /* idle list of its heap, oldest first */
-    /* Set when the block leaves the cache to be freed outside the lock: its heap may be
-     * gone by then, its backend state never is. */
-    const cs_backend_ops *release_ops;
-    void *release_dev;
-    uint16_t cls;
-    uint8_t state;
-} cs_block;
-
-typedef struct {
-    cs_block *head, *tail;
-} block_list;
-
-struct cs_heap {
-    const void *key;
-    int device;
-    const cs_backend_ops *ops;
-    void *dev;
-    cs_heap *next;
-    block_list classes[CS_NUM_CLASSES];
-    cs_block *lru_head, *lru_tail;
-    uint64_t safe_epoch;  /* every epoch up to this one is known complete */
-    uint64_t last_epoch;  /* the newest epoch seen from fence(), for the statistics */
-};
-
-typedef struct {
-    bool present;
-    uint64_t total, cap, threshold;
-    uint64_t idle_bytes;
-    /* Bytes in driver calls made without the lock: allocations under way (reserved against
-     * the cap) and blocks being given back. Held all the same. */
-    uint64_t pending_bytes;
-    cacheshim_stats st;
-} device_state;
-
-struct cs_cache {
-    pthread_mutex_t lock;
-    cs_cache_config config;
-    cs_heap *heaps;
-    cs_heap *last_heap;      /* most programs use one context: skip the search */
-    cs_block **buckets;
-    size_t nbuckets, nblocks;
-    uint64_t foreign_frees;
-    device_state devices[CS_MAX_DEVICES];
-};
+#include "cs_cache_int.h"
+#include "cs_tcache.h"
 
 /* ---------------------------------------------------------------- size classes */
 
@@ -87,15 +38,6 @@ int cs_size_class(uint64_t size, uint64_t *class_bytes)
         return -1;
     *class_bytes = (s | (step - 1)) + 1;
     return idx;
-}
-
-/* The block size of a class index (the inverse of cs_size_class). */
-static uint64_t class_bytes_of(int idx)
-{
-    if (idx < 16)
-        return (uint64_t)(idx + 1) * 512;
-    int e = 13 + (idx - 16) / 16, m = (idx - 16) % 16;
-    return (uint64_t)(16 + m + 1) << (e - 4);
 }
 
 /* ---------------------------------------------------------------- registry */
@@ -204,37 +146,68 @@ static void idle_unlink(cs_heap *h, cs_block *b)
         h->lru_tail = b->lru_prev;
 }
 
+/* A block back from a thread cache: its epoch may be older than blocks freed since, so it
+ * goes where its epoch puts it (lists stay oldest first: if a head is not ready, no block
+ * behind it is). */
+void cs_core_idle_return(cs_cache *c, cs_block *b)
+{
+    cs_heap *h = b->heap;
+    block_list *l = &h->classes[b->cls];
+    cs_block *after = l->tail;
+    while (after && after->epoch > b->epoch)
+        after = after->cls_prev;
+    b->cls_prev = after;
+    b->cls_next = after ? after->cls_next : l->head;
+    if (b->cls_next)
+        b->cls_next->cls_prev = b;
+    else
+        l->tail = b;
+    if (after)
+        after->cls_next = b;
+    else
+        l->head = b;
+
+    after = h->lru_tail;
+    while (after && after->epoch > b->epoch)
+        after = after->lru_prev;
+    b->lru_prev = after;
+    b->lru_next = after ? after->lru_next : h->lru_head;
+    if (b->lru_next)
+        b->lru_next->lru_prev = b;
+    else
+        h->lru_tail = b;
+    if (after)
+        after->lru_next = b;
+    else
+        h->lru_head = b;
+    c->devices[h->device].idle_bytes += b->size;
+}
+
 /* ---------------------------------------------------------------- readiness */
 
 /* Has the work before this block's free completed? Asks the backend (never blocks). */
 static bool block_ready(cs_heap *h, const cs_block *b)
 {
-    if (b->epoch <= h->safe_epoch)
-        return true;
-    if (h->ops->reached(h->dev, b->epoch) != 1)
-        return false;
-    h->safe_epoch = b->epoch;
-    return true;
+    return cs_epoch_ready(h, b->epoch);
 }
 
 /* ---------------------------------------------------------------- accounting */
 
+/* In use or idle, here or in a thread cache, or in a driver call: what the cap bounds. Blocks
+ * change owner only under the lock, so this is exact under it. */
 static uint64_t held(const device_state *d)
 {
-    return d->st.bytes_in_use + d->idle_bytes + d->pending_bytes;
+    return cs_load(&d->base) + d->idle_bytes + d->pending_bytes;
 }
 
-static void note_in_use(device_state *d, cs_block *b)
+/* In use and cached, with what the thread caches hold (their locks taken): exact. */
+static void device_bytes(cs_cache *c, int device, uint64_t *in_use, uint64_t *cached)
 {
-    d->st.bytes_in_use += b->size;
-    d->st.bytes_requested += b->requested;
-    if (d->st.bytes_in_use > d->st.peak_in_use)
-        d->st.peak_in_use = d->st.bytes_in_use;
-    if (d->st.bytes_requested > d->st.peak_requested)
-        d->st.peak_requested = d->st.bytes_requested;
-    uint64_t reserved = held(d);
-    if (reserved > d->st.peak_reserved)
-        d->st.peak_reserved = reserved;
+    cacheshim_stats t;
+    memset(&t, 0, sizeof t);
+    cs_tc_add_stats(c, device, &t);
+    *in_use = c->devices[device].in_use + t.bytes_in_use;
+    *cached = c->devices[device].idle_bytes + t.bytes_cached;
 }
 
 /* ---------------------------------------------------------------- release
@@ -250,7 +223,6 @@ static void detach_idle(cs_cache *c, cs_block *b)
     idle_unlink(h, b);
     registry_remove(c, b);
     c->devices[h->device].idle_bytes -= b->size;
-    c->devices[h->device].st.bytes_cached = c->devices[h->device].idle_bytes;
 }
 
 static void defer_release(cs_cache *c, cs_block *b, cs_block **list)
@@ -294,6 +266,7 @@ static uint64_t release_idle_to(cs_cache *c, int device, bool ready_only, uint64
     uint64_t released = 0;
     if (c->config.capturing && c->config.capturing())
         return 0;  /* a driver free could break a running capture */
+    cs_tc_reclaim(c, device, ready_only);  /* the threads' idle blocks are candidates too */
     for (cs_heap *h = c->heaps; h && d->idle_bytes > target_idle; h = h->next) {
         if (h->device != device)
             continue;
@@ -312,9 +285,20 @@ static uint64_t release_idle_to(cs_cache *c, int device, bool ready_only, uint64
 
 /* ---------------------------------------------------------------- heaps */
 
+/* Zeroed memory on its own cache lines: what the fast paths read stays off lines that
+ * something else writes. */
+static void *alloc_lines(size_t size)
+{
+    size = (size + CS_LINE - 1) / CS_LINE * CS_LINE;
+    void *p = aligned_alloc(CS_LINE, size);
+    if (p)
+        memset(p, 0, size);
+    return p;
+}
+
 cs_cache *cs_cache_create(const cs_cache_config *config)
 {
-    cs_cache *c = calloc(1, sizeof *c);
+    cs_cache *c = alloc_lines(sizeof *c);
     if (!c)
         return NULL;
     pthread_mutex_init(&c->lock, NULL);
@@ -348,6 +332,9 @@ void cs_cache_destroy(cs_cache *c)
 {
     if (!c)
         return;
+    cs_tc_registry_lock();
+    cs_tc_detach_all(c);
+    cs_tc_registry_unlock();
     free_all(c);
     pthread_mutex_destroy(&c->lock);
     free(c);
@@ -378,7 +365,7 @@ cs_heap *cs_cache_add_heap(cs_cache *c, const void *key, int device, uint64_t de
         return NULL;
     pthread_mutex_lock(&c->lock);
     cs_heap *h = find_heap(c, key);
-    if (!h && (h = calloc(1, sizeof *h))) {
+    if (!h && (h = alloc_lines(sizeof *h))) {
         h->key = key;
         h->device = device;
         h->ops = ops;
@@ -395,7 +382,12 @@ cs_heap *cs_cache_add_heap(cs_cache *c, const void *key, int device, uint64_t de
                                ? c->config.threshold_for(c->config.limit_arg, device_total)
                                : CS_UNLIMITED;
             d->st.cap_bytes = d->cap;
+            /* The threshold is checked at every free against all idle bytes: with one, every
+             * free takes the locked path and no thread keeps blocks of its own. */
+            d->tcache = d->threshold == CS_UNLIMITED;
         }
+        h->tcache = d->tcache;
+        h->ordered = c->config.reuse == CS_REUSE_ORDERED;
     }
     pthread_mutex_unlock(&c->lock);
     return h;
@@ -413,6 +405,7 @@ void cs_cache_forget_heap(cs_cache *c, const void *key)
         if (c->last_heap == h)
             c->last_heap = NULL;
         device_state *d = &c->devices[h->device];
+        cs_tc_forget_heap(c, h);  /* out of every thread's lists and map; still owned */
         for (size_t i = 0; i < c->nbuckets; i++) {
             cs_block **bp = &c->buckets[i];
             while (*bp) {
@@ -423,16 +416,20 @@ void cs_cache_forget_heap(cs_cache *c, const void *key)
                 }
                 *bp = b->hash_next;
                 c->nblocks--;
-                if (b->state == BLOCK_IDLE) {
+                if (__atomic_load_n(&b->owner, __ATOMIC_RELAXED)) {
+                    cs_store_add(&d->base, -(int64_t)b->size);
+                    cs_store_add(&d->base_req, -(int64_t)b->size);
+                } else if (cs_block_state_of(b) == BLOCK_IDLE) {
                     d->idle_bytes -= b->size;
                 } else {
-                    d->st.bytes_in_use -= b->size;
-                    d->st.bytes_requested -= b->requested;
+                    d->in_use -= b->size;
+                    d->requested -= b->requested;
+                    cs_store_add(&d->base, -(int64_t)b->size);
+                    cs_store_add(&d->base_req, -(int64_t)b->requested);
                 }
                 free(b);
             }
         }
-        d->st.bytes_cached = d->idle_bytes;
         free(h);
     }
     pthread_mutex_unlock(&c->lock);
@@ -456,7 +453,7 @@ static void take(cs_cache *c, cs_heap *h, cs_block *b)
 
 static bool fits(int k, int cls, uint64_t size)
 {
-    return k == cls || class_bytes_of(k) <= 2 * size;
+    return cs_class_fits(k, cls, size);
 }
 
 static cs_block *take_ready(cs_cache *c, cs_heap *h, int cls, uint64_t size)
@@ -519,14 +516,29 @@ static void untake(cs_cache *c, cs_heap *h, cs_block *b)
     c->devices[h->device].idle_bytes += b->size;
 }
 
-/* Hand b to the program. */
+/* Hand b (owned by nobody, out of every list) to the program. This thread's cache owns it
+ * from now when it can, so that its free takes no lock. */
 static void give(cs_cache *c, cs_heap *h, cs_block *b, uint64_t size, uint64_t *addr)
 {
     device_state *d = &c->devices[h->device];
-    b->state = BLOCK_IN_USE;
+    cs_block_set_state(b, BLOCK_IN_USE);
     b->requested = size;
-    note_in_use(d, b);
-    d->st.bytes_cached = d->idle_bytes;
+    cs_tc_mine mine;
+    if (cs_tc_adopt(c, b, &mine)) {
+        cs_store_add(&d->base, (int64_t)b->size);
+        cs_store_add(&d->base_req, (int64_t)b->size);
+    } else {
+        d->in_use += b->size;
+        d->requested += size;
+        cs_store_add(&d->base, (int64_t)b->size);
+        cs_store_add(&d->base_req, (int64_t)size);
+    }
+    /* Exact with one thread; see cs_tcache.c for several. */
+    cs_note_peaks(d, cs_load(&d->base) - mine.idle,
+                  cs_load(&d->base_req) - mine.owned + mine.requested);
+    uint64_t reserved = held(d);
+    if (reserved > d->st.peak_reserved)
+        d->st.peak_reserved = reserved;
     *addr = b->addr;
 }
 
@@ -548,22 +560,21 @@ static bool wait_for_block(cs_cache *c, cs_heap *h, int cls, uint64_t size, uint
         untake(c, h, b);
         return false;
     }
-    if (b->epoch > h->safe_epoch)
-        h->safe_epoch = b->epoch;
+    cs_raise(&h->safe_epoch, b->epoch);
     give(c, h, b, size, addr);
     return true;
 }
 
 /* ---------------------------------------------------------------- allocation */
 
-static void fill_failure(cs_alloc_failure *f, const device_state *d, uint64_t size, bool by_cap)
+static void fill_failure(cs_alloc_failure *f, cs_cache *c, int device, uint64_t size,
+                         bool by_cap)
 {
     if (!f)
         return;
     f->requested = size;
-    f->in_use = d->st.bytes_in_use;
-    f->cached = d->idle_bytes;
-    f->cap = d->cap;
+    device_bytes(c, device, &f->in_use, &f->cached);
+    f->cap = c->devices[device].cap;
     f->by_cap = by_cap;
 }
 
@@ -600,7 +611,7 @@ static int recover_oom(cs_cache *c, cs_heap *h, uint64_t bytes, uint64_t *addr, 
  * memory for it (the caller gives the memory back). */
 static cs_block *new_block(cs_cache *c, cs_heap *h, uint64_t addr, uint64_t bytes, int cls)
 {
-    cs_block *b = calloc(1, sizeof *b);
+    cs_block *b = alloc_lines(sizeof *b);  /* a thread may write it often: on lines of its own */
     if (!b)
         return NULL;
     b->addr = addr;
@@ -619,11 +630,14 @@ static cs_block *new_block(cs_cache *c, cs_heap *h, uint64_t addr, uint64_t byte
 static bool reserve_under_cap(cs_cache *c, device_state *d, int device, uint64_t need)
 {
     while (d->cap != CS_UNLIMITED && held(d) + need > d->cap) {
-        if (d->st.bytes_in_use + d->pending_bytes + need > d->cap)
+        /* With the threads' idle blocks back here, base is what is in use (and what a thread
+         * freed to its own cache since, counted as in use: room is never overstated). */
+        cs_tc_reclaim(c, device, false);
+        uint64_t in_use = cs_load(&d->base);
+        if (in_use + d->pending_bytes + need > d->cap)
             return false;
         cs_block *released = NULL;
-        release_idle_to(c, device, false, d->cap - d->st.bytes_in_use - d->pending_bytes - need,
-                        &released);
+        release_idle_to(c, device, false, d->cap - in_use - d->pending_bytes - need, &released);
         if (!released)
             return false;  /* nothing idle can go now (a capture runs) */
         pthread_mutex_unlock(&c->lock);
@@ -639,17 +653,19 @@ static cs_result alloc_miss(cs_cache *c, cs_heap *h, uint64_t size, uint64_t byt
                             uint64_t *addr, int *raw, cs_alloc_failure *failure)
 {
     device_state *d = &c->devices[h->device];
-    /* At the cap, a busy block worth waiting for beats a refusal. */
-    if (d->cap != CS_UNLIMITED && held(d) + bytes > d->cap &&
-        wait_for_block(c, h, cls, size, addr)) {
-        d->st.hits++;
-        pthread_mutex_unlock(&c->lock);
-        return CS_OK;
+    /* At the cap, a busy block worth waiting for beats a refusal (the threads' too). */
+    if (d->cap != CS_UNLIMITED && held(d) + bytes > d->cap) {
+        cs_tc_reclaim(c, h->device, false);
+        if (wait_for_block(c, h, cls, size, addr)) {
+            d->st.hits++;
+            pthread_mutex_unlock(&c->lock);
+            return CS_OK;
+        }
     }
     d->st.misses++;
     if (!reserve_under_cap(c, d, h->device, bytes)) {
         d->st.cap_refusals++;
-        fill_failure(failure, d, size, true);
+        fill_failure(failure, c, h->device, size, true);
         pthread_mutex_unlock(&c->lock);
         return CS_OOM;
     }
@@ -661,6 +677,7 @@ static cs_result alloc_miss(cs_cache *c, cs_heap *h, uint64_t size, uint64_t byt
         /* Out of memory. First a cached block that fits, once the GPU is done with it: no
          * memory changes hands. Then give idle memory back and retry. */
         pthread_mutex_lock(&c->lock);
+        cs_tc_reclaim(c, h->device, false);
         if (wait_for_block(c, h, cls, size, addr)) {
             d->pending_bytes -= bytes;
             d->st.oom_recoveries++;
@@ -685,7 +702,7 @@ static cs_result alloc_miss(cs_cache *c, cs_heap *h, uint64_t size, uint64_t byt
     if (r != CS_BE_OK) {
         if (r == CS_BE_OOM) {
             d->st.oom_failures++;
-            fill_failure(failure, d, size, false);
+            fill_failure(failure, c, h->device, size, false);
         }
         pthread_mutex_unlock(&c->lock);
         return r == CS_BE_OOM ? CS_OOM : CS_ERROR;
@@ -700,19 +717,27 @@ cs_result cs_cache_alloc(cs_cache *c, cs_heap *h, uint64_t size, uint64_t *addr,
 {
     uint64_t bytes;
     int cls = cs_size_class(size, &bytes);
+    if (cls >= 0 && h->tcache && cs_tc_alloc(c, h, cls, size, addr))
+        return CS_OK;  /* a block this thread freed, no lock taken */
     pthread_mutex_lock(&c->lock);
     device_state *d = &c->devices[h->device];
     d->st.requests++;
     if (cls < 0) {
         /* Larger than any class (2^47 bytes): no device has it. */
         d->st.oom_failures++;
-        fill_failure(failure, d, size, false);
+        fill_failure(failure, c, h->device, size, false);
         pthread_mutex_unlock(&c->lock);
         return CS_OOM;
     }
+    /* Ready blocks first, here or idle in another thread's cache; then ordered ones. */
     cs_block *b = take_ready(c, h, cls, size);
-    if (!b && c->config.reuse == CS_REUSE_ORDERED)
+    if (!b && h->tcache)
+        b = cs_tc_steal(c, h, cls, size, false);
+    if (!b && h->ordered) {
         b = take_ordered(c, h, cls, size);
+        if (!b && h->tcache && (b = cs_tc_steal(c, h, cls, size, true)))
+            d->st.ordered_hits++;
+    }
     if (__builtin_expect(!b, 0))
         return alloc_miss(c, h, size, bytes, cls, addr, raw, failure);
     d->st.hits++;
@@ -723,6 +748,9 @@ cs_result cs_cache_alloc(cs_cache *c, cs_heap *h, uint64_t size, uint64_t *addr,
 
 cs_result cs_cache_free(cs_cache *c, uint64_t addr)
 {
+    int fast = cs_tc_free(c, addr);
+    if (fast != CS_TC_NOT_MINE)
+        return (cs_result)fast;  /* a block this thread holds, no lock taken */
     pthread_mutex_lock(&c->lock);
     cs_block *b = registry_find(c, addr);
     if (!b) {
@@ -730,21 +758,27 @@ cs_result cs_cache_free(cs_cache *c, uint64_t addr)
         pthread_mutex_unlock(&c->lock);
         return CS_FOREIGN;
     }
-    if (b->state != BLOCK_IN_USE) {
+    /* Another thread's block (or ours, its class full in our cache): its owner lets go. */
+    bool owned = __atomic_load_n(&b->owner, __ATOMIC_RELAXED) != NULL;
+    cs_result r = owned ? cs_tc_disown_in_use(c, b)
+                        : cs_block_state_of(b) == BLOCK_IN_USE ? CS_OK : CS_NOT_IN_USE;
+    if (r != CS_OK) {
         pthread_mutex_unlock(&c->lock);
-        return CS_NOT_IN_USE;
+        return r;
     }
     cs_heap *h = b->heap;
     device_state *d = &c->devices[h->device];
     b->epoch = h->ops->fence(h->dev);
-    if (b->epoch > h->last_epoch) {
-        h->last_epoch = b->epoch;
+    if (cs_epoch_new(h, b->epoch))
         d->st.fences++;
-    }
-    b->state = BLOCK_IDLE;
+    cs_block_set_state(b, BLOCK_IDLE);
     d->st.frees++;
-    d->st.bytes_in_use -= b->size;
-    d->st.bytes_requested -= b->requested;
+    if (!owned) {  /* an owned block's bytes left the owned ones already */
+        d->in_use -= b->size;
+        d->requested -= b->requested;
+        cs_store_add(&d->base, -(int64_t)b->size);
+        cs_store_add(&d->base_req, -(int64_t)b->requested);
+    }
     d->idle_bytes += b->size;
     idle_push(h, b);
     cs_block *released = NULL;
@@ -754,7 +788,6 @@ cs_result cs_cache_free(cs_cache *c, uint64_t addr)
         release_idle_to(c, device, true, d->threshold, &released);
         release_idle_to(c, device, false, d->threshold, &released);
     }
-    d->st.bytes_cached = d->idle_bytes;
     pthread_mutex_unlock(&c->lock);
     finish_releases(c, device, released, CS_RELEASE_THRESHOLD);
     return CS_OK;
@@ -764,10 +797,14 @@ cs_block_state cs_cache_lookup(cs_cache *c, uint64_t addr, uint64_t *requested)
 {
     pthread_mutex_lock(&c->lock);
     cs_block *b = registry_find(c, addr);
-    cs_block_state st = !b ? CS_BLOCK_UNKNOWN : b->state == BLOCK_IN_USE ? CS_BLOCK_IN_USE
-                                                                      : CS_BLOCK_IDLE;
-    if (st == CS_BLOCK_IN_USE)
-        *requested = b->requested;
+    cs_block_state st = CS_BLOCK_UNKNOWN;
+    if (b && __atomic_load_n(&b->owner, __ATOMIC_RELAXED)) {
+        st = cs_tc_lookup(b, requested);
+    } else if (b) {
+        st = cs_block_state_of(b) == BLOCK_IN_USE ? CS_BLOCK_IN_USE : CS_BLOCK_IDLE;
+        if (st == CS_BLOCK_IN_USE)
+            *requested = b->requested;
+    }
     pthread_mutex_unlock(&c->lock);
     return st;
 }
@@ -781,8 +818,8 @@ void cs_cache_mem_view(cs_cache *c, int device, uint64_t driver_free, uint64_t d
     uint64_t idle = 0, in_use = 0, cap = CS_UNLIMITED;
     if (device >= 0 && device < CS_MAX_DEVICES && c->devices[device].present) {
         device_state *d = &c->devices[device];
-        idle = d->idle_bytes;
-        in_use = d->st.bytes_in_use + d->pending_bytes;
+        device_bytes(c, device, &in_use, &idle);
+        in_use += d->pending_bytes;
         cap = d->cap;
     }
     pthread_mutex_unlock(&c->lock);
@@ -808,10 +845,8 @@ uint64_t cs_cache_trim(cs_cache *c)
     for (int i = 0; i < CS_MAX_DEVICES; i++) {
         cs_block *list = NULL;
         pthread_mutex_lock(&c->lock);
-        if (c->devices[i].present) {
-            released += release_idle_to(c, i, true, 0, &list);
-            c->devices[i].st.bytes_cached = c->devices[i].idle_bytes;
-        }
+        if (c->devices[i].present)
+            released += release_idle_to(c, i, true, 0, &list);  /* the threads' ready ones too */
         pthread_mutex_unlock(&c->lock);
         finish_releases(c, i, list, CS_RELEASE_TRIM);
     }
@@ -830,6 +865,19 @@ static void add_stats(cacheshim_stats *to, const cacheshim_stats *from)
     to->ordered_hits += from->ordered_hits;  /* after cap_bytes, which is not a sum */
 }
 
+/* One device's statistics: the core's counters and bytes plus the thread caches'. Lock held. */
+static void device_stats(cs_cache *c, int device, cacheshim_stats *out)
+{
+    device_state *d = &c->devices[device];
+    *out = d->st;
+    out->bytes_in_use = d->in_use;
+    out->bytes_requested = d->requested;
+    out->bytes_cached = d->idle_bytes;
+    cs_tc_add_stats(c, device, out);
+    out->peak_in_use = cs_load(&d->peak_in_use);
+    out->peak_requested = cs_load(&d->peak_requested);
+}
+
 bool cs_cache_stats(cs_cache *c, int device, cacheshim_stats *out)
 {
     bool found = false;
@@ -837,7 +885,7 @@ bool cs_cache_stats(cs_cache *c, int device, cacheshim_stats *out)
     pthread_mutex_lock(&c->lock);
     if (device >= 0) {
         if (device < CS_MAX_DEVICES && c->devices[device].present) {
-            *out = c->devices[device].st;
+            device_stats(c, device, out);
             found = true;
         }
     } else {
@@ -845,7 +893,9 @@ bool cs_cache_stats(cs_cache *c, int device, cacheshim_stats *out)
         for (int i = 0; i < CS_MAX_DEVICES; i++) {
             if (!c->devices[i].present)
                 continue;
-            add_stats(out, &c->devices[i].st);
+            cacheshim_stats one;
+            device_stats(c, i, &one);
+            add_stats(out, &one);
             uint64_t cap = c->devices[i].st.cap_bytes;
             out->cap_bytes = (cap == CS_UNLIMITED || out->cap_bytes == CS_UNLIMITED)
                                  ? CS_UNLIMITED
@@ -874,22 +924,29 @@ int cs_cache_devices(cs_cache *c, int *devices, int max)
 
 /* ---------------------------------------------------------------- fork */
 
+/* The thread caches' registry too: a thread ending or starting to use the cache takes it
+ * first. (So one cache at a time: the registry is the process's.) */
 void cs_cache_lock(cs_cache *c)
 {
+    cs_tc_registry_lock();
     pthread_mutex_lock(&c->lock);
 }
 
 void cs_cache_unlock(cs_cache *c)
 {
     pthread_mutex_unlock(&c->lock);
+    cs_tc_registry_unlock();
 }
 
 void cs_cache_reset_after_fork(cs_cache *c)
 {
-    /* Called in the child, which holds the lock: its only thread is the one that took it
-     * in the fork's prepare hook. */
+    /* Called in the child, which holds the locks: its only thread is the one that took them
+     * in the fork's prepare hook. The other threads' caches are not touched (one may have
+     * been half-way through its fast path): only cut loose. */
+    cs_tc_detach_all(c);
     free_all(c);
     memset(c->devices, 0, sizeof c->devices);
     c->foreign_frees = 0;
     pthread_mutex_unlock(&c->lock);
+    cs_tc_registry_unlock();
 }

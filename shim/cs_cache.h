@@ -26,7 +26,9 @@ enum {
  *
  * Fences are epochs: fence() returns an epoch that covers all work issued so far that can
  * touch the heap's memory; epochs complete in order. None of these calls may block except
- * wait(), and the cache calls alloc, free and wait without holding its lock. */
+ * wait(). The cache calls alloc, free and wait without holding its lock, and fence, reached
+ * and order_after from several threads at once (its per-thread fast paths take no shared
+ * lock): all must be thread-safe. */
 typedef struct cs_backend_ops {
     int (*alloc)(void *dev, uint64_t size, uint64_t *addr, int *raw);
     int (*free)(void *dev, uint64_t addr, int *raw);
@@ -88,7 +90,8 @@ typedef struct cs_cache cs_cache;
 typedef struct cs_heap cs_heap;
 
 cs_cache *cs_cache_create(const cs_cache_config *config);
-/* Frees the cache's own memory only: no backend call (the driver may be gone). */
+/* Frees the cache's own memory only: no backend call (the driver may be gone). No thread may
+ * be using the cache; each thread frees its own small per-thread part later. */
 void cs_cache_destroy(cs_cache *cache);
 
 /* The heap for one driver context, made on first use. `key` identifies the context.
@@ -122,7 +125,8 @@ int cs_cache_devices(cs_cache *cache, int *devices, int max);
 /* After fork() in the child: the parent's device memory is not ours to use; forget all.
  * The child must hold the lock (cs_cache_lock before fork); this releases it. */
 void cs_cache_reset_after_fork(cs_cache *cache);
-/* For pthread_atfork: hold the lock across fork so no other thread holds it then. */
+/* For pthread_atfork: hold the lock across fork so no other thread holds it then (with the
+ * process-wide registry of per-thread caches: one cache at a time). */
 void cs_cache_lock(cs_cache *cache);
 void cs_cache_unlock(cs_cache *cache);
 

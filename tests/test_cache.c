@@ -7,6 +7,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -17,7 +20,8 @@
 /* ---------------------------------------------------------------- fake backend
  *
  * One stream of work. gpu_busy() issues work; a fence at a free then takes a new epoch,
- * which completes only when the test says so (gpu_idle, or a wait). */
+ * which completes only when the test says so (gpu_idle, or a wait). The cache calls fence,
+ * reached and order_after without its lock (per-thread fast paths), so they are atomic. */
 
 static struct {
     uint64_t next_addr, used, budget;
@@ -62,27 +66,35 @@ static int fb_free(void *dev, uint64_t addr, int *raw)
 static uint64_t fb_fence(void *dev)
 {
     (void)dev;
-    if (be.dirty) {
-        be.epoch++;
-        be.dirty = false;
-        be.fences++;
+    if (__atomic_exchange_n(&be.dirty, false, __ATOMIC_ACQ_REL)) {
+        __atomic_add_fetch(&be.fences, 1, __ATOMIC_RELAXED);
+        return __atomic_add_fetch(&be.epoch, 1, __ATOMIC_ACQ_REL);
     }
-    return be.epoch;
+    return __atomic_load_n(&be.epoch, __ATOMIC_ACQUIRE);
 }
 
 static int fb_reached(void *dev, uint64_t epoch)
 {
     (void)dev;
-    be.reaches++;
-    return epoch <= be.completed && (!be.stuck || epoch == 0);
+    __atomic_add_fetch(&be.reaches, 1, __ATOMIC_RELAXED);
+    return epoch <= __atomic_load_n(&be.completed, __ATOMIC_ACQUIRE) && (!be.stuck || epoch == 0);
+}
+
+/* Every epoch up to this one has completed. */
+static void complete_to(uint64_t epoch)
+{
+    uint64_t done = __atomic_load_n(&be.completed, __ATOMIC_ACQUIRE);
+    while (epoch > done &&
+           !__atomic_compare_exchange_n(&be.completed, &done, epoch, true, __ATOMIC_ACQ_REL,
+                                        __ATOMIC_ACQUIRE)) {
+    }
 }
 
 static int fb_wait(void *dev, uint64_t epoch)
 {
     (void)dev;
-    be.waits++;
-    if (epoch > be.completed)
-        be.completed = epoch;
+    __atomic_add_fetch(&be.waits, 1, __ATOMIC_RELAXED);
+    complete_to(epoch);
     return 0;
 }
 
@@ -90,7 +102,7 @@ static int fb_order_after(void *dev, uint64_t epoch)
 {
     (void)dev;
     (void)epoch;
-    be.orders++;
+    __atomic_add_fetch(&be.orders, 1, __ATOMIC_RELAXED);
     return be.fail_order ? -1 : 0;
 }
 
@@ -100,12 +112,8 @@ static const cs_backend_ops ops = {fb_alloc, fb_free, fb_fence, fb_reached, fb_w
                                    fb_order_after};
 
 /* Work is issued (the GPU is busy from now) / everything issued so far completes. */
-static void gpu_busy(void) { be.dirty = true; }
-static void gpu_idle(void)
-{
-    fb_fence(NULL);
-    be.completed = be.epoch;
-}
+static void gpu_busy(void) { __atomic_store_n(&be.dirty, true, __ATOMIC_RELEASE); }
+static void gpu_idle(void) { complete_to(fb_fence(NULL)); }
 
 /* ---------------------------------------------------------------- fixtures */
 
@@ -737,6 +745,679 @@ static void test_threads_threshold_zero(void **state)
     assert_int_equal(be.frees, (int)s.releases);
 }
 
+/* ---------------------------------------------------------------- per-thread caches
+ *
+ * An agent is a thread that stays alive between jobs, so its per-thread cache does too, and
+ * runs one job at a time when asked. Jobs record results; the main thread asserts (cmocka's
+ * asserts belong to the thread that runs the test). */
+
+typedef void (*job_fn)(fx *f, void *arg);
+
+typedef struct {
+    pthread_t thread;
+    pthread_mutex_t m;
+    pthread_cond_t cv;
+    fx *f;
+    job_fn fn;
+    void *arg;
+    bool pending, quit;
+} agent;
+
+static void *agent_main(void *p)
+{
+    agent *a = p;
+    pthread_mutex_lock(&a->m);
+    for (;;) {
+        while (!a->pending && !a->quit)
+            pthread_cond_wait(&a->cv, &a->m);
+        if (!a->pending)
+            break;
+        pthread_mutex_unlock(&a->m);
+        a->fn(a->f, a->arg);
+        pthread_mutex_lock(&a->m);
+        a->pending = false;
+        pthread_cond_broadcast(&a->cv);
+    }
+    pthread_mutex_unlock(&a->m);
+    return NULL;
+}
+
+static void agent_start(agent *a, fx *f)
+{
+    memset(a, 0, sizeof *a);
+    pthread_mutex_init(&a->m, NULL);
+    pthread_cond_init(&a->cv, NULL);
+    a->f = f;
+    assert_int_equal(pthread_create(&a->thread, NULL, agent_main, a), 0);
+}
+
+static void agent_post(agent *a, job_fn fn, void *arg)
+{
+    pthread_mutex_lock(&a->m);
+    a->fn = fn;
+    a->arg = arg;
+    a->pending = true;
+    pthread_cond_broadcast(&a->cv);
+    pthread_mutex_unlock(&a->m);
+}
+
+/* Has the posted job finished within `seconds`? */
+static bool agent_wait(agent *a, int seconds)
+{
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += seconds;
+    pthread_mutex_lock(&a->m);
+    while (a->pending && pthread_cond_timedwait(&a->cv, &a->m, &until) == 0) {
+    }
+    bool done = !a->pending;
+    pthread_mutex_unlock(&a->m);
+    return done;
+}
+
+static void agent_run(agent *a, job_fn fn, void *arg)
+{
+    agent_post(a, fn, arg);
+    assert_true(agent_wait(a, 120));
+}
+
+static void agent_stop(agent *a)
+{
+    pthread_mutex_lock(&a->m);
+    a->quit = true;
+    pthread_cond_broadcast(&a->cv);
+    pthread_mutex_unlock(&a->m);
+    pthread_join(a->thread, NULL);
+    pthread_cond_destroy(&a->cv);
+    pthread_mutex_destroy(&a->m);
+}
+
+/* Blocks a job allocates or frees, and what the cache answered. */
+typedef struct {
+    uint64_t size;
+    int n;
+    uint64_t addr[8];
+    cs_result r[8];
+    uint64_t first;  /* job_pairs: the first block it got */
+} blocks;
+
+static void job_alloc(fx *f, void *arg)
+{
+    blocks *b = arg;
+    for (int i = 0; i < b->n; i++) {
+        int raw;
+        b->r[i] = cs_cache_alloc(f->cache, f->heap, b->size, &b->addr[i], &raw, NULL);
+    }
+}
+
+static void job_free(fx *f, void *arg)
+{
+    blocks *b = arg;
+    for (int i = 0; i < b->n; i++)
+        b->r[i] = cs_cache_free(f->cache, b->addr[i]);
+}
+
+static void assert_all_ok(const blocks *b)
+{
+    for (int i = 0; i < b->n; i++)
+        assert_int_equal(b->r[i], CS_OK);
+}
+
+/* 1000 pairs of b->size that must each get one of b's n blocks; r[0] is the first failure,
+ * if any. */
+static void job_pairs(fx *f, void *arg)
+{
+    blocks *b = arg;
+    b->r[0] = CS_OK;
+    for (int i = 0; i < 1000; i++) {
+        uint64_t a = 0;
+        int raw;
+        cs_result r = cs_cache_alloc(f->cache, f->heap, b->size, &a, &raw, NULL);
+        bool known = false;
+        for (int k = 0; k < b->n; k++)
+            known |= a == b->addr[k];
+        if (i == 0)
+            b->first = a;
+        if (r == CS_OK && !known)
+            r = CS_ERROR;
+        if (r == CS_OK)
+            r = cs_cache_free(f->cache, a);
+        if (r != CS_OK && b->r[0] == CS_OK)
+            b->r[0] = r;
+    }
+}
+
+/* Runs fn in the agent while this thread holds the cache's lock: true if it finished without
+ * it (the lock is released either way, and the job waited for). */
+static bool runs_without_the_lock(fx *f, agent *a, job_fn fn, void *arg)
+{
+    cs_cache_lock(f->cache);
+    agent_post(a, fn, arg);
+    bool done = agent_wait(a, 10);
+    cs_cache_unlock(f->cache);
+    if (!done)
+        assert_true(agent_wait(a, 120));
+    return done;
+}
+
+static void test_tc_fast_path_takes_no_lock(void **state)
+{
+    fx *f = *state;
+    agent a;
+    agent_start(&a, f);
+    blocks w = {.size = 1 * MiB, .n = 1};
+    agent_run(&a, job_alloc, &w);  /* a miss: the locked path */
+    agent_run(&a, job_free, &w);   /* into the agent's own cache */
+    assert_all_ok(&w);
+    assert_true(runs_without_the_lock(f, &a, job_pairs, &w));
+    assert_int_equal(w.r[0], CS_OK);
+    cacheshim_stats s = stats(f);
+    assert_int_equal(s.requests, 1001);
+    assert_int_equal(s.hits, 1000);
+    assert_int_equal(s.misses, 1);
+    assert_int_equal(s.frees, 1001);
+    assert_int_equal(s.driver_allocs, 1);
+    assert_int_equal(s.bytes_in_use, 0);
+    assert_int_equal(s.bytes_cached, 1 * MiB);
+    assert_int_equal(s.peak_in_use, 1 * MiB);
+    agent_stop(&a);
+}
+
+/* Completed mode: a block in the thread's cache whose fence is pending is not reused; once
+ * reached() says so, it is, on the fast path; the known-safe epoch then spares the query. */
+static void test_tc_readiness_completed(void **state)
+{
+    fx *f = *state;
+    agent a;
+    agent_start(&a, f);
+    blocks w = {.size = 2 * MiB, .n = 1};
+    agent_run(&a, job_alloc, &w);
+    gpu_busy();
+    agent_run(&a, job_free, &w);  /* fence 1, pending */
+    uint64_t req;
+    assert_int_equal(cs_cache_lookup(f->cache, w.addr[0], &req), CS_BLOCK_IDLE);
+    blocks other = {.size = 2 * MiB, .n = 1};
+    agent_run(&a, job_alloc, &other);
+    assert_all_ok(&other);
+    assert_true(other.addr[0] != w.addr[0]);  /* a new block: the cached one is busy */
+    assert_int_equal(stats(f).hits, 0);
+    assert_int_equal(be.orders, 0);
+    agent_run(&a, job_free, &other);
+    gpu_idle();
+    int reaches = be.reaches;
+    blocks again = {.size = 2 * MiB, .n = 2, .addr = {w.addr[0], other.addr[0]}};
+    assert_true(runs_without_the_lock(f, &a, job_pairs, &again));
+    assert_int_equal(again.r[0], CS_OK);
+    assert_int_equal(again.first, w.addr[0]);  /* the oldest, ready now */
+    /* Its fence was asked about once; every later free had no new work (same epoch). */
+    assert_int_equal(be.reaches, reaches + 1);
+    assert_int_equal(stats(f).hits, 1000);
+    agent_stop(&a);
+}
+
+/* Ordered mode: the busy block is handed out at once, after order_after, without the lock. */
+static void test_tc_readiness_ordered(void **state)
+{
+    fx *f = *state;
+    agent a;
+    agent_start(&a, f);
+    blocks w = {.size = 2 * MiB, .n = 1};
+    agent_run(&a, job_alloc, &w);
+    gpu_busy();
+    agent_run(&a, job_free, &w);
+    blocks again = {.size = 2 * MiB, .n = 1, .addr = {w.addr[0]}};
+    assert_true(runs_without_the_lock(f, &a, job_pairs, &again));
+    assert_int_equal(again.r[0], CS_OK);
+    /* The GPU never finishes epoch 1: every reuse is ordered after it, none waits. */
+    assert_int_equal(be.orders, 1000);
+    assert_int_equal(be.waits, 0);
+    cacheshim_stats s = stats(f);
+    assert_int_equal(s.ordered_hits, 1000);
+    assert_int_equal(s.hits, 1000);
+    assert_int_equal(s.driver_allocs, 1);
+    /* Refused ordering: a miss, as in the core. */
+    gpu_busy();
+    blocks one = {.size = 2 * MiB, .n = 1, .addr = {w.addr[0]}};
+    agent_run(&a, job_alloc, &one);
+    agent_run(&a, job_free, &one);  /* a busy again (new work) */
+    be.fail_order = true;
+    agent_run(&a, job_alloc, &one);
+    assert_all_ok(&one);
+    assert_true(one.addr[0] != w.addr[0]);
+    assert_int_equal(stats(f).ordered_hits, 1001);
+    agent_stop(&a);
+}
+
+static void test_tc_cross_thread_free(void **state)
+{
+    fx *f = *state;
+    agent a;
+    agent_start(&a, f);
+    blocks w = {.size = 2 * MiB, .n = 2};
+    agent_run(&a, job_alloc, &w);  /* held by the agent's cache */
+    assert_all_ok(&w);
+    /* This thread frees the agent's first block: the locked path, through the agent's lock. */
+    assert_int_equal(cs_cache_free(f->cache, w.addr[0]), CS_OK);
+    uint64_t req = 0;
+    assert_int_equal(cs_cache_lookup(f->cache, w.addr[0], &req), CS_BLOCK_IDLE);
+    assert_int_equal(cs_cache_lookup(f->cache, w.addr[1], &req), CS_BLOCK_IN_USE);
+    assert_int_equal(req, 2 * MiB);
+    /* The agent frees its second block itself: its fast path. */
+    blocks second = {.n = 1, .addr = {w.addr[1]}};
+    agent_run(&a, job_free, &second);
+    assert_all_ok(&second);
+    cacheshim_stats s = stats(f);
+    assert_int_equal(s.frees, 2);
+    assert_int_equal(s.bytes_in_use, 0);
+    assert_int_equal(s.bytes_cached, 4 * MiB);
+    /* This thread's allocations: the block it freed (in the core's lists), then the agent's
+     * idle one, taken from the agent's cache before the driver is asked. */
+    assert_int_equal(must_alloc(f, 2 * MiB), w.addr[0]);
+    assert_int_equal(must_alloc(f, 2 * MiB), w.addr[1]);
+    s = stats(f);
+    assert_int_equal(s.driver_allocs, 2);
+    assert_int_equal(s.hits, 2);
+    assert_int_equal(s.bytes_in_use, 4 * MiB);
+    assert_int_equal(s.bytes_cached, 0);
+    /* And back: the agent frees both, now this thread's. */
+    agent_run(&a, job_free, &w);
+    assert_all_ok(&w);
+    s = stats(f);
+    assert_int_equal(s.frees, 4);
+    assert_int_equal(s.bytes_in_use, 0);
+    assert_int_equal(s.bytes_requested, 0);
+    assert_int_equal(s.bytes_cached, 4 * MiB);
+    agent_stop(&a);
+}
+
+static void test_tc_double_free_both_paths(void **state)
+{
+    fx *f = *state;
+    agent a;
+    agent_start(&a, f);
+    /* Fast path: the block is idle in this thread's cache. */
+    uint64_t x = must_alloc(f, 4096);
+    assert_int_equal(cs_cache_free(f->cache, x), CS_OK);
+    assert_int_equal(cs_cache_free(f->cache, x), CS_NOT_IN_USE);
+    assert_int_equal(cs_cache_free(f->cache, x + 512), CS_FOREIGN);  /* interior */
+    /* Another thread's double free of it: the locked path, through this thread's lock. */
+    blocks w = {.n = 1, .addr = {x}};
+    agent_run(&a, job_free, &w);
+    assert_int_equal(w.r[0], CS_NOT_IN_USE);
+    /* The agent takes it (a ready block of this thread's cache), this thread frees it, then
+     * the agent frees it again: no longer in the agent's map, the core says not in use. */
+    blocks got = {.size = 4096, .n = 1};
+    agent_run(&a, job_alloc, &got);
+    assert_all_ok(&got);
+    assert_int_equal(got.addr[0], x);
+    assert_int_equal(cs_cache_free(f->cache, x), CS_OK);
+    agent_run(&a, job_free, &got);
+    assert_int_equal(got.r[0], CS_NOT_IN_USE);
+    assert_int_equal(cs_cache_free(f->cache, x), CS_NOT_IN_USE);
+    cacheshim_stats all;
+    cs_cache_stats(f->cache, -1, &all);
+    assert_int_equal(all.frees, 2);
+    assert_int_equal(all.foreign_frees, 1);
+    assert_int_equal(all.bytes_in_use, 0);
+    assert_int_equal(all.bytes_cached, 4096);
+    agent_stop(&a);
+}
+
+static void test_tc_trim_reclaims(void **state)
+{
+    fx *f = *state;
+    agent a;
+    agent_start(&a, f);
+    blocks one = {.size = 1 * MiB, .n = 1}, two = {.size = 2 * MiB, .n = 1};
+    agent_run(&a, job_alloc, &one);
+    agent_run(&a, job_alloc, &two);
+    agent_run(&a, job_free, &one);  /* no work before it: ready */
+    gpu_busy();
+    agent_run(&a, job_free, &two);  /* its fence is pending: trim leaves it */
+    assert_int_equal(stats(f).bytes_cached, 3 * MiB);
+    assert_int_equal(cs_cache_trim(f->cache), 1 * MiB);  /* from the agent's cache */
+    uint64_t req;
+    assert_int_equal(cs_cache_lookup(f->cache, one.addr[0], &req), CS_BLOCK_UNKNOWN);
+    assert_int_equal(cs_cache_lookup(f->cache, two.addr[0], &req), CS_BLOCK_IDLE);
+    assert_int_equal(be.frees, 1);
+    gpu_idle();
+    assert_int_equal(cs_cache_trim(f->cache), 2 * MiB);
+    cacheshim_stats s = stats(f);
+    assert_int_equal(s.bytes_cached, 0);
+    assert_int_equal(s.releases, 2);
+    /* The agent's cache is empty: a new block. */
+    agent_run(&a, job_alloc, &two);
+    assert_all_ok(&two);
+    assert_int_equal(stats(f).driver_allocs, 3);
+    agent_stop(&a);
+}
+
+static void test_tc_cap_reclaims(void **state)
+{
+    fx *f = *state;
+    agent a;
+    agent_start(&a, f);
+    blocks w = {.size = 4 * MiB, .n = 2};
+    agent_run(&a, job_alloc, &w);
+    agent_run(&a, job_free, &w);  /* 8 MiB idle in the agent's cache, cap 10 */
+    /* 6 MiB fits none of them: one goes back to the driver, from the agent's cache. */
+    uint64_t c6 = must_alloc(f, 6 * MiB);
+    cacheshim_stats s = stats(f);
+    assert_int_equal(s.releases, 1);
+    assert_int_equal(s.bytes_in_use, 6 * MiB);
+    assert_int_equal(s.bytes_cached, 4 * MiB);
+    assert_true(s.peak_reserved <= 10 * MiB);
+    assert_int_equal(cs_cache_free(f->cache, c6), CS_OK);
+    assert_int_equal(cs_cache_trim(f->cache), 10 * MiB);
+    /* At the cap, a busy block idle in another thread's cache is waited for. */
+    agent_run(&a, job_alloc, &w);
+    assert_all_ok(&w);
+    gpu_busy();
+    blocks first = {.n = 1, .addr = {w.addr[0]}};
+    agent_run(&a, job_free, &first);
+    int allocs = be.allocs, frees = be.frees;
+    assert_int_equal(must_alloc(f, 4 * MiB), w.addr[0]);
+    assert_int_equal(be.allocs, allocs);
+    assert_int_equal(be.frees, frees);
+    s = stats(f);
+    assert_int_equal(s.fence_waits, 1);
+    assert_int_equal(s.cap_refusals, 0);
+    assert_int_equal(s.bytes_in_use, 8 * MiB);
+    /* Full: the agent is refused, with honest numbers. */
+    uint64_t x;
+    int raw;
+    cs_alloc_failure fail;
+    assert_int_equal(cs_cache_alloc(f->cache, f->heap, 4 * MiB, &x, &raw, &fail), CS_OOM);
+    assert_true(fail.by_cap);
+    assert_int_equal(fail.in_use, 8 * MiB);
+    assert_int_equal(fail.cached, 0);
+    agent_stop(&a);
+}
+
+static void test_tc_oom_reclaims(void **state)
+{
+    fx *f = *state;
+    oom_used = 0;
+    cs_cache_forget_heap(f->cache, (void *)0x1);
+    f->heap = cs_cache_add_heap(f->cache, (void *)0x2, 0, 8 * MiB, &oom_ops, NULL);
+    agent a;
+    agent_start(&a, f);
+    blocks w = {.size = 3 * MiB, .n = 2};
+    agent_run(&a, job_alloc, &w);
+    assert_all_ok(&w);
+    for (int i = 0; i < 2; i++)
+        oom_sizes[(w.addr[i] - 0x100000000ull) / (64 * MiB)] = 3 * MiB;
+    agent_run(&a, job_free, &w);  /* 6 of 8 MiB idle in the agent's cache */
+    /* 4 MiB: the driver is out of memory; the agent's ready blocks go back, then it fits. */
+    oom_must(f, 4 * MiB);
+    cacheshim_stats s = stats(f);
+    assert_int_equal(s.oom_recoveries, 1);
+    assert_true(s.releases >= 1);
+    assert_int_equal(be.waits, 0);
+    assert_int_equal(s.bytes_in_use, 4 * MiB);
+    assert_true(s.bytes_cached <= 3 * MiB);
+    agent_stop(&a);
+}
+
+static void test_tc_forget_heap(void **state)
+{
+    fx *f = *state;
+    agent a;
+    agent_start(&a, f);
+    blocks w = {.size = 1 * MiB, .n = 3};
+    agent_run(&a, job_alloc, &w);
+    blocks idle = {.n = 2, .addr = {w.addr[0], w.addr[1]}};
+    agent_run(&a, job_free, &idle);  /* two idle in the agent's cache, one in use */
+    int frees = be.frees;
+    cs_cache_forget_heap(f->cache, (void *)0x1);
+    assert_int_equal(be.frees, frees);  /* no driver frees for a dead context */
+    cacheshim_stats s = stats(f);
+    assert_int_equal(s.bytes_in_use, 0);
+    assert_int_equal(s.bytes_cached, 0);
+    assert_int_equal(s.frees, 2);  /* counted before: the counters stay */
+    uint64_t req;
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(cs_cache_lookup(f->cache, w.addr[i], &req), CS_BLOCK_UNKNOWN);
+    /* The agent's block went with the context: its free is the driver's business. */
+    blocks gone = {.n = 1, .addr = {w.addr[2]}};
+    agent_run(&a, job_free, &gone);
+    assert_int_equal(gone.r[0], CS_FOREIGN);
+    /* A new context: the agent works on it as before. */
+    f->heap = cs_cache_add_heap(f->cache, (void *)0x1, 0, 80 * 1024 * MiB, &ops, NULL);
+    blocks fresh = {.size = 1 * MiB, .n = 1};
+    agent_run(&a, job_alloc, &fresh);
+    agent_run(&a, job_free, &fresh);
+    assert_all_ok(&fresh);
+    assert_int_equal(stats(f).bytes_cached, 1 * MiB);
+    agent_stop(&a);
+}
+
+static void test_tc_reset_after_fork(void **state)
+{
+    fx *f = *state;
+    agent a;
+    agent_start(&a, f);
+    blocks w = {.size = 1 * MiB, .n = 2};
+    agent_run(&a, job_alloc, &w);
+    blocks first = {.n = 1, .addr = {w.addr[0]}};
+    agent_run(&a, job_free, &first);
+    must_alloc(f, 1 * MiB);
+    /* As in the child: the prepare hook took the locks; the agent does nothing meanwhile. */
+    cs_cache_lock(f->cache);
+    cs_cache_reset_after_fork(f->cache);
+    cacheshim_stats s;
+    assert_false(cs_cache_stats(f->cache, 0, &s));
+    f->heap = cs_cache_add_heap(f->cache, (void *)0x1, 0, 80 * 1024 * MiB, &ops, NULL);
+    /* The agent's old blocks are unknown; its new ones are cached as usual. */
+    blocks old = {.n = 1, .addr = {w.addr[1]}};
+    agent_run(&a, job_free, &old);
+    assert_int_equal(old.r[0], CS_FOREIGN);
+    blocks fresh = {.size = 1 * MiB, .n = 1};
+    agent_run(&a, job_alloc, &fresh);
+    agent_run(&a, job_free, &fresh);
+    assert_all_ok(&fresh);
+    must_alloc(f, 2 * MiB);
+    s = stats(f);
+    assert_int_equal(s.requests, 2);
+    assert_int_equal(s.frees, 1);
+    assert_int_equal(s.bytes_in_use, 2 * MiB);
+    assert_int_equal(s.bytes_cached, 1 * MiB);
+    agent_stop(&a);
+}
+
+/* A real fork while another thread holds idle blocks in its cache: the child starts empty,
+ * can use the cache, and the parent goes on as before. */
+static void test_tc_fork(void **state)
+{
+    fx *f = *state;
+    agent a;
+    agent_start(&a, f);
+    blocks w = {.size = 1 * MiB, .n = 2};
+    agent_run(&a, job_alloc, &w);
+    agent_run(&a, job_free, &w);
+    cs_cache_lock(f->cache);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        cs_cache_reset_after_fork(f->cache);
+        cacheshim_stats s;
+        bool ok = !cs_cache_stats(f->cache, 0, &s);
+        cs_heap *h = cs_cache_add_heap(f->cache, (void *)0x1, 0, 80 * 1024 * MiB, &ops, NULL);
+        uint64_t x = 0;
+        int raw;
+        ok = ok && h && cs_cache_alloc(f->cache, h, 1 * MiB, &x, &raw, NULL) == CS_OK;
+        ok = ok && cs_cache_free(f->cache, x) == CS_OK;
+        ok = ok && cs_cache_free(f->cache, w.addr[0]) == CS_FOREIGN;
+        ok = ok && cs_cache_stats(f->cache, 0, &s) && s.frees == 1 && s.bytes_cached == 1 * MiB;
+        _exit(ok ? 0 : 1);
+    }
+    cs_cache_unlock(f->cache);
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+    blocks again = {.size = 1 * MiB, .n = 2};
+    agent_run(&a, job_alloc, &again);
+    assert_all_ok(&again);
+    assert_int_equal(again.addr[0], w.addr[0]);  /* the parent's cache is as it was */
+    assert_int_equal(stats(f).driver_allocs, 2);
+    agent_stop(&a);
+}
+
+/* A thread that ends hands its idle blocks and its in-use blocks back to the core. */
+static void *exit_job(void *arg)
+{
+    fx *f = ((void **)arg)[0];
+    blocks *b = ((void **)arg)[1];
+    job_alloc(f, b);
+    blocks idle = {.n = b->n - 1};
+    memcpy(idle.addr, b->addr, sizeof idle.addr[0] * (size_t)idle.n);
+    job_free(f, &idle);
+    memcpy(b->r, idle.r, sizeof idle.r[0] * (size_t)idle.n);  /* the last stays in use */
+    return NULL;
+}
+
+static void test_tc_thread_exit_gives_back(void **state)
+{
+    fx *f = *state;
+    blocks w = {.size = 1 * MiB, .n = 4};
+    void *args[2] = {f, &w};
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, exit_job, args), 0);
+    pthread_join(t, NULL);
+    assert_all_ok(&w);
+    cacheshim_stats s = stats(f);
+    assert_int_equal(s.requests, 4);  /* counted by the thread, folded in at its end */
+    assert_int_equal(s.frees, 3);
+    assert_int_equal(s.bytes_in_use, 1 * MiB);
+    assert_int_equal(s.bytes_requested, 1 * MiB);
+    assert_int_equal(s.bytes_cached, 3 * MiB);
+    uint64_t req;
+    assert_int_equal(cs_cache_lookup(f->cache, w.addr[3], &req), CS_BLOCK_IN_USE);
+    /* Its idle blocks serve this thread, oldest first, without the driver. */
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(must_alloc(f, 1 * MiB), w.addr[i]);
+    assert_int_equal(stats(f).driver_allocs, 4);
+    /* Its in-use block is anyone's to free now, once. */
+    assert_int_equal(cs_cache_free(f->cache, w.addr[3]), CS_OK);
+    assert_int_equal(cs_cache_free(f->cache, w.addr[3]), CS_NOT_IN_USE);
+    s = stats(f);
+    assert_int_equal(s.bytes_in_use, 3 * MiB);
+    assert_int_equal(s.bytes_cached, 1 * MiB);
+    /* Everything ready goes back: nothing was lost on the way. */
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(cs_cache_free(f->cache, w.addr[i]), CS_OK);
+    assert_int_equal(cs_cache_trim(f->cache), 4 * MiB);
+}
+
+/* ---------------------------------------------------------------- stress
+ *
+ * Threads allocate into shared slots and free whatever they find there, mostly blocks other
+ * threads allocated; now and then they issue GPU work, let it complete, trim, and read the
+ * statistics (which must never show more than the cap). Every address is freed exactly once:
+ * a slot's value is taken with an atomic exchange. */
+
+enum { STRESS_THREADS = 8, STRESS_SLOTS = 64, STRESS_OPS = 20000 };
+
+typedef struct {
+    fx *f;
+    uint64_t *slots;
+    unsigned seed;
+    long allocs, frees, bad, over_cap;
+} stress_arg;
+
+static void *stress_worker(void *p)
+{
+    stress_arg *a = p;
+    static const uint64_t sizes[] = {512, 4096, 70000, 1 * MiB, 1 * MiB + 1, 3 * MiB};
+    for (int i = 0; i < STRESS_OPS; i++) {
+        unsigned r = (unsigned)rand_r(&a->seed);
+        uint64_t *slot = &a->slots[r % STRESS_SLOTS];
+        uint64_t old = __atomic_exchange_n(slot, 0, __ATOMIC_ACQ_REL);
+        if (old) {
+            a->bad += cs_cache_free(a->f->cache, old) != CS_OK;
+            a->frees++;
+        } else {
+            uint64_t x;
+            int raw;
+            if (cs_cache_alloc(a->f->cache, a->f->heap, sizes[(r >> 8) % 6], &x, &raw, NULL) ==
+                CS_OK) {
+                a->allocs++;
+                uint64_t prev = __atomic_exchange_n(slot, x, __ATOMIC_ACQ_REL);
+                if (prev) {
+                    a->bad += cs_cache_free(a->f->cache, prev) != CS_OK;
+                    a->frees++;
+                }
+            }
+        }
+        switch ((r >> 16) % 64) {
+        case 0: gpu_busy(); break;
+        case 1: gpu_idle(); break;
+        case 2: cs_cache_trim(a->f->cache); break;
+        case 3: {
+            cacheshim_stats s;
+            cs_cache_stats(a->f->cache, 0, &s);
+            a->over_cap += cap_limit != CS_UNLIMITED && s.bytes_in_use + s.bytes_cached > cap_limit;
+            uint64_t req, any = __atomic_load_n(slot, __ATOMIC_ACQUIRE);
+            cs_cache_lookup(a->f->cache, any, &req);  /* whatever it finds, safely */
+            break;
+        }
+        default: break;
+        }
+    }
+    return NULL;
+}
+
+static void test_tc_stress(void **state)
+{
+    fx *f = *state;
+    uint64_t slots[STRESS_SLOTS] = {0};
+    stress_arg args[STRESS_THREADS];
+    pthread_t t[STRESS_THREADS];
+    for (int i = 0; i < STRESS_THREADS; i++) {
+        args[i] = (stress_arg){.f = f, .slots = slots, .seed = 1234u + (unsigned)i};
+        assert_int_equal(pthread_create(&t[i], NULL, stress_worker, &args[i]), 0);
+    }
+    long allocs = 0, frees = 0;
+    for (int i = 0; i < STRESS_THREADS; i++) {
+        pthread_join(t[i], NULL);
+        assert_int_equal(args[i].bad, 0);
+        assert_int_equal(args[i].over_cap, 0);
+        allocs += args[i].allocs;
+        frees += args[i].frees;
+    }
+    for (int k = 0; k < STRESS_SLOTS; k++) {
+        if (slots[k]) {
+            assert_int_equal(cs_cache_free(f->cache, slots[k]), CS_OK);
+            frees++;
+        }
+    }
+    assert_int_equal(frees, allocs);
+    cacheshim_stats s = stats(f);
+    assert_int_equal(s.requests, s.hits + s.misses);
+    assert_int_equal(s.requests - s.cap_refusals - s.oom_failures, (uint64_t)allocs);
+    assert_int_equal(s.frees, (uint64_t)frees);
+    assert_int_equal(s.bytes_in_use, 0);
+    assert_int_equal(s.bytes_requested, 0);
+    assert_int_equal(s.driver_allocs, (uint64_t)be.allocs);
+    if (cap_limit != CS_UNLIMITED)
+        assert_true(s.peak_reserved <= cap_limit);
+    /* Every block is back in the core and goes to the driver: none was lost or counted twice. */
+    gpu_idle();
+    cs_cache_trim(f->cache);
+    s = stats(f);
+    assert_int_equal(s.bytes_cached, 0);
+    assert_int_equal(s.releases, s.driver_allocs);
+    assert_int_equal(be.frees, (int)s.releases);
+}
+
+static int setup_stress_cap(void **state) { return setup_with(state, 24 * MiB, CS_UNLIMITED, 1ull << 40); }
+static int setup_stress_ordered_cap(void **state)
+{
+    return setup_mode(state, 24 * MiB, CS_UNLIMITED, 1ull << 40, CS_REUSE_ORDERED);
+}
+
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -769,6 +1450,22 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_oom_step0_waits_for_fitting_block, setup_small_device, teardown),
         cmocka_unit_test_setup_teardown(test_threads, setup, teardown),
         cmocka_unit_test_setup_teardown(test_threads_threshold_zero, setup_no_idle, teardown),
+        cmocka_unit_test_setup_teardown(test_tc_fast_path_takes_no_lock, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_tc_readiness_completed, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_tc_readiness_ordered, setup_ordered, teardown),
+        cmocka_unit_test_setup_teardown(test_tc_cross_thread_free, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_tc_double_free_both_paths, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_tc_trim_reclaims, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_tc_cap_reclaims, setup_cap, teardown),
+        cmocka_unit_test_setup_teardown(test_tc_oom_reclaims, setup_small_device, teardown),
+        cmocka_unit_test_setup_teardown(test_tc_forget_heap, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_tc_reset_after_fork, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_tc_fork, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_tc_thread_exit_gives_back, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_tc_stress, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_tc_stress, setup_ordered, teardown),
+        cmocka_unit_test_setup_teardown(test_tc_stress, setup_stress_cap, teardown),
+        cmocka_unit_test_setup_teardown(test_tc_stress, setup_stress_ordered_cap, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,187 @@
+/* The cache core's own structures, shared by the locked core (cs_cache.c) and the per-thread
+ * caches in front of it (cs_tcache.c). Callers use cs_cache.h only.
+ *
+ * Who may touch what:
+ *   - the cache's lock (cs_cache.lock) guards the registry, the heaps' idle lists, the device
+ *     counters and every block no thread cache owns;
+ *   - a thread cache's lock guards its idle lists, its map and the blocks it owns (a block's
+ *     owner is its thread cache, or NULL). Its own thread takes it on every fast-path call;
+ *     anyone else takes it only with the cache's lock held (lock order: cache, then thread
+ *     cache), so a block changes owner only with the cache's lock held;
+ *   - the fields marked atomic are read by the fast paths without the cache's lock. */
+#ifndef CS_CACHE_INT_H
+#define CS_CACHE_INT_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "cs_cache.h"
+
+/* What the fast paths write is kept off the lines other threads write: 128 bytes, since Intel
+ * cores fetch lines in pairs (the adjacent-line prefetcher). */
+#define CS_LINE 128
+
+enum { BLOCK_IN_USE = 1, BLOCK_IDLE = 2 };
+
+typedef struct cs_tcache cs_tcache;
+
+typedef struct cs_block {
+    _Alignas(CS_LINE) uint64_t addr;
+    uint64_t size;       /* class bytes: what the driver allocated */
+    uint64_t requested;  /* what the program asked for, for honest address ranges */
+    uint64_t epoch;      /* the fence epoch covering all work issued before its free */
+    cs_heap *heap;
+    struct cs_block *hash_next;           /* registry chain */
+    struct cs_block *cls_prev, *cls_next; /* idle list of its class (the heap's or a thread's) */
+    struct cs_block *lru_prev, *lru_next; /* idle list of its heap, oldest first */
+    struct cs_block *map_next;            /* its owner's map chain */
+    cs_tcache *owner;    /* atomic: the thread cache holding it (in use or idle), or NULL */
+    /* Set when the block leaves the cache to be freed outside the lock: its heap may be
+     * gone by then, its backend state never is. */
+    const cs_backend_ops *release_ops;
+    void *release_dev;
+    uint16_t cls;
+    uint8_t state;       /* atomic: BLOCK_IN_USE or BLOCK_IDLE */
+} cs_block;
+
+typedef struct {
+    cs_block *head, *tail;
+} block_list;
+
+struct cs_heap {
+    /* Read on every fast-path call; never written after creation. */
+    _Alignas(CS_LINE) const cs_backend_ops *ops;
+    void *dev;
+    int device;
+    bool tcache;   /* per-thread caching on (no release threshold on its device) */
+    bool ordered;  /* config.reuse == CS_REUSE_ORDERED */
+    /* Atomic; written only when an epoch newer than known shows up. */
+    _Alignas(CS_LINE) uint64_t safe_epoch;  /* every epoch up to this one is known complete */
+    uint64_t last_epoch;  /* the newest epoch seen from fence(), for the statistics */
+    /* Under the cache's lock. */
+    _Alignas(CS_LINE) const void *key;
+    cs_heap *next;
+    block_list classes[CS_NUM_CLASSES];
+    cs_block *lru_head, *lru_tail;
+};
+
+/* Bytes of a device. In use = in_use + the in-use bytes thread caches own; cached = idle_bytes
+ * + the idle bytes thread caches own; held (what the cap bounds) = base + idle_bytes +
+ * pending_bytes, exact under the lock since blocks change owner only under it. */
+typedef struct {
+    /* Atomic: read by the fast paths, written under the lock (base, base_req) or by anyone
+     * raising a peak. */
+    _Alignas(CS_LINE) uint64_t base;  /* in_use + the block bytes thread caches own */
+    uint64_t base_req;                /* requested + the block bytes thread caches own */
+    uint64_t peak_in_use, peak_requested;
+    /* Under the lock. */
+    _Alignas(CS_LINE) bool present;
+    bool tcache;                      /* per-thread caching (threshold == CS_UNLIMITED) */
+    uint64_t total, cap, threshold;
+    uint64_t in_use, requested;       /* of in-use blocks no thread cache owns */
+    uint64_t idle_bytes;              /* the heaps' idle lists */
+    /* Bytes in driver calls made without the lock: allocations under way (reserved against
+     * the cap) and blocks being given back. Held all the same. */
+    uint64_t pending_bytes;
+    /* The counters, less what thread caches counted and have not folded in yet. Its byte
+     * and peak fields are filled only when read (cs_cache_stats). */
+    cacheshim_stats st;
+} device_state;
+
+struct cs_cache {
+    pthread_mutex_t lock;
+    cs_cache_config config;
+    cs_heap *heaps;
+    cs_heap *last_heap;      /* most programs use one context: skip the search */
+    cs_block **buckets;
+    size_t nbuckets, nblocks;
+    uint64_t foreign_frees;
+    cs_tcache *tcaches;      /* every thread cache of this cache */
+    device_state devices[CS_MAX_DEVICES];
+};
+
+/* ---------------------------------------------------------------- shared helpers */
+
+static inline uint64_t cs_load(const uint64_t *p)
+{
+    return __atomic_load_n(p, __ATOMIC_RELAXED);
+}
+
+/* For an atomic field whose writers all hold the same lock. */
+static inline void cs_store_add(uint64_t *p, int64_t delta)
+{
+    __atomic_store_n(p, __atomic_load_n(p, __ATOMIC_RELAXED) + (uint64_t)delta, __ATOMIC_RELAXED);
+}
+
+/* *p = max(*p, v); true when this call raised it. */
+static inline bool cs_raise(uint64_t *p, uint64_t v)
+{
+    uint64_t cur = __atomic_load_n(p, __ATOMIC_RELAXED);
+    while (v > cur)
+        if (__atomic_compare_exchange_n(p, &cur, v, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+            return true;
+    return false;
+}
+
+static inline int cs_block_state_of(const cs_block *b)
+{
+    return __atomic_load_n(&b->state, __ATOMIC_RELAXED);
+}
+
+static inline void cs_block_set_state(cs_block *b, int state)
+{
+    __atomic_store_n(&b->state, (uint8_t)state, __ATOMIC_RELAXED);
+}
+
+/* Has the work before a free at this epoch completed? Asks the backend (never blocks). The
+ * same test on the locked and the fast paths. */
+static inline bool cs_epoch_ready(cs_heap *h, uint64_t epoch)
+{
+    if (epoch <= __atomic_load_n(&h->safe_epoch, __ATOMIC_ACQUIRE))
+        return true;
+    if (h->ops->reached(h->dev, epoch) != 1)
+        return false;
+    cs_raise(&h->safe_epoch, epoch);
+    return true;
+}
+
+/* A free got this epoch: count it among the fences if it is new. */
+static inline bool cs_epoch_new(cs_heap *h, uint64_t epoch)
+{
+    return epoch > cs_load(&h->last_epoch) && cs_raise(&h->last_epoch, epoch);
+}
+
+/* The block size of a class index (the inverse of cs_size_class). */
+static inline uint64_t cs_class_bytes(int idx)
+{
+    if (idx < 16)
+        return (uint64_t)(idx + 1) * 512;
+    int e = 13 + (idx - 16) / 16, m = (idx - 16) % 16;
+    return (uint64_t)(16 + m + 1) << (e - 4);
+}
+
+/* May a block of class k serve a request of `size` (class cls)? Its own class, or a larger
+ * one up to twice the size asked for. */
+static inline bool cs_class_fits(int k, int cls, uint64_t size)
+{
+    return k == cls || cs_class_bytes(k) <= 2 * size;
+}
+
+/* Peaks, raised by whoever allocates. in_use and requested are what that caller sees: exact
+ * with one thread, see cs_tcache.c with several. */
+static inline void cs_note_peaks(device_state *d, uint64_t in_use, uint64_t requested)
+{
+    if (in_use > cs_load(&d->peak_in_use))
+        cs_raise(&d->peak_in_use, in_use);
+    if (requested > cs_load(&d->peak_requested))
+        cs_raise(&d->peak_requested, requested);
+}
+
+/* ---------------------------------------------------------------- core, for cs_tcache.c */
+
+/* An idle block no thread owns any more joins its heap's idle lists, in epoch order.
+ * With the lock held. */
+void cs_core_idle_return(cs_cache *c, cs_block *b);
+
+#endif
