@@ -53,6 +53,7 @@ static uint64_t be_fence(void *dev) { return cs_streams_fence(dev); }
 static int be_reached(void *dev, uint64_t epoch) { return cs_streams_reached(dev, epoch); }
 static int be_wait(void *dev, uint64_t epoch) { return cs_streams_wait(dev, epoch); }
 static int be_order_after(void *dev, uint64_t epoch) { return cs_streams_order_after(dev, epoch); }
+static int be_busy_streams(void *dev) { return cs_streams_busy(dev); }
 
 const cs_backend_ops cs_cuda_ops = {
     .alloc = be_alloc,
@@ -61,6 +62,7 @@ const cs_backend_ops cs_cuda_ops = {
     .reached = be_reached,
     .wait = be_wait,
     .order_after = be_order_after,
+    .busy_streams = be_busy_streams,
 };
 
 void *cs_backend_for(CUcontext ctx)

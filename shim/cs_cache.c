@@ -472,7 +472,7 @@ static cs_block *take_ordered(cs_cache *c, cs_heap *h, int cls, uint64_t size)
 {
     for (int k = cls; k < CS_NUM_CLASSES && fits(k, cls, size); k++) {
         cs_block *b = h->classes[k].head;
-        if (b && h->ops->order_after(h->dev, b->epoch) == 0) {
+        if (b && cs_class_deep_enough(h, b, CS_ORDERED_DEPTH) && h->ops->order_after(h->dev, b->epoch) == 0) {
             take(c, h, b);
             c->devices[h->device].st.ordered_hits++;
             return b;

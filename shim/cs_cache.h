@@ -40,6 +40,8 @@ typedef struct cs_backend_ops {
     /* Every stream's next work will wait for epoch on the GPU (stream-ordered reuse): 0, or
      * -1 when that cannot be arranged now. */
     int (*order_after)(void *dev, uint64_t epoch);
+    /* How many streams have work whose fence has not been seen complete (NULL: one). */
+    int (*busy_streams)(void *dev);
 } cs_backend_ops;
 
 /* How a freed block whose fence has not completed may be reused. */

@@ -168,6 +168,26 @@ static inline bool cs_class_fits(int k, int cls, uint64_t size)
     return k == cls || cs_class_bytes(k) <= 2 * size;
 }
 
+/* Ordered reuse takes the oldest idle block of a class only once the class holds a pending
+ * block for each busy stream (at most CS_ORDERED_DEPTH); until then a miss takes new memory.
+ * One busy stream: its last block comes back at once, with no wait at all. Work spread over
+ * N streams: the block reused is the one freed N frees ago, most likely last used on the same
+ * stream, so the other streams' waits reach only work that is well behind them and the
+ * streams keep running side by side. Memory stays bounded by the number of busy streams,
+ * never by how far the GPU lags. `head` is the oldest idle block of the class; `most` the
+ * depth at most: CS_ORDERED_DEPTH in the shared lists, a thread cache's own bound in its. */
+#define CS_ORDERED_DEPTH 8
+static inline bool cs_class_deep_enough(const cs_heap *h, const cs_block *head, int most)
+{
+    int want = h->ops->busy_streams ? h->ops->busy_streams(h->dev) : 1;
+    if (want > most)
+        want = most;
+    int n = 0;
+    for (const cs_block *b = head; b && n < want; b = b->cls_next)
+        n++;
+    return n >= want;
+}
+
 /* Peaks, raised by whoever allocates. in_use and requested are what that caller sees: exact
  * with one thread, see cs_tcache.c with several. */
 static inline void cs_note_peaks(device_state *d, uint64_t in_use, uint64_t requested)

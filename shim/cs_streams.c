@@ -61,6 +61,8 @@ struct cs_stream {
     cs_stream *hash_next;
     cs_stream *ctx_prev, *ctx_next;
     cs_stream *thread_next;  /* a thread's per-thread streams */
+    CUevent pick;            /* catch_up's choice for it (the context's lock) */
+    cs_stream *pick_next;
 };
 
 struct cs_ctx_streams {
@@ -80,6 +82,7 @@ struct cs_ctx_streams {
     int npool;
     bool said_record, said_wait;
     bool sync_wanted;        /* atomic: a broken slot waits for one device synchronize */
+    int busy;                /* atomic: streams whose last_event is set */
     cs_ctx_streams *next;
 };
 
@@ -298,6 +301,7 @@ void cs_streams_forget(CUcontext ctx)
      * reaches the driver again. */
     cs->dead = true;
     cs->npool = 0;
+    __atomic_store_n(&cs->busy, 0, __ATOMIC_RELAXED);
     for (int i = 0; i < cs->count; i++)
         slot_at(cs, i)->n = 0;
     cs->count = 0;
@@ -327,6 +331,15 @@ void cs_streams_forget(CUcontext ctx)
 
 /* ---------------------------------------------------------------- completion */
 
+/* A stream's newest pending event, and the count of streams that have one. With the
+ * context's lock held. */
+static void set_last_event(cs_ctx_streams *cs, cs_stream *st, CUevent ev)
+{
+    if (!st->last_event != !ev)
+        __atomic_add_fetch(&cs->busy, ev ? 1 : -1, __ATOMIC_RELAXED);
+    st->last_event = ev;
+}
+
 
 /* Record an event for e now if it still lacks one; false if that cannot be done yet. */
 static bool record_late(cs_ctx_streams *cs, fence_event *e)
@@ -347,7 +360,7 @@ static bool record_late(cs_ctx_streams *cs, fence_event *e)
         return false;
     }
     e->ev = ev;
-    e->st->last_event = ev;
+    set_last_event(cs, e->st, ev);
     return true;
 }
 
@@ -358,7 +371,7 @@ static void pop_slot(cs_ctx_streams *cs)
     for (int i = 0; i < s->n; i++) {
         cs_stream *st = s->ev[i].st;
         if (st->last_event == s->ev[i].ev && st->last_event) {
-            st->last_event = NULL;
+            set_last_event(cs, st, NULL);
             if (st->zombie)
                 retire_record(cs, st);
         }
@@ -440,7 +453,7 @@ static void fence_stream(cs_ctx_streams *cs, slot *s, cs_stream *st)
     CUresult r = ev ? drv()->cuEventRecord(ev, target->handle) : CUDA_ERROR_OUT_OF_MEMORY;
     if (r == CUDA_SUCCESS) {
         e->ev = ev;
-        target->last_event = ev;
+        set_last_event(cs, target, ev);
         return;
     }
     give_event(cs, ev);
@@ -569,6 +582,12 @@ int cs_streams_wait(cs_ctx_streams *cs, uint64_t epoch)
     return result;
 }
 
+int cs_streams_busy(cs_ctx_streams *cs)
+{
+    int n = __atomic_load_n(&cs->busy, __ATOMIC_RELAXED);
+    return n > 0 ? n : 1;
+}
+
 int cs_streams_order_after(cs_ctx_streams *cs, uint64_t epoch)
 {
     if (epoch <= __atomic_load_n(&cs->done, __ATOMIC_ACQUIRE))
@@ -588,16 +607,19 @@ int cs_streams_order_after(cs_ctx_streams *cs, uint64_t epoch)
     }
     if (result == 0 && cs->dead)
         result = -1;
-    if (result == 0 && __atomic_load_n(&cs->order, __ATOMIC_RELAXED) < cs->epoch)
-        __atomic_store_n(&cs->order, cs->epoch, __ATOMIC_RELEASE);
+    if (result == 0 && __atomic_load_n(&cs->order, __ATOMIC_RELAXED) < epoch)
+        __atomic_store_n(&cs->order, epoch, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&cs->lock);
     return result;
 }
 
 /* ---------------------------------------------------------------- work on streams */
 
-/* Make st wait for every other stream's newest pending event. With nothing else held; st is
- * named by the calling thread, so its handle is valid here. */
+/* Make st wait for all work fenced up to the order epoch: for every other stream, its newest
+ * pending event in the slots up to the one that covers that epoch (a stream's events complete
+ * in order, so the newest covers the rest). Later fences are not waited for: the blocks handed
+ * out before them do not need them. With nothing else held; st is named by the calling
+ * thread, so its handle is valid here. */
 static void catch_up(cs_stream *st)
 {
     cs_ctx_streams *cs = st->cs;
@@ -610,11 +632,28 @@ static void catch_up(cs_stream *st)
         return;  /* a capturing stream catches up when its graph is launched */
     }
     poll(cs);
+    cs_stream *picked = NULL;
+    for (int i = 0; i < cs->count; i++) {
+        slot *sl = slot_at(cs, i);
+        for (int k = sl->done; k < sl->n; k++) {
+            cs_stream *x = sl->ev[k].st;
+            if (x == st || !sl->ev[k].ev)
+                continue;
+            if (!x->pick) {
+                x->pick_next = picked;
+                picked = x;
+            }
+            x->pick = sl->ev[k].ev;
+        }
+        if (sl->epoch >= target)
+            break;
+    }
     CUresult r = CUDA_SUCCESS;
-    for (cs_stream *x = &cs->legacy; x && r == CUDA_SUCCESS;
-         x = x == &cs->legacy ? cs->streams : x->ctx_next)
-        if (x != st && x->last_event)
-            r = drv()->cuStreamWaitEvent(st->handle, x->last_event, 0);
+    for (cs_stream *x = picked; x; x = x->pick_next) {
+        if (r == CUDA_SUCCESS)
+            r = drv()->cuStreamWaitEvent(st->handle, x->pick, 0);
+        x->pick = NULL;
+    }
     cs_ctx_leave(pushed);
     if (r != CUDA_SUCCESS && !cs->said_wait) {
         cs->said_wait = true;

@@ -29,6 +29,8 @@ uint64_t cs_streams_fence(cs_ctx_streams *cs);
 int cs_streams_reached(cs_ctx_streams *cs, uint64_t epoch);
 int cs_streams_wait(cs_ctx_streams *cs, uint64_t epoch);
 int cs_streams_order_after(cs_ctx_streams *cs, uint64_t epoch);
+/* Streams with a fence event not yet seen complete (at least 1). */
+int cs_streams_busy(cs_ctx_streams *cs);
 
 /* Before the real cuStreamDestroy: the stream's pending work outlives it. */
 void cs_streams_destroying(CUstream stream);

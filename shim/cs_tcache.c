@@ -344,7 +344,8 @@ static cs_block *take(tc_slot *s, cs_heap *h, int cls, uint64_t size)
         return NULL;
     for (int k = cls; k < TC_CLASSES && cs_class_fits(k, cls, size); k++) {
         cs_block *b = s->cls[k].head;
-        if (b && h->ops->order_after(h->dev, b->epoch) == 0) {
+        if (b && cs_class_deep_enough(h, b, TC_PER_CLASS) &&
+            h->ops->order_after(h->dev, b->epoch) == 0) {
             s->ordered_hits++;
             return list_pop(&s->cls[k]);
         }
@@ -475,7 +476,8 @@ cs_block *cs_tc_steal(cs_cache *c, cs_heap *h, int cls, uint64_t size, bool orde
         tc_slot *s = slot_find(tc, h);
         for (int k = cls; s && k < TC_CLASSES && cs_class_fits(k, cls, size); k++) {
             cs_block *b = s->cls[k].head;
-            if (b && (ordered ? h->ops->order_after(h->dev, b->epoch) == 0
+            if (b && (ordered ? cs_class_deep_enough(h, b, TC_PER_CLASS) &&
+                                    h->ops->order_after(h->dev, b->epoch) == 0
                               : cs_epoch_ready(h, b->epoch))) {
                 list_pop(&s->cls[k]);
                 release_block(c, tc, s, b);

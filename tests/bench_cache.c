@@ -35,7 +35,7 @@ static uint64_t be_fence(void *d) { (void)d; return 0; }
 static int be_reached(void *d, uint64_t e) { (void)d; (void)e; return 1; }
 static int be_wait(void *d, uint64_t e) { (void)d; (void)e; return 0; }
 static int be_order(void *d, uint64_t e) { (void)d; (void)e; return 0; }
-static const cs_backend_ops ops = {be_alloc, be_free, be_fence, be_reached, be_wait, be_order};
+static const cs_backend_ops ops = {be_alloc, be_free, be_fence, be_reached, be_wait, be_order, NULL};
 
 typedef struct {
     const char *name;

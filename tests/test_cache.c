@@ -31,6 +31,7 @@ static struct {
     int fail_alloc_raw;  /* non-zero: the next alloc fails with this raw code */
     bool stuck;          /* fences never complete by themselves (an unrecordable event) */
     bool fail_order;     /* stream-ordered reuse cannot be arranged */
+    int busy;            /* streams with pending fences the backend reports (0: one) */
     bool capturing;      /* a stream capture runs */
 } be;
 
@@ -108,8 +109,15 @@ static int fb_order_after(void *dev, uint64_t epoch)
 
 static bool fb_capturing(void) { return be.capturing; }
 
+static int fb_busy_streams(void *dev)
+{
+    (void)dev;
+    int n = __atomic_load_n(&be.busy, __ATOMIC_RELAXED);
+    return n > 0 ? n : 1;
+}
+
 static const cs_backend_ops ops = {fb_alloc, fb_free, fb_fence, fb_reached, fb_wait,
-                                   fb_order_after};
+                                   fb_order_after, fb_busy_streams};
 
 /* Work is issued (the GPU is busy from now) / everything issued so far completes. */
 static void gpu_busy(void) { __atomic_store_n(&be.dirty, true, __ATOMIC_RELEASE); }
@@ -385,6 +393,29 @@ static void test_pipeline_memory_does_not_follow_lag(void **state)
     assert_int_equal(be.waits, 0);
 }
 
+/* Work spread over four busy streams: a class keeps a pending block per busy stream before
+ * the oldest is reused, so each stream mostly gets back its own; never more. */
+static void test_ordered_depth_follows_busy_streams(void **state)
+{
+    fx *f = *state;
+    be.busy = 4;
+    for (int i = 0; i < 1000; i++) {
+        uint64_t a = must_alloc(f, 16 * MiB);
+        gpu_busy();
+        cs_cache_free(f->cache, a);
+    }
+    cacheshim_stats s = stats(f);
+    assert_int_equal(s.driver_allocs, 4);
+    assert_int_equal(s.ordered_hits, 996);
+    be.busy = 100;  /* many busy streams: a class keeps at most 8 (a thread's cache 4) */
+    for (int i = 0; i < 1000; i++) {
+        uint64_t a = must_alloc(f, 16 * MiB);
+        gpu_busy();
+        cs_cache_free(f->cache, a);
+    }
+    assert_true(stats(f).driver_allocs <= 8);
+}
+
 static void test_pipeline_completed_mode_grows(void **state)
 {
     fx *f = *state;
@@ -629,7 +660,7 @@ static int oom_free(void *dev, uint64_t addr, int *raw)
     return CS_BE_OK;
 }
 static const cs_backend_ops oom_ops = {oom_alloc, oom_free, fb_fence, fb_reached, fb_wait,
-                                       fb_order_after};
+                                       fb_order_after, fb_busy_streams};
 
 static uint64_t oom_must(fx *f, uint64_t size)
 {
@@ -1433,6 +1464,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_pipeline_memory_does_not_follow_lag, setup_ordered,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_pipeline_completed_mode_grows, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_ordered_depth_follows_busy_streams, setup_ordered,
+                                        teardown),
         cmocka_unit_test_setup_teardown(test_foreign_double_and_null_free, setup, teardown),
         cmocka_unit_test_setup_teardown(test_lookup, setup, teardown),
         cmocka_unit_test_setup_teardown(test_cap_never_exceeded, setup_cap, teardown),
