@@ -31,8 +31,11 @@
 #include "cs_shim.h"
 #include "cs_work.h"
 
-#define MAX_SLOTS 64   /* past that, a new fence joins the newest slot */
-#define EVENT_POOL 64
+/* Pending fences kept apart; past that a new fence joins the newest slot, and a stream made to
+ * wait for that slot waits for more than it needs. 4096 slots (160 KiB a context) keep the
+ * waits precise until the host runs 4096 frees ahead of the GPU. */
+#define MAX_SLOTS 4096
+#define EVENT_POOL 256
 #define STREAM_BUCKETS 256
 
 typedef struct {

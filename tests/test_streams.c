@@ -199,7 +199,7 @@ static void test_gpu_far_behind(void **state)
         if (ordered()) {
             /* The bounds: 2 blocks beyond the working set, 8 with four streams. */
             assert_true(grown <= (nstreams == 1 ? 2u : 8u));
-            assert_true(after.ordered_hits - before.ordered_hits >= 1900);
+            assert_true(after.hits - before.hits >= 1990);  /* ready or ordered: no growth */
         } else {
             assert_true(grown > 8);  /* completed reuse follows the lag: documented */
         }
