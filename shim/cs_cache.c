@@ -319,13 +319,15 @@ static void free_all(cs_cache *c)
     free(c->buckets);
     c->buckets = NULL;
     c->nbuckets = c->nblocks = 0;
-    cs_heap *h = c->heaps;
-    while (h) {
-        cs_heap *next = h->next;
-        free(h);
-        h = next;
+    for (int list = 0; list < 2; list++) {
+        cs_heap *h = list ? c->dead_heaps : c->heaps;
+        while (h) {
+            cs_heap *next = h->next;
+            free(h);
+            h = next;
+        }
     }
-    c->heaps = c->last_heap = NULL;
+    c->heaps = c->dead_heaps = c->last_heap = NULL;
 }
 
 void cs_cache_destroy(cs_cache *c)
@@ -416,6 +418,8 @@ void cs_cache_forget_heap(cs_cache *c, const void *key)
                 }
                 *bp = b->hash_next;
                 c->nblocks--;
+                if (cs_block_state_of(b) == BLOCK_WAITING)
+                    continue;  /* its waiter frees it (its bytes are pending there) */
                 if (__atomic_load_n(&b->owner, __ATOMIC_RELAXED)) {
                     cs_store_add(&d->base, -(int64_t)b->size);
                     cs_store_add(&d->base_req, -(int64_t)b->size);
@@ -430,7 +434,10 @@ void cs_cache_forget_heap(cs_cache *c, const void *key)
                 free(b);
             }
         }
-        free(h);
+        /* Kept: a thread that dropped the lock around a driver call may still hold it. */
+        h->dead = true;
+        h->next = c->dead_heaps;
+        c->dead_heaps = h;
     }
     pthread_mutex_unlock(&c->lock);
 }
@@ -552,10 +559,16 @@ static bool wait_for_block(cs_cache *c, cs_heap *h, int cls, uint64_t size, uint
     device_state *d = &c->devices[h->device];
     d->pending_bytes += b->size;  /* out of the lists, still held */
     d->st.fence_waits++;
+    cs_block_set_state(b, BLOCK_WAITING);
     pthread_mutex_unlock(&c->lock);
     bool ok = h->ops->wait(h->dev, b->epoch) == 0;
     pthread_mutex_lock(&c->lock);
     d->pending_bytes -= b->size;
+    if (h->dead) {  /* the context went meanwhile, and the block with it */
+        free(b);
+        return false;
+    }
+    cs_block_set_state(b, BLOCK_IDLE);
     if (!ok) {
         untake(c, h, b);
         return false;
@@ -689,6 +702,12 @@ static cs_result alloc_miss(cs_cache *c, cs_heap *h, uint64_t size, uint64_t byt
     }
     pthread_mutex_lock(&c->lock);
     d->pending_bytes -= bytes;
+    if (h->dead) {
+        /* The context was destroyed while the driver was asked: whatever it gave went with
+         * it. */
+        pthread_mutex_unlock(&c->lock);
+        return CS_GONE;
+    }
     cs_block *b = NULL;
     if (r == CS_BE_OK && !(b = new_block(c, h, a, bytes, cls))) {
         d->pending_bytes += bytes;

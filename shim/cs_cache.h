@@ -27,8 +27,8 @@ enum {
  * Fences are epochs: fence() returns an epoch that covers all work issued so far that can
  * touch the heap's memory; epochs complete in order. None of these calls may block except
  * wait(). The cache calls alloc, free and wait without holding its lock, and fence, reached
- * and order_after from several threads at once (its per-thread fast paths take no shared
- * lock): all must be thread-safe. */
+ * and order_after from several threads at once (its per-thread fast paths do not take the
+ * cache's lock): all must be thread-safe. */
 typedef struct cs_backend_ops {
     int (*alloc)(void *dev, uint64_t size, uint64_t *addr, int *raw);
     int (*free)(void *dev, uint64_t addr, int *raw);
@@ -80,6 +80,7 @@ typedef enum {
     CS_ERROR,      /* the driver failed otherwise: see raw */
     CS_FOREIGN,    /* free: not a pointer the cache handed out */
     CS_NOT_IN_USE, /* free: a block the program already freed */
+    CS_GONE,       /* alloc: the heap's context was destroyed meanwhile */
 } cs_result;
 
 /* Filled when an allocation fails, for the one-line report. */

@@ -22,7 +22,9 @@
  * cores fetch lines in pairs (the adjacent-line prefetcher). */
 #define CS_LINE 128
 
-enum { BLOCK_IN_USE = 1, BLOCK_IDLE = 2 };
+/* BLOCK_WAITING: taken out of the idle lists while a thread waits for its fence without the
+ * cache's lock. */
+enum { BLOCK_IN_USE = 1, BLOCK_IDLE = 2, BLOCK_WAITING = 3 };
 
 typedef struct cs_tcache cs_tcache;
 
@@ -42,7 +44,7 @@ typedef struct cs_block {
     const cs_backend_ops *release_ops;
     void *release_dev;
     uint16_t cls;
-    uint8_t state;       /* atomic: BLOCK_IN_USE or BLOCK_IDLE */
+    uint8_t state;       /* atomic: BLOCK_IN_USE, BLOCK_IDLE or BLOCK_WAITING */
 } cs_block;
 
 typedef struct {
@@ -62,6 +64,7 @@ struct cs_heap {
     /* Under the cache's lock. */
     _Alignas(CS_LINE) const void *key;
     cs_heap *next;
+    bool dead;     /* its context is gone: kept (a thread without the lock may hold it) */
     block_list classes[CS_NUM_CLASSES];
     cs_block *lru_head, *lru_tail;
 };
@@ -93,6 +96,7 @@ struct cs_cache {
     pthread_mutex_t lock;
     cs_cache_config config;
     cs_heap *heaps;
+    cs_heap *dead_heaps;     /* forgotten heaps, freed with the cache */
     cs_heap *last_heap;      /* most programs use one context: skip the search */
     cs_block **buckets;
     size_t nbuckets, nblocks;

@@ -34,6 +34,8 @@ CS_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
     case CS_OOM:
         cs_shim_report_failure(d, &failure);
         return CUDA_ERROR_OUT_OF_MEMORY;
+    case CS_GONE:
+        return CUDA_ERROR_CONTEXT_IS_DESTROYED;  /* destroyed by another thread meanwhile */
     default:
         return (CUresult)raw;
     }

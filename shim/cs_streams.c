@@ -60,6 +60,8 @@ struct cs_stream {
     bool legacy, per_thread, zombie, orphan;
     pthread_t owner;         /* the thread of a per-thread stream */
     CUevent last_event;      /* newest event recorded on it, not yet seen complete */
+    int unrecorded;          /* slot entries still waiting for an event on it */
+    uint64_t gen_seen;       /* atomic: order_gen when it last waited for other contexts */
     cs_stream *dirty_next;
     cs_stream *hash_next;
     cs_stream *ctx_prev, *ctx_next;
@@ -75,7 +77,7 @@ struct cs_ctx_streams {
     cs_stream legacy;
     cs_stream *streams;      /* every other record of the context: created, per-thread, zombie */
     cs_stream *dirty_head;   /* atomic */
-    uint64_t epoch;          /* newest epoch handed out */
+    uint64_t epoch;          /* atomic: newest epoch; taken before a fence takes the list */
     uint64_t done;           /* atomic: every epoch up to this one completed */
     uint64_t order;          /* atomic: streams wait for all fences up to this before new work */
     slot ring[MAX_SLOTS];
@@ -98,7 +100,12 @@ static cs_stream *spare;            /* records are recycled, never freed (stale 
 static uint64_t generation;         /* atomic: bumped whenever a record leaves the map */
 static int capturing_streams;       /* atomic */
 static uint64_t work_calls;         /* atomic: calls through cs_work_begin */
-static cs_ctx_streams *locked_list; /* the contexts locked across fork */
+static int live_contexts;           /* atomic: contexts on the list */
+static uint64_t order_gen;          /* atomic: bumped whenever a context's order is raised */
+/* The contexts locked across fork, as a snapshot: a context forgotten meanwhile moves lists. */
+#define FORK_LOCKED 256
+static cs_ctx_streams *locked[FORK_LOCKED];
+static int nlocked;
 
 static _Thread_local struct {
     CUstream handle;
@@ -233,6 +240,12 @@ static void set_capturing(cs_stream *st, int on)
         __atomic_add_fetch(&capturing_streams, on ? 1 : -1, __ATOMIC_ACQ_REL);
 }
 
+/* Can a record that left the map go? Not while a slot still names it. */
+static bool unreferenced(const cs_stream *st)
+{
+    return !st->last_event && st->unrecorded == 0 && !__atomic_load_n(&st->dirty, __ATOMIC_ACQUIRE);
+}
+
 /* A record leaves the context (stream destroyed, thread gone and nothing pending). */
 static void retire_record(cs_ctx_streams *cs, cs_stream *st)
 {
@@ -265,6 +278,7 @@ cs_ctx_streams *cs_streams_for(CUcontext ctx)
         cs->legacy.legacy = true;
         cs->next = contexts;
         contexts = cs;
+        __atomic_add_fetch(&live_contexts, 1, __ATOMIC_RELAXED);
     }
     pthread_mutex_unlock(&reg_lock);
     return cs;
@@ -295,6 +309,7 @@ void cs_streams_forget(CUcontext ctx)
         *pp = cs->next;
         cs->next = dead_contexts;
         dead_contexts = cs;
+        __atomic_sub_fetch(&live_contexts, 1, __ATOMIC_RELAXED);
     }
     pthread_mutex_unlock(&reg_lock);
     if (!cs)
@@ -344,26 +359,37 @@ static void set_last_event(cs_ctx_streams *cs, cs_stream *st, CUevent ev)
 }
 
 
-/* Record an event for e now if it still lacks one; false if that cannot be done yet. */
-static bool record_late(cs_ctx_streams *cs, fence_event *e)
+/* Record an event for entry e of slot sl now if it still lacks one; false if that cannot be
+ * done yet. A per-thread stream can only be named by its own thread: any other thread records
+ * on the legacy stream, which waits for it. A destroyed stream cannot be recorded on any
+ * more: its slot then completes only after one device synchronize (resolve_broken). */
+static bool record_late(cs_ctx_streams *cs, slot *sl, fence_event *e)
 {
     if (e->ev)
         return true;
-    /* Only a capture keeps an entry unrecorded; a stream destroyed since was dropped with its
-     * capture, and its work from before the capture was fenced when the capture began. */
-    if (e->st->zombie)
-        return true;
-    if (!recordable(e->st))
+    cs_stream *target = e->st;
+    if (target->per_thread && (target->orphan || !pthread_equal(target->owner, pthread_self())))
+        target = &cs->legacy;
+    else if (target->zombie) {
+        sl->broken = true;
+        __atomic_store_n(&cs->sync_wanted, true, __ATOMIC_RELEASE);
+        return false;
+    }
+    if (!recordable(target))
         return false;
     CUevent ev = take_event(cs);
     if (!ev)
         return false;
-    if (drv()->cuEventRecord(ev, e->st->handle) != CUDA_SUCCESS) {
+    if (drv()->cuEventRecord(ev, target->handle) != CUDA_SUCCESS) {
         give_event(cs, ev);
         return false;
     }
+    e->st->unrecorded--;
+    if (e->st->zombie && unreferenced(e->st))
+        retire_record(cs, e->st);
+    e->st = target;
     e->ev = ev;
-    set_last_event(cs, e->st, ev);
+    set_last_event(cs, target, ev);
     return true;
 }
 
@@ -373,12 +399,13 @@ static void pop_slot(cs_ctx_streams *cs)
     slot *s = slot_at(cs, 0);
     for (int i = 0; i < s->n; i++) {
         cs_stream *st = s->ev[i].st;
-        if (st->last_event == s->ev[i].ev && st->last_event) {
+        if (!s->ev[i].ev)
+            st->unrecorded--;  /* completed by a device synchronize */
+        else if (st->last_event == s->ev[i].ev)
             set_last_event(cs, st, NULL);
-            if (st->zombie)
-                retire_record(cs, st);
-        }
         give_event(cs, s->ev[i].ev);
+        if (st->zombie && unreferenced(st))
+            retire_record(cs, st);
     }
     __atomic_store_n(&cs->done, s->epoch, __ATOMIC_RELEASE);
     s->n = 0;
@@ -404,11 +431,14 @@ static void poll(cs_ctx_streams *cs)
         for (; s->done < s->n; s->done++) {
             fence_event *e = &s->ev[s->done];
             /* An event that cannot be asked (an error) is not known complete. */
-            if (!record_late(cs, e) || (e->ev && drv()->cuEventQuery(e->ev) != CUDA_SUCCESS))
+            if (!record_late(cs, s, e) || drv()->cuEventQuery(e->ev) != CUDA_SUCCESS)
                 goto out;
         }
         pop_slot(cs);
     }
+    if (cs->count == 0)  /* nothing pending: every epoch so far is done */
+        __atomic_store_n(&cs->done, __atomic_load_n(&cs->epoch, __ATOMIC_RELAXED),
+                         __ATOMIC_RELEASE);
 out:
     if (relaxed)
         unrelax(mode);
@@ -416,9 +446,11 @@ out:
 
 /* ---------------------------------------------------------------- fences */
 
-static fence_event *slot_entry(slot *s, cs_stream *st)
+/* The entry of st in slot s: its existing one (a merged fence re-records it), or a new one
+ * (fresh = always a new one). */
+static fence_event *slot_entry(slot *s, cs_stream *st, bool fresh)
 {
-    for (int i = 0; i < s->n; i++)
+    for (int i = 0; i < s->n && !fresh; i++)
         if (s->ev[i].st == st)
             return &s->ev[i];
     if (s->n == s->cap) {
@@ -440,29 +472,36 @@ static void fence_stream(cs_ctx_streams *cs, slot *s, cs_stream *st)
     cs_stream *target = st;
     if (st->per_thread && (st->orphan || !pthread_equal(st->owner, pthread_self())))
         target = &cs->legacy;
-    fence_event *e = slot_entry(s, target);
+    /* A merged slot re-records the stream's event there (the new record covers the old one,
+     * and a stream that waited on the old state keeps what it waited for). */
+    fence_event *e = slot_entry(s, target, false);
+    CUresult r = CUDA_ERROR_OUT_OF_MEMORY;
+    if (e && recordable(target)) {
+        CUevent ev = e->ev ? e->ev : take_event(cs);
+        r = ev ? drv()->cuEventRecord(ev, target->handle) : CUDA_ERROR_OUT_OF_MEMORY;
+        if (r == CUDA_SUCCESS) {
+            e->ev = ev;
+            set_last_event(cs, target, ev);
+            return;
+        }
+        if (!e->ev)
+            give_event(cs, ev);
+    } else if (e) {
+        r = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;  /* capturing: recorded once it is over */
+    }
+    /* Not recorded now. An entry that already has an event keeps it (an order raised on this
+     * slot may rely on it); the work since goes into an entry of its own, without event. */
+    if (e && e->ev)
+        e = slot_entry(s, target, true);
     if (!e) {
         s->broken = true;  /* out of host memory: complete only after a synchronize */
         __atomic_store_n(&cs->sync_wanted, true, __ATOMIC_RELEASE);
         return;
     }
-    CUevent old = e->ev;
-    e->ev = NULL;
-    if (!recordable(target)) {
-        give_event(cs, old);
-        return;  /* recorded once the capture is over */
-    }
-    CUevent ev = old ? old : take_event(cs);
-    CUresult r = ev ? drv()->cuEventRecord(ev, target->handle) : CUDA_ERROR_OUT_OF_MEMORY;
-    if (r == CUDA_SUCCESS) {
-        e->ev = ev;
-        set_last_event(cs, target, ev);
-        return;
-    }
-    give_event(cs, ev);
+    target->unrecorded++;
     if (r == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT || r == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED ||
         r == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED)
-        return;  /* a capture we did not see: recorded later */
+        return;  /* a capture: recorded later */
     /* The stream cannot be fenced: its work is only known done once the device has
      * synchronized, which the next work call does. A stream other than the legacy one is no
      * longer tracked. */
@@ -475,7 +514,6 @@ static void fence_stream(cs_ctx_streams *cs, slot *s, cs_stream *st)
                (void *)target->handle, (void *)cs->ctx, (int)r);
     }
     s->broken = true;
-    e->st = &cs->legacy;
     if (!target->legacy && !target->per_thread) {
         pthread_mutex_lock(&reg_lock);
         cs_stream **p = &buckets[bucket_of(target->handle)];
@@ -485,18 +523,22 @@ static void fence_stream(cs_ctx_streams *cs, slot *s, cs_stream *st)
             *p = target->hash_next;
         __atomic_add_fetch(&generation, 1, __ATOMIC_RELEASE);
         pthread_mutex_unlock(&reg_lock);
-        target->zombie = true;
-        if (!target->last_event)
-            retire_record(cs, target);
+        target->zombie = true;  /* retired once its slots are done */
     }
 }
 
 /* Fence every dirty stream. With the context's lock held and the context current. */
 static uint64_t fence_locked(cs_ctx_streams *cs)
 {
+    if (!__atomic_load_n(&cs->dirty_head, __ATOMIC_ACQUIRE))
+        return __atomic_load_n(&cs->epoch, __ATOMIC_RELAXED);
+    /* The epoch first, the list second: a free on another thread that finds the list already
+     * taken (cs_streams_fence without the lock) then gets this epoch, whose slot covers the
+     * work of the streams taken. Only fences take the list, under this lock, so it is not
+     * empty below. */
+    uint64_t epoch = __atomic_load_n(&cs->epoch, __ATOMIC_RELAXED) + 1;
+    __atomic_store_n(&cs->epoch, epoch, __ATOMIC_RELEASE);
     cs_stream *list = __atomic_exchange_n(&cs->dirty_head, NULL, __ATOMIC_ACQ_REL);
-    if (!list)
-        return cs->epoch;
     slot *s;
     if (cs->count == MAX_SLOTS) {
         s = slot_at(cs, cs->count - 1);  /* far behind: join the newest slot */
@@ -514,11 +556,11 @@ static uint64_t fence_locked(cs_ctx_streams *cs)
         /* Clean before the record: work issued after this makes it dirty again. */
         __atomic_store_n(&st->dirty, 0, __ATOMIC_RELEASE);
         fence_stream(cs, s, st);
-        if (st->orphan && !st->last_event)
+        if (st->orphan && unreferenced(st))
             retire_record(cs, st);  /* its thread is gone and the legacy stream covers it */
     }
-    s->epoch = ++cs->epoch;
-    return s->epoch;
+    s->epoch = epoch;
+    return epoch;
 }
 
 uint64_t cs_streams_fence(cs_ctx_streams *cs)
@@ -527,7 +569,7 @@ uint64_t cs_streams_fence(cs_ctx_streams *cs)
         return __atomic_load_n(&cs->epoch, __ATOMIC_ACQUIRE);
     bool pushed;
     pthread_mutex_lock(&cs->lock);
-    uint64_t epoch = cs->epoch;
+    uint64_t epoch = __atomic_load_n(&cs->epoch, __ATOMIC_RELAXED);
     if (!cs->dead && cs_ctx_enter(cs->ctx, &pushed)) {
         epoch = fence_locked(cs);
         cs_ctx_leave(pushed);
@@ -550,38 +592,58 @@ int cs_streams_reached(cs_ctx_streams *cs, uint64_t epoch)
     return epoch <= __atomic_load_n(&cs->done, __ATOMIC_ACQUIRE);
 }
 
+/* Device-wide synchronize of the context, as cudaFree does, for what events cannot tell (a
+ * broken slot, an entry never recorded): not while a capture runs (it would break it). With
+ * nothing held and the context current. Then every slot up to `upto` (the newest epoch before
+ * the call) is done; later ones may hold work issued meanwhile. */
+static bool sync_device(cs_ctx_streams *cs, uint64_t upto)
+{
+    if (captures_running() || drv()->cuCtxSynchronize() != CUDA_SUCCESS)
+        return false;
+    pthread_mutex_lock(&cs->lock);
+    while (!cs->dead && cs->count > 0 && slot_at(cs, 0)->epoch <= upto)
+        pop_slot(cs);
+    pthread_mutex_unlock(&cs->lock);
+    return true;
+}
+
 int cs_streams_wait(cs_ctx_streams *cs, uint64_t epoch)
 {
     bool pushed;
     pthread_mutex_lock(&cs->lock);
+    if (cs->dead || !cs_ctx_enter(cs->ctx, &pushed)) {
+        pthread_mutex_unlock(&cs->lock);
+        return -1;
+    }
     int result = -1;
-    if (!cs->dead && cs_ctx_enter(cs->ctx, &pushed)) {
-        for (;;) {
-            poll(cs);
-            if (epoch <= __atomic_load_n(&cs->done, __ATOMIC_ACQUIRE)) {
-                result = 0;
-                break;
-            }
-            if (cs->count == 0) {
-                result = 0;
-                break;
-            }
-            slot *s = slot_at(cs, 0);
-            CUevent ev = s->done < s->n && !s->broken ? s->ev[s->done].ev : NULL;
-            pthread_mutex_unlock(&cs->lock);
-            /* Without the lock: the event may be recycled meanwhile, which only makes this
-             * wait longer; poll() decides what completed. */
-            CUresult r = ev ? drv()->cuEventSynchronize(ev) : drv()->cuCtxSynchronize();
-            pthread_mutex_lock(&cs->lock);
-            if (r != CUDA_SUCCESS)
-                break;
-            if (!ev)  /* a broken or unrecorded slot: the device has synchronized */
-                while (cs->count > 0)
-                    pop_slot(cs);
+    for (;;) {
+        poll(cs);
+        if (epoch <= __atomic_load_n(&cs->done, __ATOMIC_ACQUIRE) || cs->count == 0) {
+            result = 0;
+            break;
         }
-        cs_ctx_leave(pushed);
+        slot *s = slot_at(cs, 0);
+        CUevent ev = s->done < s->n && !s->broken ? s->ev[s->done].ev : NULL;
+        uint64_t upto = __atomic_load_n(&cs->epoch, __ATOMIC_RELAXED);
+        pthread_mutex_unlock(&cs->lock);
+        /* Without the lock: the event may be recycled meanwhile, which only makes this wait
+         * longer; poll() decides what completed. */
+        bool ok;
+        if (ev) {
+            bool relaxed = captures_running();
+            CUstreamCaptureMode mode = relaxed ? relax() : CU_STREAM_CAPTURE_MODE_GLOBAL;
+            ok = drv()->cuEventSynchronize(ev) == CUDA_SUCCESS;
+            if (relaxed)
+                unrelax(mode);
+        } else {
+            ok = sync_device(cs, upto);
+        }
+        pthread_mutex_lock(&cs->lock);
+        if (!ok || cs->dead)
+            break;
     }
     pthread_mutex_unlock(&cs->lock);
+    cs_ctx_leave(pushed);
     return result;
 }
 
@@ -610,31 +672,23 @@ int cs_streams_order_after(cs_ctx_streams *cs, uint64_t epoch)
     }
     if (result == 0 && cs->dead)
         result = -1;
-    if (result == 0 && __atomic_load_n(&cs->order, __ATOMIC_RELAXED) < epoch)
+    if (result == 0 && __atomic_load_n(&cs->order, __ATOMIC_RELAXED) < epoch) {
         __atomic_store_n(&cs->order, epoch, __ATOMIC_RELEASE);
+        __atomic_add_fetch(&order_gen, 1, __ATOMIC_RELEASE);
+    }
     pthread_mutex_unlock(&cs->lock);
     return result;
 }
 
 /* ---------------------------------------------------------------- work on streams */
 
-/* Make st wait for all work fenced up to the order epoch: for every other stream, its newest
- * pending event in the slots up to the one that covers that epoch (a stream's events complete
- * in order, so the newest covers the rest). Later fences are not waited for: the blocks handed
- * out before them do not need them. With nothing else held; st is named by the calling
- * thread, so its handle is valid here. */
-static void catch_up(cs_stream *st)
+/* Make stream st wait, on the GPU, for all work cs fenced up to `target`: for every other
+ * stream, its newest recorded event in the slots up to the one that covers target (a stream's
+ * events complete in order, so the newest covers the rest). Later fences are not waited for:
+ * the blocks handed out before them do not need them. With cs's lock held; st is named by the
+ * calling thread, so its handle is valid here (cs may be another context than st's). */
+static CUresult wait_fences(cs_ctx_streams *cs, cs_stream *st, uint64_t target)
 {
-    cs_ctx_streams *cs = st->cs;
-    pthread_mutex_lock(&cs->lock);
-    uint64_t target = __atomic_load_n(&cs->order, __ATOMIC_ACQUIRE);
-    bool pushed;
-    if (cs->dead || __atomic_load_n(&st->waited, __ATOMIC_RELAXED) >= target ||
-        !recordable(st) || !cs_ctx_enter(cs->ctx, &pushed)) {
-        pthread_mutex_unlock(&cs->lock);
-        return;  /* a capturing stream catches up when its graph is launched */
-    }
-    poll(cs);
     cs_stream *picked = NULL;
     for (int i = 0; i < cs->count; i++) {
         slot *sl = slot_at(cs, i);
@@ -657,7 +711,29 @@ static void catch_up(cs_stream *st)
             r = drv()->cuStreamWaitEvent(st->handle, x->pick, 0);
         x->pick = NULL;
     }
-    cs_ctx_leave(pushed);
+    return r;
+}
+
+/* The stream's next work must follow the fences up to its context's order epoch. A capturing
+ * stream is left alone (its captured work runs when the graph is launched, and that stream
+ * catches up then). If the GPU cannot be made to wait, the host does, before the work is
+ * submitted. With nothing held. */
+static void catch_up(cs_stream *st)
+{
+    cs_ctx_streams *cs = st->cs;
+    pthread_mutex_lock(&cs->lock);
+    uint64_t target = __atomic_load_n(&cs->order, __ATOMIC_ACQUIRE);
+    if (cs->dead || __atomic_load_n(&st->waited, __ATOMIC_RELAXED) >= target || !recordable(st)) {
+        pthread_mutex_unlock(&cs->lock);
+        return;
+    }
+    bool pushed;
+    CUresult r = CUDA_ERROR_INVALID_CONTEXT;
+    if (cs_ctx_enter(cs->ctx, &pushed)) {
+        poll(cs);
+        r = wait_fences(cs, st, target);
+        cs_ctx_leave(pushed);
+    }
     if (r != CUDA_SUCCESS && !cs->said_wait) {
         cs->said_wait = true;
         cs_log("cuStreamWaitEvent on stream %p of context %p failed (error %d): waiting on the "
@@ -665,9 +741,37 @@ static void catch_up(cs_stream *st)
                (void *)st->handle, (void *)cs->ctx, (int)r);
     }
     pthread_mutex_unlock(&cs->lock);
-    /* The GPU could not be made to wait: the host does, so the work still starts after. */
-    if (r == CUDA_SUCCESS || cs_streams_wait(cs, target) == 0)
+    if (r == CUDA_SUCCESS || cs_streams_wait(cs, target) == 0 ||
+        (!captures_running() && drv()->cuCtxSynchronize() == CUDA_SUCCESS))
         __atomic_store_n(&st->waited, target, __ATOMIC_RELAXED);
+}
+
+/* Memory of another context (peer access) may be reused before its fences completed too:
+ * with several contexts, a stream also waits for the other contexts' fences up to their
+ * order epochs, whenever one of them was raised since it last looked. Contexts are never
+ * freed, so the snapshot stays valid. */
+static void catch_up_other_contexts(cs_stream *st, uint64_t gen)
+{
+    enum { MAX = 64 };
+    cs_ctx_streams *list[MAX];
+    int n = 0;
+    pthread_mutex_lock(&reg_lock);
+    for (cs_ctx_streams *cs = contexts; cs && n < MAX; cs = cs->next)
+        if (cs != st->cs)
+            list[n++] = cs;
+    pthread_mutex_unlock(&reg_lock);
+    for (int i = 0; i < n; i++) {
+        cs_ctx_streams *cs = list[i];
+        pthread_mutex_lock(&cs->lock);
+        uint64_t target = __atomic_load_n(&cs->order, __ATOMIC_ACQUIRE);
+        CUresult r = CUDA_SUCCESS;
+        if (!cs->dead && target > __atomic_load_n(&cs->done, __ATOMIC_ACQUIRE))
+            r = wait_fences(cs, st, target);
+        pthread_mutex_unlock(&cs->lock);
+        if (r != CUDA_SUCCESS && cs_streams_wait(cs, target) != 0)
+            return;  /* looked at again on the next work */
+    }
+    __atomic_store_n(&st->gen_seen, gen, __ATOMIC_RELAXED);
 }
 
 static void thread_gone(void *arg)
@@ -686,7 +790,7 @@ static void thread_gone(void *arg)
             pthread_mutex_lock(&reg_lock);
             record_recycle(st);
             pthread_mutex_unlock(&reg_lock);
-        } else if (!__atomic_load_n(&st->dirty, __ATOMIC_ACQUIRE) && !st->last_event) {
+        } else if (unreferenced(st)) {
             retire_record(cs, st);
         }
         pthread_mutex_unlock(&cs->lock);
@@ -791,25 +895,22 @@ static cs_stream *find_stream(CUstream h, int per_thread, bool make)
 }
 
 /* A slot could not be recorded: wait once for the whole device, as cudaFree would have, so
- * that everything fenced so far is known done. Called with nothing held. */
+ * that everything fenced so far is known done. Not while a capture runs. Called with nothing
+ * held. */
 static void resolve_broken(cs_ctx_streams *cs)
 {
     bool pushed;
+    if (captures_running())
+        return;
     pthread_mutex_lock(&cs->lock);
-    uint64_t upto = cs->epoch;
+    uint64_t upto = __atomic_load_n(&cs->epoch, __ATOMIC_RELAXED);
     bool go = __atomic_load_n(&cs->sync_wanted, __ATOMIC_ACQUIRE) && !cs->dead &&
               cs_ctx_enter(cs->ctx, &pushed);
     pthread_mutex_unlock(&cs->lock);
     if (!go)
         return;
-    CUresult r = drv()->cuCtxSynchronize();
-    pthread_mutex_lock(&cs->lock);
-    if (r == CUDA_SUCCESS && !cs->dead) {
-        while (cs->count > 0 && slot_at(cs, 0)->epoch <= upto)
-            pop_slot(cs);
+    if (sync_device(cs, upto))
         __atomic_store_n(&cs->sync_wanted, false, __ATOMIC_RELEASE);
-    }
-    pthread_mutex_unlock(&cs->lock);
     cs_ctx_leave(pushed);
 }
 
@@ -826,6 +927,11 @@ cs_stream *cs_work_begin(CUstream stream, int per_thread)
     if (__builtin_expect(__atomic_load_n(&st->cs->order, __ATOMIC_ACQUIRE) >
                              __atomic_load_n(&st->waited, __ATOMIC_RELAXED), 0))
         catch_up(st);
+    if (__builtin_expect(__atomic_load_n(&live_contexts, __ATOMIC_RELAXED) > 1, 0)) {
+        uint64_t gen = __atomic_load_n(&order_gen, __ATOMIC_ACQUIRE);
+        if (gen != __atomic_load_n(&st->gen_seen, __ATOMIC_RELAXED))
+            catch_up_other_contexts(st, gen);
+    }
     return st;
 }
 
@@ -878,7 +984,7 @@ void cs_streams_destroying(CUstream h)
     pthread_mutex_unlock(&reg_lock);
     st->zombie = true;
     st->handle = NULL;
-    if (!st->last_event && !__atomic_load_n(&st->dirty, __ATOMIC_ACQUIRE))
+    if (unreferenced(st))
         retire_record(cs, st);
     else
         set_capturing(st, 0);
@@ -890,15 +996,28 @@ void cs_streams_destroying(CUstream h)
 void cs_streams_capture_beginning(CUstream stream, int per_thread)
 {
     cs_stream *st = find_stream(stream, per_thread, true);
-    if (st && __atomic_load_n(&st->dirty, __ATOMIC_ACQUIRE))
-        cs_streams_fence(st->cs);
+    if (!st)
+        return;
+    /* Under the lock, so no fence of another thread is half-way through recording on it:
+     * its work so far is fenced now, and from here on it counts as capturing (no other
+     * thread records into it), until the begin's result says otherwise. */
+    cs_ctx_streams *cs = st->cs;
+    bool pushed;
+    pthread_mutex_lock(&cs->lock);
+    if (!cs->dead && __atomic_load_n(&st->dirty, __ATOMIC_ACQUIRE) &&
+        cs_ctx_enter(cs->ctx, &pushed)) {
+        fence_locked(cs);
+        cs_ctx_leave(pushed);
+    }
+    set_capturing(st, 1);
+    pthread_mutex_unlock(&cs->lock);
 }
 
 void cs_streams_capture_begun(CUstream stream, int per_thread, CUresult result)
 {
-    cs_stream *st;
-    if (result == CUDA_SUCCESS && (st = find_stream(stream, per_thread, true)))
-        set_capturing(st, 1);
+    cs_stream *st = find_stream(stream, per_thread, true);
+    if (st && result != CUDA_SUCCESS)
+        cs_streams_capture_ended(stream, per_thread);  /* learn the state from the driver */
 }
 
 void cs_streams_capture_ended(CUstream stream, int per_thread)
@@ -933,31 +1052,33 @@ bool cs_streams_capturing(void)
 
 void cs_streams_lock_all(void)
 {
-    /* Contexts' locks before reg_lock, as everywhere. A context made in between is not
-     * locked, and the child forgets it anyway. */
+    /* Contexts' locks before reg_lock, as everywhere. A context past the snapshot, or made in
+     * between, is not locked; the child forgets every context anyway. */
     pthread_mutex_lock(&reg_lock);
-    cs_ctx_streams *list = contexts;
+    nlocked = 0;
+    for (cs_ctx_streams *cs = contexts; cs && nlocked < FORK_LOCKED; cs = cs->next)
+        locked[nlocked++] = cs;
     pthread_mutex_unlock(&reg_lock);
-    for (cs_ctx_streams *cs = list; cs; cs = cs->next)
-        pthread_mutex_lock(&cs->lock);
+    for (int i = 0; i < nlocked; i++)
+        pthread_mutex_lock(&locked[i]->lock);
     pthread_mutex_lock(&reg_lock);
-    locked_list = list;
 }
 
 void cs_streams_unlock_all(void)
 {
     pthread_mutex_unlock(&reg_lock);
-    for (cs_ctx_streams *cs = locked_list; cs; cs = cs->next)
-        pthread_mutex_unlock(&cs->lock);
+    for (int i = 0; i < nlocked; i++)
+        pthread_mutex_unlock(&locked[i]->lock);
 }
 
 void cs_streams_reset_after_fork(void)
 {
     /* The child's driver state is new: forget the parent's contexts (their memory leaks by
      * design: other threads of the parent may have held pointers into them). */
-    for (cs_ctx_streams *cs = locked_list; cs; cs = cs->next)
-        pthread_mutex_unlock(&cs->lock);
+    for (int i = 0; i < nlocked; i++)
+        pthread_mutex_unlock(&locked[i]->lock);
     contexts = NULL;
+    live_contexts = 0;
     memset(buckets, 0, sizeof buckets);
     tl_own = NULL;
     capturing_streams = 0;

@@ -91,10 +91,17 @@ static void complete_to(uint64_t epoch)
     }
 }
 
+/* Set by a test: the context is destroyed (its heap forgotten) while a thread waits. */
+static cs_cache *forget_in_wait;
+
 static int fb_wait(void *dev, uint64_t epoch)
 {
     (void)dev;
     __atomic_add_fetch(&be.waits, 1, __ATOMIC_RELAXED);
+    if (forget_in_wait) {
+        cs_cache_forget_heap(forget_in_wait, (void *)0x1);
+        forget_in_wait = NULL;
+    }
     complete_to(epoch);
     return 0;
 }
@@ -498,6 +505,27 @@ static void test_cap_waits_for_busy_block(void **state)
     cacheshim_stats s = stats(f);
     assert_int_equal(s.fence_waits, 1);
     assert_int_equal(s.cap_refusals, 0);
+}
+
+/* Another thread destroys the context while this one waits for a busy block at the cap,
+ * without the cache's lock: the block and the heap it waits on must stay valid, nothing is
+ * counted twice, and the allocation says the context is gone. */
+static void test_context_destroyed_during_wait(void **state)
+{
+    fx *f = *state;
+    uint64_t a = must_alloc(f, 4 * MiB);
+    must_alloc(f, 4 * MiB);
+    gpu_busy();
+    cs_cache_free(f->cache, a);
+    forget_in_wait = f->cache;
+    uint64_t x;
+    int raw = 0;
+    assert_int_equal(cs_cache_alloc(f->cache, f->heap, 4 * MiB, &x, &raw, NULL), CS_GONE);
+    cacheshim_stats s = stats(f);
+    assert_int_equal(s.bytes_in_use, 0);
+    assert_int_equal(s.bytes_cached, 0);
+    f->heap = cs_cache_add_heap(f->cache, (void *)0x1, 0, 80 * 1024 * MiB, &ops, NULL);
+    must_alloc(f, 4 * MiB);  /* a new context of the same key works */
 }
 
 static void test_cap_random_never_exceeded(void **state)
@@ -1470,6 +1498,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_lookup, setup, teardown),
         cmocka_unit_test_setup_teardown(test_cap_never_exceeded, setup_cap, teardown),
         cmocka_unit_test_setup_teardown(test_cap_waits_for_busy_block, setup_cap, teardown),
+        cmocka_unit_test_setup_teardown(test_context_destroyed_during_wait, setup_cap, teardown),
         cmocka_unit_test_setup_teardown(test_cap_random_never_exceeded, setup_cap, teardown),
         cmocka_unit_test_setup_teardown(test_cap_random_never_exceeded, setup_ordered_cap, teardown),
         cmocka_unit_test_setup_teardown(test_mem_view, setup_cap, teardown),

@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <cmocka.h>
 
@@ -316,6 +317,50 @@ static void test_other_threads_per_thread_stream(void **state)
     cuStreamDestroy(t);
 }
 
+/* A free whose stream list another thread's fence has just taken (that fence still
+ * recording, slowly): the free must get that fence's epoch, not an older, completed one.
+ * (Found in review: two threads freeing, no program-level race.) */
+static CUstream other_stream;
+
+static void *free_while_fencing(void *arg)
+{
+    CUdeviceptr y = (CUdeviceptr)(uintptr_t)arg;
+    assert_int_equal(cuCtxSetCurrent(primary), CUDA_SUCCESS);
+    launch(other_stream, y, 5 * MiB);
+    pthread_barrier_wait(&step);
+    must_free(y);  /* its fence takes both dirty streams and records slowly */
+    return NULL;
+}
+
+static void test_free_while_another_thread_fences(void **state)
+{
+    (void)state;
+    CUstream sa = make_stream(CU_STREAM_NON_BLOCKING), sb = make_stream(CU_STREAM_NON_BLOCKING);
+    other_stream = make_stream(CU_STREAM_NON_BLOCKING);
+    size_t size = 3 * MiB + 8192;
+    CUdeviceptr y = must_alloc(5 * MiB), x = must_alloc(size);
+    launch(sa, x, size);  /* pending */
+    pthread_barrier_init(&step, NULL, 2);
+    fake_set_delay_ns("cuEventRecord", 100000000ull);
+    pthread_t th;
+    pthread_create(&th, NULL, free_while_fencing, (void *)(uintptr_t)y);
+    pthread_barrier_wait(&step);
+    struct timespec pause = {0, 30000000};
+    nanosleep(&pause, NULL);  /* the other thread is inside its fence */
+    must_free(x);
+    CUdeviceptr b = must_alloc(size);
+    launch(sb, b, size);
+    pthread_join(th, NULL);
+    fake_set_delay_ns("cuEventRecord", 0);
+    assert_int_equal(fake_races(), 0);
+    fake_retire_all();
+    must_free(b);
+    pthread_barrier_destroy(&step);
+    cuStreamDestroy(sa);
+    cuStreamDestroy(sb);
+    cuStreamDestroy(other_stream);
+}
+
 /* ================================================================ capture */
 
 /* Work before a capture is fenced when it begins; nothing is recorded into a capturing stream
@@ -495,6 +540,90 @@ static void test_query_error_is_not_ready(void **state)
     cuStreamDestroy(s);
 }
 
+/* A fence in progress on another thread while this one begins a capture on a stream it
+ * fences: nothing is recorded into the capture, and no other stream is pulled into it by
+ * waiting on such an event. (Found in review.) */
+static CUstream cap_s, cap_x;
+
+static void *fence_slowly(void *arg)
+{
+    (void)arg;
+    assert_int_equal(cuCtxSetCurrent(primary), CUDA_SUCCESS);
+    CUdeviceptr y = must_alloc(5 * MiB);
+    launch(cap_x, y, 5 * MiB);
+    fake_set_delay_ns("cuEventRecord", 100000000ull);
+    pthread_barrier_wait(&step);
+    must_free(y);  /* records on cap_x, then on cap_s, each slowly */
+    return NULL;
+}
+
+static void test_capture_begins_during_a_fence(void **state)
+{
+    (void)state;
+    cap_s = make_stream(CU_STREAM_NON_BLOCKING);
+    cap_x = make_stream(CU_STREAM_NON_BLOCKING);
+    CUstream s2 = make_stream(CU_STREAM_NON_BLOCKING);
+    size_t size = 3 * MiB + 16384;
+    CUdeviceptr x = must_alloc(size);
+    launch(cap_s, x, size);
+    pthread_barrier_init(&step, NULL, 2);
+    pthread_t th;
+    pthread_create(&th, NULL, fence_slowly, NULL);
+    pthread_barrier_wait(&step);
+    struct timespec pause = {0, 130000000};
+    nanosleep(&pause, NULL);  /* the other thread is recording on cap_s */
+    assert_int_equal(cuStreamBeginCapture(cap_s, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+    pthread_join(th, NULL);
+    fake_set_delay_ns("cuEventRecord", 0);
+    must_free(x);
+    CUdeviceptr b = must_alloc(size);
+    launch(s2, b, size);
+    CUstreamCaptureStatus st2;
+    assert_int_equal(cuStreamIsCapturing(s2, &st2), CUDA_SUCCESS);
+    assert_int_equal(st2, CU_STREAM_CAPTURE_STATUS_NONE);
+    CUgraph g;
+    assert_int_equal(cuStreamEndCapture(cap_s, &g), CUDA_SUCCESS);
+    assert_int_equal(fake_capture_violations(), 0);
+    assert_int_equal(fake_races(), 0);
+    fake_retire_all();
+    must_free(b);
+    pthread_barrier_destroy(&step);
+    cuStreamDestroy(cap_s);
+    cuStreamDestroy(cap_x);
+    cuStreamDestroy(s2);
+}
+
+/* ================================================================ two devices */
+
+/* Memory of device 0 reused at once, then written by a peer copy on device 1's stream: that
+ * stream must wait for device 0's fences too. (Found in review.) */
+static void test_peer_copy_after_ordered_reuse(void **state)
+{
+    (void)state;
+    CUdevice d1;
+    CUcontext c1;
+    assert_int_equal(cuDeviceGet(&d1, 1), CUDA_SUCCESS);
+    assert_int_equal(cuDevicePrimaryCtxRetain(&c1, d1), CUDA_SUCCESS);
+    assert_int_equal(cuCtxSetCurrent(c1), CUDA_SUCCESS);
+    CUstream s1 = make_stream(CU_STREAM_NON_BLOCKING);
+    CUdeviceptr y = must_alloc(3 * MiB);
+    assert_int_equal(cuCtxSetCurrent(primary), CUDA_SUCCESS);
+    CUstream s0 = make_stream(CU_STREAM_NON_BLOCKING);
+    CUdeviceptr x = must_alloc(3 * MiB);
+    launch(s0, x, 3 * MiB);
+    must_free(x);
+    CUdeviceptr b = must_alloc(3 * MiB);
+    assert_int_equal(cuCtxSetCurrent(c1), CUDA_SUCCESS);
+    assert_int_equal(cuMemcpyDtoDAsync(b, y, 3 * MiB, s1), CUDA_SUCCESS);
+    assert_int_equal(fake_races(), 0);
+    fake_retire_all();
+    must_free(y);
+    cuStreamDestroy(s1);
+    assert_int_equal(cuCtxSetCurrent(primary), CUDA_SUCCESS);
+    must_free(b);
+    cuStreamDestroy(s0);
+}
+
 /* ================================================================ CACHESHIM_SYNC_FREE=1 */
 
 static void test_sync_free_waits_for_the_device(void **state)
@@ -522,17 +651,21 @@ int main(int argc, char **argv)
         T(test_gpu_far_behind),            T(test_torture),
         T(test_destroyed_busy_stream),     T(test_other_threads_per_thread_stream),
         T(test_failed_record_drops_the_stream), T(test_failed_wait_waits_on_the_host),
-        T(test_query_error_is_not_ready),
+        T(test_query_error_is_not_ready),  T(test_free_while_another_thread_fences),
     };
     const struct CMUnitTest capture[] = {
         T(test_nothing_into_a_capturing_stream),
         T(test_capture_ending_badly_leaves_cache_working),
+        T(test_capture_begins_during_a_fence),
     };
+    const struct CMUnitTest two_devices[] = {T(test_peer_copy_after_ordered_reuse)};
     const struct CMUnitTest sync_free[] = {T(test_sync_free_waits_for_the_device)};
     if (!strcmp(group, "streams"))
         return cmocka_run_group_tests_name("streams", streams, setup, NULL);
     if (!strcmp(group, "capture"))
         return cmocka_run_group_tests_name("capture", capture, setup, NULL);
+    if (!strcmp(group, "two-devices"))
+        return cmocka_run_group_tests_name("two-devices", two_devices, setup, NULL);
     if (!strcmp(group, "sync-free"))
         return cmocka_run_group_tests_name("sync-free", sync_free, setup, NULL);
     fprintf(stderr, "test_streams: unknown group '%s'\n", group);
