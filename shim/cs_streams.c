@@ -10,17 +10,20 @@
  * slot covers.
  *
  * Ordered reuse: the cache may hand out a block whose epoch has not completed after
- * cs_streams_order_after raised the context's order epoch. Before its next work, every
- * stream then waits (cuStreamWaitEvent) on the newest pending event of every other stream,
- * which covers all slots up to that epoch. A stream that only ever waits on its own events
- * waits on nothing: the common single-stream loop costs no wait at all.
+ * cs_streams_order_after raised the context's order epoch to it. Before its next work, every
+ * stream then waits (cuStreamWaitEvent), for every other stream, on that stream's newest event
+ * in the slots up to the order epoch (catch_up); with several contexts, on the other
+ * contexts' fences too (peer access). A stream never waits on its own events: the common
+ * single-stream loop costs no wait at all. If the GPU cannot be made to wait, the host does.
  *
  * Per-thread default streams can only be named (CU_STREAM_PER_THREAD) by their own thread;
  * another thread fences them through the legacy stream, which waits for every blocking
  * stream. Nothing is recorded into, or waited from, a capturing stream: while captures run
  * (a process-wide count of streams flagged capturing), each stream is asked for its capture
  * state before an event is recorded on it, and a fence that cannot be recorded yet keeps an
- * entry that is recorded once the capture is over. */
+ * entry without event, recorded once the capture is over. A slot that can never be recorded
+ * (a failed record, a destroyed stream's entry) is broken: it completes after one device
+ * synchronize, made at the next work call outside any lock and any capture. */
 #include "cs_streams.h"
 
 #include <pthread.h>
