@@ -1,7 +1,8 @@
 /* The cache core. One mutex guards the bookkeeping; it is never held across a driver call
- * that can block (allocation, free, a host wait for a fence): those run after the lock is
- * dropped, with their bytes counted as held meanwhile, so a thread waiting on the driver never
- * stalls the others.
+ * that waits for the device (allocation, free, a host wait for a fence): those run after the
+ * lock is dropped, with their bytes counted as held meanwhile, so a thread waiting on the
+ * driver never stalls the others. The backend's fence, reached and order_after (event records,
+ * queries) may run under it.
  *
  * Every block is its own driver allocation (never split), so the driver's answers about a
  * pointer stay true. A freed block waits in its class's idle list with the fence epoch the
