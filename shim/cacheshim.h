@@ -32,14 +32,19 @@ typedef struct cacheshim_stats {
     uint64_t foreign_frees;     /* frees passed to the driver: pointers the shim did not hand out */
     uint64_t bytes_in_use;      /* bytes of blocks the program holds now (block sizes) */
     uint64_t bytes_requested;   /* bytes the program asked for, of blocks it holds now */
-    uint64_t bytes_cached;      /* idle bytes the cache holds now */
+    uint64_t bytes_cached;      /* idle bytes the cache holds now (idle blocks, and the pooled
+                                   backend's memory outside any block) */
     uint64_t peak_in_use;       /* highest bytes_in_use (approximate while several threads
                                    allocate at once: docs/usage.md says by how much) */
     uint64_t peak_requested;    /* highest bytes_requested: the program's own peak (idem) */
-    uint64_t peak_reserved;     /* highest in use + cached: what the process held through the shim */
-    uint64_t driver_allocs;     /* cuMemAlloc calls made by the shim */
-    uint64_t driver_frees;      /* cuMemFree calls made by the shim */
-    uint64_t releases;          /* blocks given back to the driver (threshold, cap, OOM, trim) */
+    uint64_t peak_reserved;     /* highest in use + cached: the device memory the process held
+                                   through the shim */
+    uint64_t driver_allocs;     /* allocations that took new memory from the driver (a
+                                   cuMemAlloc, or cuMemCreate calls of the pooled backend) */
+    uint64_t driver_frees;      /* times memory went back to the driver (a cuMemFree, or
+                                   cuMemRelease calls of the pooled backend) */
+    uint64_t releases;          /* blocks or spare memory given back to the driver (threshold,
+                                   cap, OOM, trim) */
     uint64_t fences;            /* stream fences recorded */
     uint64_t fence_waits;       /* times the shim had to wait for a fence */
     uint64_t oom_recoveries;    /* driver out-of-memory answers followed by a successful retry */
@@ -50,6 +55,8 @@ typedef struct cacheshim_stats {
                                    to wait for it on the GPU (CACHESHIM_REUSE=ordered) */
     uint64_t work_calls;        /* driver calls that put work on a stream, seen by the shim
                                    (whole process only: device -1) */
+    uint64_t moves;             /* idle blocks whose memory went to a new block instead of new
+                                   memory from the driver (pooled backend) */
 } cacheshim_stats;
 
 /* Statistics of one device (its ordinal), or the sum of all devices with device = -1

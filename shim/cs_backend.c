@@ -1,59 +1,188 @@
-/* The backend: allocation on one real driver context, and the cache's fences, which are the
- * stream layer's epochs (cs_streams.c). The context is made current for each driver call
- * that depends on it. */
+/* The backend: memory on one real driver context, and the cache's fences, which are the
+ * stream layer's epochs (cs_streams.c). Two kinds of memory: classic (a cuMemAlloc per
+ * block) and pooled (the virtual memory calls the pool, cs_pool.c, makes its blocks of).
+ * The context is made current for each driver call that depends on it. */
 #include "cs_backend.h"
 
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "cs_driver.h"
 #include "cs_streams.h"
+
+/* The backend's state of one context: the cache's `dev`. */
+typedef struct {
+    cs_ctx_streams *streams;
+    CUcontext ctx;
+    CUdevice device;
+    bool rdma;        /* the device can do GPUDirect RDMA on virtual memory: chunks allow it */
+    uint64_t peers;   /* atomic: other devices granted access to pooled memory (bit = ordinal) */
+} backend_dev;
 
 static const cs_driver *drv(void)
 {
     return cs_driver_get();
 }
 
-static CUcontext ctx_of(void *dev)
+static int be_code(CUresult r, int *raw)
 {
-    return cs_streams_context(dev);
+    *raw = r;
+    return r == CUDA_SUCCESS ? CS_BE_OK : r == CUDA_ERROR_OUT_OF_MEMORY ? CS_BE_OOM : CS_BE_ERROR;
 }
+
+/* ---------------------------------------------------------------- classic */
 
 static int be_alloc(void *dev, uint64_t size, uint64_t *addr, int *raw)
 {
+    backend_dev *b = dev;
     bool pushed;
-    if (!cs_ctx_enter(ctx_of(dev), &pushed)) {
+    if (!cs_ctx_enter(b->ctx, &pushed)) {
         *raw = CUDA_ERROR_INVALID_CONTEXT;
         return CS_BE_ERROR;
     }
     CUdeviceptr p = 0;
     CUresult r = drv()->cuMemAlloc_v2(&p, (size_t)size);
     cs_ctx_leave(pushed);
-    *raw = r;
-    if (r == CUDA_SUCCESS) {
+    if (r == CUDA_SUCCESS)
         *addr = p;
-        return CS_BE_OK;
-    }
-    return r == CUDA_ERROR_OUT_OF_MEMORY ? CS_BE_OOM : CS_BE_ERROR;
+    return be_code(r, raw);
 }
 
 static int be_free(void *dev, uint64_t addr, int *raw)
 {
+    backend_dev *b = dev;
     bool pushed;
-    if (cs_streams_dead(dev) || !cs_ctx_enter(ctx_of(dev), &pushed)) {
+    if (cs_streams_dead(b->streams) || !cs_ctx_enter(b->ctx, &pushed)) {
         *raw = CUDA_ERROR_INVALID_CONTEXT;
         return CS_BE_ERROR;
     }
     CUresult r = drv()->cuMemFree_v2((CUdeviceptr)addr);
     cs_ctx_leave(pushed);
-    *raw = r;
-    return r == CUDA_SUCCESS ? CS_BE_OK : CS_BE_ERROR;
+    return be_code(r, raw);
 }
 
-static uint64_t be_fence(void *dev) { return cs_streams_fence(dev); }
-static int be_reached(void *dev, uint64_t epoch) { return cs_streams_reached(dev, epoch); }
-static int be_wait(void *dev, uint64_t epoch) { return cs_streams_wait(dev, epoch); }
-static int be_order_after(void *dev, uint64_t epoch) { return cs_streams_order_after(dev, epoch); }
-static int be_busy_streams(void *dev) { return cs_streams_busy(dev); }
+/* ---------------------------------------------------------------- pooled */
+
+/* Every virtual memory call runs with the context current and refuses a dead one. */
+#define VMM_CALL(b, raw, call)                                   \
+    do {                                                         \
+        bool pushed_;                                            \
+        if (cs_streams_dead((b)->streams) ||                     \
+            !cs_ctx_enter((b)->ctx, &pushed_)) {                 \
+            *(raw) = CUDA_ERROR_INVALID_CONTEXT;                 \
+            return CS_BE_ERROR;                                  \
+        }                                                        \
+        CUresult r_ = (call);                                    \
+        cs_ctx_leave(pushed_);                                   \
+        return be_code(r_, raw);                                 \
+    } while (0)
+
+static CUmemAllocationProp chunk_prop(const backend_dev *b)
+{
+    CUmemAllocationProp prop = {0};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = (int)b->device;
+    prop.allocFlags.gpuDirectRDMACapable = b->rdma;
+    return prop;
+}
+
+static int vmm_create(void *dev, uint64_t size, uint64_t *handle, int *raw)
+{
+    backend_dev *b = dev;
+    CUmemAllocationProp prop = chunk_prop(b);
+    CUmemGenericAllocationHandle h = 0;
+    bool pushed;
+    if (cs_streams_dead(b->streams) || !cs_ctx_enter(b->ctx, &pushed)) {
+        *raw = CUDA_ERROR_INVALID_CONTEXT;
+        return CS_BE_ERROR;
+    }
+    CUresult r = drv()->cuMemCreate(&h, (size_t)size, &prop, 0);
+    cs_ctx_leave(pushed);
+    if (r == CUDA_SUCCESS)
+        *handle = h;
+    return be_code(r, raw);
+}
+
+static int vmm_release(void *dev, uint64_t handle, int *raw)
+{
+    VMM_CALL((backend_dev *)dev, raw, drv()->cuMemRelease((CUmemGenericAllocationHandle)handle));
+}
+
+static int vmm_reserve(void *dev, uint64_t size, uint64_t *va, int *raw)
+{
+    backend_dev *b = dev;
+    CUdeviceptr p = 0;
+    bool pushed;
+    if (cs_streams_dead(b->streams) || !cs_ctx_enter(b->ctx, &pushed)) {
+        *raw = CUDA_ERROR_INVALID_CONTEXT;
+        return CS_BE_ERROR;
+    }
+    CUresult r = drv()->cuMemAddressReserve(&p, (size_t)size, 0, 0, 0);
+    cs_ctx_leave(pushed);
+    if (r == CUDA_SUCCESS)
+        *va = p;
+    return be_code(r, raw);
+}
+
+static int vmm_unreserve(void *dev, uint64_t va, uint64_t size, int *raw)
+{
+    VMM_CALL((backend_dev *)dev, raw, drv()->cuMemAddressFree((CUdeviceptr)va, (size_t)size));
+}
+
+static int vmm_map(void *dev, uint64_t va, uint64_t size, uint64_t handle, int *raw)
+{
+    VMM_CALL((backend_dev *)dev, raw,
+             drv()->cuMemMap((CUdeviceptr)va, (size_t)size, 0,
+                             (CUmemGenericAllocationHandle)handle, 0));
+}
+
+/* Read and write for the context's device and every peer granted (cs_backend_grant_peer). */
+static int vmm_access(void *dev, uint64_t va, uint64_t size, int *raw)
+{
+    backend_dev *b = dev;
+    CUmemAccessDesc desc[64];
+    int n = 0;
+    uint64_t peers = __atomic_load_n(&b->peers, __ATOMIC_ACQUIRE) | (1ull << b->device);
+    for (int d = 0; d < 64; d++)
+        if (peers & (1ull << d)) {
+            desc[n].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+            desc[n].location.id = d;
+            desc[n].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+            n++;
+        }
+    VMM_CALL(b, raw, drv()->cuMemSetAccess((CUdeviceptr)va, (size_t)size, desc, (size_t)n));
+}
+
+static int vmm_unmap(void *dev, uint64_t va, uint64_t size, int *raw)
+{
+    VMM_CALL((backend_dev *)dev, raw, drv()->cuMemUnmap((CUdeviceptr)va, (size_t)size));
+}
+
+static int vmm_sync(void *dev, int *raw)
+{
+    VMM_CALL((backend_dev *)dev, raw, drv()->cuCtxSynchronize());
+}
+
+static const cs_vmm_ops cuda_vmm = {vmm_create, vmm_release, vmm_reserve, vmm_unreserve,
+                                    vmm_map, vmm_access, vmm_unmap, vmm_sync};
+
+/* ---------------------------------------------------------------- fences */
+
+static uint64_t be_fence(void *dev) { return cs_streams_fence(((backend_dev *)dev)->streams); }
+static int be_reached(void *dev, uint64_t epoch)
+{
+    return cs_streams_reached(((backend_dev *)dev)->streams, epoch);
+}
+static int be_wait(void *dev, uint64_t epoch)
+{
+    return cs_streams_wait(((backend_dev *)dev)->streams, epoch);
+}
+static int be_order_after(void *dev, uint64_t epoch)
+{
+    return cs_streams_order_after(((backend_dev *)dev)->streams, epoch);
+}
+static int be_busy_streams(void *dev) { return cs_streams_busy(((backend_dev *)dev)->streams); }
 
 const cs_backend_ops cs_cuda_ops = {
     .alloc = be_alloc,
@@ -65,7 +194,68 @@ const cs_backend_ops cs_cuda_ops = {
     .busy_streams = be_busy_streams,
 };
 
-void *cs_backend_for(CUcontext ctx)
+const cs_backend_ops cs_cuda_pooled_ops = {
+    .alloc = be_alloc,
+    .free = be_free,
+    .fence = be_fence,
+    .reached = be_reached,
+    .wait = be_wait,
+    .order_after = be_order_after,
+    .busy_streams = be_busy_streams,
+    .vmm = &cuda_vmm,
+};
+
+/* ---------------------------------------------------------------- set-up */
+
+uint64_t cs_backend_granularity(CUdevice device)
 {
-    return cs_streams_for(ctx);
+    const cs_driver *d = drv();
+    int vmm = 0;
+    if (!d->cuDeviceGetAttribute || !d->cuMemGetAllocationGranularity || !d->cuMemCreate ||
+        !d->cuMemRelease || !d->cuMemAddressReserve || !d->cuMemAddressFree || !d->cuMemMap ||
+        !d->cuMemUnmap || !d->cuMemSetAccess ||
+        d->cuDeviceGetAttribute(&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+                                device) != CUDA_SUCCESS ||
+        !vmm)
+        return 0;
+    CUmemAllocationProp prop = {0};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = (int)device;
+    size_t g = 0;
+    if (d->cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) !=
+            CUDA_SUCCESS ||
+        g < 4096 || (g & (g - 1)))
+        return 0;
+    return g;
+}
+
+void *cs_backend_for(CUcontext ctx, CUdevice device)
+{
+    cs_ctx_streams *s = cs_streams_for(ctx);
+    if (!s)
+        return NULL;
+    /* Kept for the process's life, as the cache keeps its heaps: a few per context. */
+    backend_dev *b = calloc(1, sizeof *b);
+    if (!b)
+        return NULL;
+    b->streams = s;
+    b->ctx = ctx;
+    b->device = device;
+    int rdma = 0;
+    const cs_driver *d = drv();
+    if (d->cuDeviceGetAttribute &&
+        d->cuDeviceGetAttribute(&rdma, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED,
+                                device) == CUDA_SUCCESS)
+        b->rdma = rdma != 0;
+    return b;
+}
+
+bool cs_backend_grant_peer(void *dev, CUdevice peer)
+{
+    backend_dev *b = dev;
+    if (peer < 0 || peer >= 64 || peer == b->device)
+        return false;
+    uint64_t bit = 1ull << peer;
+    return !(__atomic_fetch_or(&b->peers, bit, __ATOMIC_ACQ_REL) & bit);
 }

@@ -1,16 +1,27 @@
-/* The backend: the cache's device operations on one real driver context. Allocation and
- * frees go to the driver; fences are the stream layer's (cs_streams.h). */
+/* The backend: the cache's device operations on one real driver context. Classic blocks are
+ * cuMemAlloc allocations; pooled ones the pool's (cs_pool.h) virtual memory calls; fences are
+ * the stream layer's (cs_streams.h). */
 #ifndef CS_BACKEND_H
 #define CS_BACKEND_H
 
 #include <cuda.h>
+#include <stdbool.h>
 
 #include "cs_cache.h"
 
-extern const cs_backend_ops cs_cuda_ops;
+extern const cs_backend_ops cs_cuda_ops;         /* a cuMemAlloc per block */
+extern const cs_backend_ops cs_cuda_pooled_ops;  /* physical memory pooled */
+
+/* The device's allocation granularity when it supports virtual memory management (and the
+ * driver has the calls), else 0: the classic backend then. */
+uint64_t cs_backend_granularity(CUdevice device);
 
 /* The backend state of a context (its `dev` for the cache), made on first use; NULL if out
  * of host memory. */
-void *cs_backend_for(CUcontext ctx);
+void *cs_backend_for(CUcontext ctx, CUdevice device);
+
+/* Pooled memory of this context is to be reachable from device `peer` from now on (its
+ * mappings must then be granted again: cs_cache_regrant). True when that is new. */
+bool cs_backend_grant_peer(void *dev, CUdevice peer);
 
 #endif

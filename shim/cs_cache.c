@@ -4,11 +4,15 @@
  * driver never stalls the others. The backend's fence, reached and order_after (event records,
  * queries) may run under it.
  *
- * Every block is its own driver allocation (never split), so the driver's answers about a
- * pointer stay true. A freed block waits in its class's idle list with the fence epoch the
- * backend gave at its free. It is reused once that epoch has completed or, in ordered mode,
+ * A block is one driver allocation (the classic backend), or a range or slab slot of the
+ * heap's physical pool (cs_pool.h): the shim answers pointer queries for it (cs_cache_find).
+ * A freed block waits in its class's idle list with the fence epoch the backend gave at its
+ * free. It is reused once that epoch has completed or, in ordered mode,
  * at once, after the backend has arranged that every stream's next work waits for the epoch
  * on the GPU (see "reuse").
+ *
+ * A miss in a pooled heap first moves the memory of idle blocks whose fences completed, oldest
+ * first, to the new block (see "moves") and takes memory from the driver only for the rest.
  *
  * In front of this core sit per-thread caches (cs_tcache.c): a thread's allocation of a block
  * it freed itself, and its free of a block it holds, take no lock here. What they own the
@@ -198,7 +202,7 @@ static bool block_ready(cs_heap *h, const cs_block *b)
  * change owner only under the lock, so this is exact under it. */
 static uint64_t held(const device_state *d)
 {
-    return cs_load(&d->base) + d->idle_bytes + d->pending_bytes;
+    return cs_load(&d->base) + d->idle_bytes + d->spare_bytes + d->pending_bytes;
 }
 
 /* In use and cached, with what the thread caches hold (their locks taken): exact. */
@@ -208,15 +212,16 @@ static void device_bytes(cs_cache *c, int device, uint64_t *in_use, uint64_t *ca
     memset(&t, 0, sizeof t);
     cs_tc_add_stats(c, device, &t);
     *in_use = c->devices[device].in_use + t.bytes_in_use;
-    *cached = c->devices[device].idle_bytes + t.bytes_cached;
+    *cached = c->devices[device].idle_bytes + c->devices[device].spare_bytes + t.bytes_cached;
 }
 
 /* ---------------------------------------------------------------- release
  *
- * Blocks go back to the driver outside the lock: a driver free waits for the whole device
- * (which also makes it safe whether or not the block's fence completed), and other threads
- * need not wait with it. Under the lock a block is only detached onto a list; its bytes stay
- * held (pending) until the free returned. */
+ * Blocks leave the cache outside the lock: a driver free waits for the whole device (which
+ * also makes it safe whether or not the block's fence completed), an unmap must first wait
+ * for the block's fence, and other threads need not wait with either. Under the lock a block
+ * is only detached onto a list; its bytes stay held (pending) until the backend returned.
+ * What a pool keeps (a move, or a slab's slot) becomes its heap's spare. */
 
 static void detach_idle(cs_cache *c, cs_block *b)
 {
@@ -228,33 +233,86 @@ static void detach_idle(cs_cache *c, cs_block *b)
 
 static void defer_release(cs_cache *c, cs_block *b, cs_block **list)
 {
-    cs_heap *h = b->heap;
     detach_idle(c, b);
-    c->devices[h->device].pending_bytes += b->size;
-    b->release_ops = h->ops;
-    b->release_dev = h->dev;
+    c->devices[b->heap->device].pending_bytes += b->size;
     b->hash_next = *list;
     *list = b;
 }
 
-/* Called without the lock: free what defer_release detached. */
+/* The heap's pool kept `kept` bytes (may be negative: it gave spare back). Lock held. */
+static void spare_add(cs_cache *c, cs_heap *h, int64_t kept)
+{
+    h->spare_bytes += (uint64_t)kept;
+    c->devices[h->device].spare_bytes += (uint64_t)kept;
+}
+
+/* One block leaves: to the driver, or (keep, pooled heaps) to its pool's spare. Returns the
+ * bytes given back to the driver. Without the lock. A heap is never freed before the cache,
+ * so b->heap stays readable even when its context went meanwhile. */
+static uint64_t backend_free(cs_heap *h, cs_block *b, bool keep)
+{
+    int raw;
+    if (!h->pool) {
+        h->ops->free(h->dev, b->addr, &raw); /* nothing better to do on error */
+        return b->size;
+    }
+    if (h->dead)
+        return b->size;  /* the context took its memory with it */
+    /* Unmapping does not wait for the GPU: the fence first. */
+    bool done = cs_epoch_ready(h, b->epoch) || h->ops->wait(h->dev, b->epoch) == 0;
+    uint64_t released = 0;
+    cs_pool_free(h->pool, b->addr, keep, done, &released, &raw);
+    return released;
+}
+
+/* Called without the lock: let go of what defer_release detached. */
 static void finish_releases(cs_cache *c, int device, cs_block *list, cs_release_reason why)
 {
     while (list) {
         cs_block *b = list;
         list = b->hash_next;
-        int raw;
-        b->release_ops->free(b->release_dev, b->addr, &raw); /* nothing better to do on error */
+        cs_heap *h = b->heap;
+        uint64_t released = backend_free(h, b, why == CS_RELEASE_MOVE);
         pthread_mutex_lock(&c->lock);
         device_state *d = &c->devices[device];
         d->pending_bytes -= b->size;
-        d->st.driver_frees++;
-        d->st.releases++;
-        if (c->config.on_release)
-            c->config.on_release(c->config.release_arg, device, b->addr, b->size, why);
+        if (!h->dead)
+            spare_add(c, h, (int64_t)b->size - (int64_t)released);
+        if (why == CS_RELEASE_MOVE)
+            d->st.moves++;
+        if (released) {
+            d->st.driver_frees++;
+            d->st.releases++;
+            if (c->config.on_release)
+                c->config.on_release(c->config.release_arg, device, b->addr, b->size, why);
+        }
         pthread_mutex_unlock(&c->lock);
         free(b);
     }
+}
+
+/* Give the pools' spare memory of a device back to the driver, up to `bytes`. Called with the
+ * lock held, returns with it held (dropped around the driver calls). Bytes released. */
+static uint64_t trim_spare(cs_cache *c, int device, uint64_t bytes)
+{
+    uint64_t total = 0;
+    /* Heaps are never freed, and a forgotten one (dead, on the dead list that h->next may
+     * lead to while the lock was dropped) is skipped: the walk ends. */
+    for (cs_heap *h = c->heaps; h && total < bytes; h = h->next) {
+        if (h->device != device || h->dead || !h->pool || !h->spare_bytes)
+            continue;
+        pthread_mutex_unlock(&c->lock);
+        uint64_t n = cs_pool_trim(h->pool, bytes - total);
+        pthread_mutex_lock(&c->lock);
+        if (!h->dead)
+            spare_add(c, h, -(int64_t)n);
+        if (n) {
+            total += n;
+            c->devices[device].st.driver_frees++;
+            c->devices[device].st.releases++;
+        }
+    }
+    return total;
 }
 
 /* Detach idle blocks of a device, oldest first, until at most target_idle bytes are idle.
@@ -324,6 +382,7 @@ static void free_all(cs_cache *c)
         cs_heap *h = list ? c->dead_heaps : c->heaps;
         while (h) {
             cs_heap *next = h->next;
+            cs_pool_destroy(h->pool);
             free(h);
             h = next;
         }
@@ -362,13 +421,22 @@ cs_heap *cs_cache_heap(cs_cache *c, const void *key)
 }
 
 cs_heap *cs_cache_add_heap(cs_cache *c, const void *key, int device, uint64_t device_total,
-                           const cs_backend_ops *ops, void *dev)
+                           const cs_backend_ops *ops, void *dev, uint64_t granularity)
 {
     if (device < 0 || device >= CS_MAX_DEVICES)
         return NULL;
+    if (granularity == 0 || (granularity & (granularity - 1)) || granularity < 1024)
+        granularity = CS_DEFAULT_GRANULARITY;
     pthread_mutex_lock(&c->lock);
     cs_heap *h = find_heap(c, key);
     if (!h && (h = alloc_lines(sizeof *h))) {
+        h->gran = granularity;
+        h->slab_max = cs_pool_slab_max(granularity);
+        if (ops->vmm && !(h->pool = cs_pool_create(ops->vmm, dev, granularity))) {
+            free(h);
+            pthread_mutex_unlock(&c->lock);
+            return NULL;
+        }
         h->key = key;
         h->device = device;
         h->ops = ops;
@@ -394,6 +462,24 @@ cs_heap *cs_cache_add_heap(cs_cache *c, const void *key, int device, uint64_t de
     }
     pthread_mutex_unlock(&c->lock);
     return h;
+}
+
+void *cs_cache_heap_dev(const cs_heap *h)
+{
+    return h->dev;
+}
+
+bool cs_cache_heap_pooled(const cs_heap *h)
+{
+    return h->pool != NULL;
+}
+
+int cs_cache_regrant(cs_heap *h)
+{
+    int raw = 0;
+    if (h->pool && cs_pool_regrant(h->pool, &raw) != CS_BE_OK)
+        return raw ? raw : -1;
+    return 0;
 }
 
 void cs_cache_forget_heap(cs_cache *c, const void *key)
@@ -435,6 +521,9 @@ void cs_cache_forget_heap(cs_cache *c, const void *key)
                 free(b);
             }
         }
+        /* Its pool's memory went with the context. */
+        d->spare_bytes -= h->spare_bytes;
+        h->spare_bytes = 0;
         /* Kept: a thread that dropped the lock around a driver call may still hold it. */
         h->dead = true;
         h->next = c->dead_heaps;
@@ -446,12 +535,12 @@ void cs_cache_forget_heap(cs_cache *c, const void *key)
 
 /* ---------------------------------------------------------------- reuse
  *
- * Which idle block serves a request: the oldest of its class, or of a larger class up to
- * twice the size asked for (the memory is already reserved; replays of real traces hold less
- * and hit more so). The oldest has the smallest epoch, so if it is not ready, none of its
- * class is. First a block whose fence completed; else, in ordered mode, the oldest block that
- * fits, once the backend has made every stream's next work wait for its epoch: reuse never
- * waits on the host and memory never grows with how far the GPU lags behind. */
+ * Which idle block serves a request: the oldest of its size (a small request also takes a
+ * block of a larger class within an eighth of its size, cs_class_fits). The oldest has the
+ * smallest epoch, so if it is not ready, none of its size is. First a block whose fence
+ * completed; else, in ordered mode, the oldest block that fits, once the backend has made
+ * every stream's next work wait for its epoch: reuse never waits on the host and memory
+ * never grows with how far the GPU lags behind. */
 
 static void take(cs_cache *c, cs_heap *h, cs_block *b)
 {
@@ -459,15 +548,10 @@ static void take(cs_cache *c, cs_heap *h, cs_block *b)
     c->devices[h->device].idle_bytes -= b->size;
 }
 
-static bool fits(int k, int cls, uint64_t size)
+static cs_block *take_ready(cs_cache *c, cs_heap *h, int cls, uint64_t size, uint64_t bytes)
 {
-    return cs_class_fits(k, cls, size);
-}
-
-static cs_block *take_ready(cs_cache *c, cs_heap *h, int cls, uint64_t size)
-{
-    for (int k = cls; k < CS_NUM_CLASSES && fits(k, cls, size); k++) {
-        cs_block *b = h->classes[k].head;
+    for (int k = cls; k < CS_NUM_CLASSES && cs_class_fits(h, k, cls, size); k++) {
+        cs_block *b = cs_list_fit(h, h->classes[k].head, bytes);
         if (b && block_ready(h, b)) {
             take(c, h, b);
             return b;
@@ -476,11 +560,12 @@ static cs_block *take_ready(cs_cache *c, cs_heap *h, int cls, uint64_t size)
     return NULL;
 }
 
-static cs_block *take_ordered(cs_cache *c, cs_heap *h, int cls, uint64_t size)
+static cs_block *take_ordered(cs_cache *c, cs_heap *h, int cls, uint64_t size, uint64_t bytes)
 {
-    for (int k = cls; k < CS_NUM_CLASSES && fits(k, cls, size); k++) {
-        cs_block *b = h->classes[k].head;
-        if (b && cs_class_deep_enough(h, b, CS_ORDERED_DEPTH) && h->ops->order_after(h->dev, b->epoch) == 0) {
+    for (int k = cls; k < CS_NUM_CLASSES && cs_class_fits(h, k, cls, size); k++) {
+        cs_block *b = cs_list_fit(h, h->classes[k].head, bytes);
+        if (b && cs_class_deep_enough(h, b, CS_ORDERED_DEPTH) &&
+            h->ops->order_after(h->dev, b->epoch) == 0) {
             take(c, h, b);
             c->devices[h->device].st.ordered_hits++;
             return b;
@@ -491,10 +576,10 @@ static cs_block *take_ordered(cs_cache *c, cs_heap *h, int cls, uint64_t size)
 
 /* The oldest idle block that fits, taken out of the lists to be waited for (without the
  * lock): at the cap or out of memory, waiting beats failing. */
-static cs_block *take_any(cs_cache *c, cs_heap *h, int cls, uint64_t size)
+static cs_block *take_any(cs_cache *c, cs_heap *h, int cls, uint64_t size, uint64_t bytes)
 {
-    for (int k = cls; k < CS_NUM_CLASSES && fits(k, cls, size); k++) {
-        cs_block *b = h->classes[k].head;
+    for (int k = cls; k < CS_NUM_CLASSES && cs_class_fits(h, k, cls, size); k++) {
+        cs_block *b = cs_list_fit(h, h->classes[k].head, bytes);
         if (b) {
             take(c, h, b);
             return b;
@@ -503,25 +588,11 @@ static cs_block *take_any(cs_cache *c, cs_heap *h, int cls, uint64_t size)
     return NULL;
 }
 
-/* A block back from take_any whose wait failed: first in its lists again (it is the oldest). */
+/* A block back from take_any whose wait failed: where its epoch puts it in its lists. */
 static void untake(cs_cache *c, cs_heap *h, cs_block *b)
 {
-    block_list *l = &h->classes[b->cls];
-    b->cls_prev = NULL;
-    b->cls_next = l->head;
-    if (l->head)
-        l->head->cls_prev = b;
-    else
-        l->tail = b;
-    l->head = b;
-    b->lru_prev = NULL;
-    b->lru_next = h->lru_head;
-    if (h->lru_head)
-        h->lru_head->lru_prev = b;
-    else
-        h->lru_tail = b;
-    h->lru_head = b;
-    c->devices[h->device].idle_bytes += b->size;
+    (void)h;
+    cs_core_idle_return(c, b);
 }
 
 /* Hand b (owned by nobody, out of every list) to the program. This thread's cache owns it
@@ -531,6 +602,7 @@ static void give(cs_cache *c, cs_heap *h, cs_block *b, uint64_t size, uint64_t *
     device_state *d = &c->devices[h->device];
     cs_block_set_state(b, BLOCK_IN_USE);
     b->requested = size;
+    b->serial = __atomic_add_fetch(&c->serial, 1, __ATOMIC_RELAXED);
     cs_tc_mine mine;
     if (cs_tc_adopt(c, b, &mine)) {
         cs_store_add(&d->base, (int64_t)b->size);
@@ -552,9 +624,10 @@ static void give(cs_cache *c, cs_heap *h, cs_block *b, uint64_t size, uint64_t *
 
 /* Called with the lock held; returns with it held. Waits for a busy idle block that fits
  * (dropping the lock meanwhile) and hands it out. */
-static bool wait_for_block(cs_cache *c, cs_heap *h, int cls, uint64_t size, uint64_t *addr)
+static bool wait_for_block(cs_cache *c, cs_heap *h, int cls, uint64_t size, uint64_t bytes,
+                           uint64_t *addr)
 {
-    cs_block *b = take_any(c, h, cls, size);
+    cs_block *b = take_any(c, h, cls, size, bytes);
     if (!b)
         return false;
     device_state *d = &c->devices[h->device];
@@ -592,36 +665,86 @@ static void fill_failure(cs_alloc_failure *f, cs_cache *c, int device, uint64_t 
     f->by_cap = by_cap;
 }
 
-/* One driver allocation, without the lock. */
-static int driver_alloc(cs_cache *c, cs_heap *h, uint64_t bytes, uint64_t *addr, int *raw)
+/* A new block from the backend: a driver allocation, or the heap's pool, taking at most
+ * `need` bytes of new memory (the reservation made under the cap). Called without the lock;
+ * returns with it held and the memory accounted: the reservation dropped, the pool's spare
+ * changed by what the pool took from the driver, gave back, and put into the block. */
+static int backend_take(cs_cache *c, cs_heap *h, uint64_t bytes, uint64_t need, uint64_t *addr,
+                        int *raw)
 {
+    uint64_t created = 0, released = 0;
+    int r;
+    if (!h->pool) {
+        r = h->ops->alloc(h->dev, bytes, addr, raw);
+        created = r == CS_BE_OK ? bytes : 0;
+    } else {
+        r = cs_pool_alloc(h->pool, bytes, need, addr, &created, &released, raw);
+    }
     pthread_mutex_lock(&c->lock);
-    c->devices[h->device].st.driver_allocs++;
-    pthread_mutex_unlock(&c->lock);
-    return h->ops->alloc(h->dev, bytes, addr, raw);
+    device_state *d = &c->devices[h->device];
+    d->pending_bytes -= need;
+    if (created)
+        d->st.driver_allocs++;
+    if (released)
+        d->st.driver_frees++;
+    if (!h->dead)
+        spare_add(c, h, (int64_t)created - (int64_t)released -
+                            (r == CS_BE_OK ? (int64_t)bytes : 0));
+    return r;
 }
 
-/* The driver is out of memory: give idle memory back and retry, first the blocks the GPU is
- * done with, then all (the driver's free waits for the device). Without the lock. */
+/* Reserve `need` bytes under the cap, giving idle memory back to make room. Called with the
+ * lock held and returns with it held; the lock is dropped while memory goes to the driver.
+ * False when even an empty cache would not make room. */
+static bool reserve_under_cap(cs_cache *c, device_state *d, int device, uint64_t need)
+{
+    while (d->cap != CS_UNLIMITED && held(d) + need > d->cap) {
+        /* Spare memory first: no block loses its memory for it. */
+        if (d->spare_bytes && trim_spare(c, device, held(d) + need - d->cap))
+            continue;
+        /* With the threads' idle blocks back here, base is what is in use (and what a thread
+         * freed to its own cache since, counted as in use: room is never overstated). */
+        cs_tc_reclaim(c, device, false);
+        uint64_t in_use = cs_load(&d->base);
+        if (in_use + d->spare_bytes + d->pending_bytes + need > d->cap)
+            return false;
+        cs_block *released = NULL;
+        release_idle_to(c, device, false,
+                        d->cap - in_use - d->spare_bytes - d->pending_bytes - need, &released);
+        if (!released)
+            return false;  /* nothing idle can go now (a capture runs) */
+        pthread_mutex_unlock(&c->lock);
+        finish_releases(c, device, released, CS_RELEASE_CAP);
+        pthread_mutex_lock(&c->lock);
+    }
+    d->pending_bytes += need;
+    return true;
+}
+
+/* The driver is out of memory: give idle memory back and retry at the same size, first the
+ * blocks the GPU is done with, then all (their fences waited for). With the lock held; it is
+ * dropped meanwhile. */
 static int recover_oom(cs_cache *c, cs_heap *h, uint64_t bytes, uint64_t *addr, int *raw)
 {
+    device_state *d = &c->devices[h->device];
     int r = CS_BE_OOM;
     for (int step = 1; step <= 2 && r == CS_BE_OOM; step++) {
         cs_block *released = NULL;
-        pthread_mutex_lock(&c->lock);
         uint64_t n = release_idle_to(c, h->device, step == 1, 0, &released);
         pthread_mutex_unlock(&c->lock);
         finish_releases(c, h->device, released, CS_RELEASE_OOM);
-        if (n > 0 && (r = driver_alloc(c, h, bytes, addr, raw)) == CS_BE_OK) {
-            pthread_mutex_lock(&c->lock);
-            c->devices[h->device].st.oom_recoveries++;
-            pthread_mutex_unlock(&c->lock);
-        }
+        pthread_mutex_lock(&c->lock);
+        n += trim_spare(c, h->device, UINT64_MAX);
+        if (n == 0 || !reserve_under_cap(c, d, h->device, bytes))
+            continue;
+        pthread_mutex_unlock(&c->lock);
+        if ((r = backend_take(c, h, bytes, bytes, addr, raw)) == CS_BE_OK)
+            d->st.oom_recoveries++;
     }
     return r;
 }
 
-/* Bookkeeping for memory the driver just gave, under the lock; NULL when the host has no
+/* Bookkeeping for memory the backend just gave, under the lock; NULL when the host has no
  * memory for it (the caller gives the memory back). */
 static cs_block *new_block(cs_cache *c, cs_heap *h, uint64_t addr, uint64_t bytes, int cls)
 {
@@ -638,28 +761,48 @@ static cs_block *new_block(cs_cache *c, cs_heap *h, uint64_t addr, uint64_t byte
     return NULL;
 }
 
-/* Reserve `need` bytes under the cap, giving idle blocks back to make room. Called with the
- * lock held and returns with it held; the lock is dropped while blocks go to the driver.
- * False when even an empty cache would not make room. */
-static bool reserve_under_cap(cs_cache *c, device_state *d, int device, uint64_t need)
+/* ---------------------------------------------------------------- moves
+ *
+ * A pooled heap holds at most a headroom over the program's peak (config.pool_headroom_permille
+ * of the peak requested bytes): a miss that would hold more first moves idle memory. Idle
+ * blocks whose fences completed leave their ranges, oldest first and large ones first (a
+ * slab's slot frees memory only with its whole slab), until their bytes cover the excess;
+ * the pool builds the block from their chunks and takes from the driver only the rest.
+ * Nothing moves while a capture runs. Called with the lock held, returns with it held; returns the new bytes the
+ * block still needs. */
+static uint64_t move_for(cs_cache *c, cs_heap *h, uint64_t bytes)
 {
-    while (d->cap != CS_UNLIMITED && held(d) + need > d->cap) {
-        /* With the threads' idle blocks back here, base is what is in use (and what a thread
-         * freed to its own cache since, counted as in use: room is never overstated). */
-        cs_tc_reclaim(c, device, false);
-        uint64_t in_use = cs_load(&d->base);
-        if (in_use + d->pending_bytes + need > d->cap)
-            return false;
-        cs_block *released = NULL;
-        release_idle_to(c, device, false, d->cap - in_use - d->pending_bytes - need, &released);
-        if (!released)
-            return false;  /* nothing idle can go now (a capture runs) */
-        pthread_mutex_unlock(&c->lock);
-        finish_releases(c, device, released, CS_RELEASE_CAP);
-        pthread_mutex_lock(&c->lock);
+    uint64_t need = cs_pool_need(h->pool, bytes);
+    device_state *d = &c->devices[h->device];
+    /* Within the headroom over the program's own peak, new memory keeps more blocks cached
+     * (more hits); beyond it, idle memory moves. */
+    uint64_t peak = cs_load(&d->peak_requested);
+    uint64_t budget = peak + peak / 1000 * c->config.pool_headroom_permille;
+    uint64_t after = held(d) + need;
+    if (!need || after <= budget || (c->config.capturing && c->config.capturing()))
+        return need;
+    uint64_t excess = after - budget < need ? after - budget : need;
+    cs_tc_reclaim(c, h->device, true);
+    cs_block *list = NULL;
+    uint64_t got = 0;
+    for (int pass = 0; pass < 2 && got < excess; pass++) {
+        cs_block *b = h->lru_head;
+        /* Oldest first: once one is not ready, none after it is. */
+        while (b && got < excess && block_ready(h, b)) {
+            cs_block *next = b->lru_next;
+            if (pass == 1 || b->size > h->slab_max) {
+                got += b->size;
+                defer_release(c, b, &list);
+            }
+            b = next;
+        }
     }
-    d->pending_bytes += need;
-    return true;
+    if (!list)
+        return need;
+    pthread_mutex_unlock(&c->lock);
+    finish_releases(c, h->device, list, CS_RELEASE_MOVE);
+    pthread_mutex_lock(&c->lock);
+    return cs_pool_need(h->pool, bytes);
 }
 
 /* A miss: called with the lock held, returns with it released. */
@@ -667,42 +810,43 @@ static cs_result alloc_miss(cs_cache *c, cs_heap *h, uint64_t size, uint64_t byt
                             uint64_t *addr, int *raw, cs_alloc_failure *failure)
 {
     device_state *d = &c->devices[h->device];
-    /* At the cap, a busy block worth waiting for beats a refusal (the threads' too). */
-    if (d->cap != CS_UNLIMITED && held(d) + bytes > d->cap) {
-        cs_tc_reclaim(c, h->device, false);
-        if (wait_for_block(c, h, cls, size, addr)) {
-            d->st.hits++;
-            pthread_mutex_unlock(&c->lock);
-            return CS_OK;
-        }
-    }
-    d->st.misses++;
-    if (!reserve_under_cap(c, d, h->device, bytes)) {
-        d->st.cap_refusals++;
-        fill_failure(failure, c, h->device, size, true);
-        pthread_mutex_unlock(&c->lock);
-        return CS_OOM;
-    }
-    pthread_mutex_unlock(&c->lock);
-
     uint64_t a = 0;
-    int r = driver_alloc(c, h, bytes, &a, raw);
-    if (r == CS_BE_OOM) {
+    int r = CS_BE_SHORT;
+    for (int attempt = 0; r == CS_BE_SHORT; attempt++) {
+        /* The pool's spare may go to another thread meanwhile (CS_BE_SHORT): after a few
+         * tries, reserve the whole block. */
+        uint64_t need = h->pool && attempt < 3 ? move_for(c, h, bytes) : bytes;
+        /* At the cap, a busy block worth waiting for beats a refusal (the threads' too). */
+        if (d->cap != CS_UNLIMITED && held(d) + need > d->cap) {
+            cs_tc_reclaim(c, h->device, false);
+            if (wait_for_block(c, h, cls, size, bytes, addr)) {
+                d->st.hits++;
+                pthread_mutex_unlock(&c->lock);
+                return CS_OK;
+            }
+        }
+        if (attempt == 0)
+            d->st.misses++;
+        if (!reserve_under_cap(c, d, h->device, need)) {
+            d->st.cap_refusals++;
+            fill_failure(failure, c, h->device, size, true);
+            pthread_mutex_unlock(&c->lock);
+            return CS_OOM;
+        }
+        pthread_mutex_unlock(&c->lock);
+        r = backend_take(c, h, bytes, need, &a, raw);
+    }
+    if (r == CS_BE_OOM && !h->dead) {
         /* Out of memory. First a cached block that fits, once the GPU is done with it: no
          * memory changes hands. Then give idle memory back and retry. */
-        pthread_mutex_lock(&c->lock);
         cs_tc_reclaim(c, h->device, false);
-        if (wait_for_block(c, h, cls, size, addr)) {
-            d->pending_bytes -= bytes;
+        if (wait_for_block(c, h, cls, size, bytes, addr)) {
             d->st.oom_recoveries++;
             pthread_mutex_unlock(&c->lock);
             return CS_OK;
         }
-        pthread_mutex_unlock(&c->lock);
         r = recover_oom(c, h, bytes, &a, raw);
     }
-    pthread_mutex_lock(&c->lock);
-    d->pending_bytes -= bytes;
     if (h->dead) {
         /* The context was destroyed while the driver was asked: whatever it gave went with
          * it. */
@@ -711,12 +855,15 @@ static cs_result alloc_miss(cs_cache *c, cs_heap *h, uint64_t size, uint64_t byt
     }
     cs_block *b = NULL;
     if (r == CS_BE_OK && !(b = new_block(c, h, a, bytes, cls))) {
+        /* No host memory for the bookkeeping: the memory goes back. */
         d->pending_bytes += bytes;
         pthread_mutex_unlock(&c->lock);
-        int ignored;
-        h->ops->free(h->dev, a, &ignored);
+        cs_block tmp = {.addr = a, .size = bytes, .heap = h, .epoch = 0};
+        uint64_t released = backend_free(h, &tmp, false);
         pthread_mutex_lock(&c->lock);
         d->pending_bytes -= bytes;
+        if (!h->dead)
+            spare_add(c, h, (int64_t)bytes - (int64_t)released);
         r = CS_BE_OOM;
     }
     if (r != CS_BE_OK) {
@@ -735,9 +882,9 @@ static cs_result alloc_miss(cs_cache *c, cs_heap *h, uint64_t size, uint64_t byt
 cs_result cs_cache_alloc(cs_cache *c, cs_heap *h, uint64_t size, uint64_t *addr, int *raw,
                          cs_alloc_failure *failure)
 {
-    uint64_t bytes;
-    int cls = cs_size_class(size, &bytes);
-    if (cls >= 0 && h->tcache && cs_tc_alloc(c, h, cls, size, addr))
+    uint64_t bytes = 0;
+    int cls = cs_block_bytes(h, size, &bytes);
+    if (cls >= 0 && h->tcache && cs_tc_alloc(c, h, cls, size, bytes, addr))
         return CS_OK;  /* a block this thread freed, no lock taken */
     pthread_mutex_lock(&c->lock);
     device_state *d = &c->devices[h->device];
@@ -750,12 +897,12 @@ cs_result cs_cache_alloc(cs_cache *c, cs_heap *h, uint64_t size, uint64_t *addr,
         return CS_OOM;
     }
     /* Ready blocks first, here or idle in another thread's cache; then ordered ones. */
-    cs_block *b = take_ready(c, h, cls, size);
+    cs_block *b = take_ready(c, h, cls, size, bytes);
     if (!b && h->tcache)
-        b = cs_tc_steal(c, h, cls, size, false);
+        b = cs_tc_steal(c, h, cls, size, bytes, false);
     if (!b && h->ordered) {
-        b = take_ordered(c, h, cls, size);
-        if (!b && h->tcache && (b = cs_tc_steal(c, h, cls, size, true)))
+        b = take_ordered(c, h, cls, size, bytes);
+        if (!b && h->tcache && (b = cs_tc_steal(c, h, cls, size, bytes, true)))
             d->st.ordered_hits++;
     }
     if (__builtin_expect(!b, 0))
@@ -803,10 +950,17 @@ cs_result cs_cache_free(cs_cache *c, uint64_t addr)
     idle_push(h, b);
     cs_block *released = NULL;
     int device = h->device;
-    if (d->idle_bytes > d->threshold) {
-        /* The blocks the GPU is done with first: giving back a busy one waits for it. */
-        release_idle_to(c, device, true, d->threshold, &released);
-        release_idle_to(c, device, false, d->threshold, &released);
+    if (d->idle_bytes + d->spare_bytes > d->threshold) {
+        /* Spare memory first, then the blocks the GPU is done with: giving back a busy one
+         * waits for it. */
+        uint64_t over = d->idle_bytes + d->spare_bytes - d->threshold;
+        if (d->spare_bytes)
+            trim_spare(c, device, over);
+        if (d->idle_bytes + d->spare_bytes > d->threshold) {
+            uint64_t target = d->spare_bytes < d->threshold ? d->threshold - d->spare_bytes : 0;
+            release_idle_to(c, device, true, target, &released);
+            release_idle_to(c, device, false, target, &released);
+        }
     }
     pthread_mutex_unlock(&c->lock);
     finish_releases(c, device, released, CS_RELEASE_THRESHOLD);
@@ -824,6 +978,37 @@ cs_block_state cs_cache_lookup(cs_cache *c, uint64_t addr, uint64_t *requested)
         st = cs_block_state_of(b) == BLOCK_IN_USE ? CS_BLOCK_IN_USE : CS_BLOCK_IDLE;
         if (st == CS_BLOCK_IN_USE)
             *requested = b->requested;
+    }
+    pthread_mutex_unlock(&c->lock);
+    return st;
+}
+
+/* The block that contains addr, in use or idle: its base is addr itself, or (pooled heaps) found
+ * through the pool's ranges; a classic block's interior pointers are the caller's to map to
+ * its base (the driver knows the allocation). */
+cs_block_state cs_cache_find(cs_cache *c, uint64_t addr, cs_block_info *out)
+{
+    pthread_mutex_lock(&c->lock);
+    cs_block *b = registry_find(c, addr);
+    for (cs_heap *h = c->heaps; !b && h; h = h->next) {
+        uint64_t base, size;
+        if (h->pool && cs_pool_find(h->pool, addr, &base, &size))
+            b = registry_find(c, base);
+    }
+    cs_block_state st = CS_BLOCK_UNKNOWN;
+    if (b) {
+        uint64_t requested = 0;
+        if (__atomic_load_n(&b->owner, __ATOMIC_RELAXED))
+            st = cs_tc_lookup(b, &requested);
+        else if ((st = cs_block_state_of(b) == BLOCK_IN_USE ? CS_BLOCK_IN_USE
+                                                              : CS_BLOCK_IDLE) == CS_BLOCK_IN_USE)
+            requested = b->requested;
+        out->base = b->addr;
+        out->size = b->size;
+        out->requested = st == CS_BLOCK_IN_USE ? requested : 0;
+        out->serial = __atomic_load_n(&b->serial, __ATOMIC_RELAXED);
+        out->device = b->heap->device;
+        out->pooled = b->heap->pool != NULL;
     }
     pthread_mutex_unlock(&c->lock);
     return st;
@@ -869,6 +1054,10 @@ uint64_t cs_cache_trim(cs_cache *c)
             released += release_idle_to(c, i, true, 0, &list);  /* the threads' ready ones too */
         pthread_mutex_unlock(&c->lock);
         finish_releases(c, i, list, CS_RELEASE_TRIM);
+        pthread_mutex_lock(&c->lock);
+        if (c->devices[i].present)
+            released += trim_spare(c, i, UINT64_MAX);
+        pthread_mutex_unlock(&c->lock);
     }
     return released;
 }
@@ -883,6 +1072,7 @@ static void add_stats(cacheshim_stats *to, const cacheshim_stats *from)
     for (size_t i = 0; i < n; i++)
         t[i] += f[i];
     to->ordered_hits += from->ordered_hits;  /* after cap_bytes, which is not a sum */
+    to->moves += from->moves;
 }
 
 /* One device's statistics: the core's counters and bytes plus the thread caches'. Lock held. */
@@ -892,7 +1082,7 @@ static void device_stats(cs_cache *c, int device, cacheshim_stats *out)
     *out = d->st;
     out->bytes_in_use = d->in_use;
     out->bytes_requested = d->requested;
-    out->bytes_cached = d->idle_bytes;
+    out->bytes_cached = d->idle_bytes + d->spare_bytes;
     cs_tc_add_stats(c, device, out);
     out->peak_in_use = cs_load(&d->peak_in_use);
     out->peak_requested = cs_load(&d->peak_requested);

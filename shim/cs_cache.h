@@ -9,17 +9,12 @@
 #include <stdint.h>
 
 #include "cacheshim.h"
+#include "cs_pool.h"
 
 #define CS_MAX_DEVICES 64
 #define CS_NUM_CLASSES 576
 #define CS_UNLIMITED UINT64_MAX
 
-/* What a backend call returns. */
-enum {
-    CS_BE_OK = 0,
-    CS_BE_OOM = 1,     /* the device is out of memory: recovery may help */
-    CS_BE_ERROR = 2,   /* any other failure; the raw driver code is passed back */
-};
 
 /* The device as the cache sees it: one per heap (one heap per driver context). `dev` is the
  * backend's own state for that heap. Raw driver codes travel as int.
@@ -42,6 +37,8 @@ typedef struct cs_backend_ops {
     int (*order_after)(void *dev, uint64_t epoch);
     /* How many streams have work whose fence has not been seen complete (NULL: one). */
     int (*busy_streams)(void *dev);
+    /* Pooled physical memory (cs_pool.h) instead of alloc and free: NULL for none. */
+    const cs_vmm_ops *vmm;
 } cs_backend_ops;
 
 /* How a freed block whose fence has not completed may be reused. */
@@ -56,6 +53,7 @@ typedef enum {
     CS_RELEASE_CAP,
     CS_RELEASE_OOM,
     CS_RELEASE_TRIM,
+    CS_RELEASE_MOVE,  /* a pooled block's memory moves to a new block: nothing given back */
 } cs_release_reason;
 
 typedef struct cs_cache_config {
@@ -72,6 +70,9 @@ typedef struct cs_cache_config {
      * nothing back to the driver (a free could break it); the cap then refuses what it
      * cannot fit without a release. May be NULL (never). */
     bool (*capturing)(void);
+    /* Pooled heaps: memory held may exceed the program's peak by this much (per mille)
+     * before misses move idle memory instead of taking new memory. */
+    unsigned pool_headroom_permille;
 } cs_cache_config;
 
 typedef enum {
@@ -100,8 +101,17 @@ void cs_cache_destroy(cs_cache *cache);
 /* The heap for one driver context, made on first use. `key` identifies the context.
  * Returns NULL if memory for it cannot be had or the device ordinal is out of range. */
 cs_heap *cs_cache_heap(cs_cache *cache, const void *key);
+/* granularity: the device's allocation granularity (a power of two; 0 for the default, 2 MiB):
+ * large blocks are whole granules. With ops->vmm the heap pools physical memory. */
+#define CS_DEFAULT_GRANULARITY (2ull << 20)
 cs_heap *cs_cache_add_heap(cs_cache *cache, const void *key, int device, uint64_t device_total,
-                           const cs_backend_ops *ops, void *dev);
+                           const cs_backend_ops *ops, void *dev, uint64_t granularity);
+/* The backend state a heap was made with; whether its physical memory is pooled. */
+void *cs_cache_heap_dev(const cs_heap *heap);
+bool cs_cache_heap_pooled(const cs_heap *heap);
+/* The devices allowed to use a pooled heap's memory changed: grant every mapping again
+ * (cs_pool_regrant). 0, or the raw driver code of the first failure. */
+int cs_cache_regrant(cs_heap *heap);
 /* The context is gone with all its memory: forget its blocks without driver calls. */
 void cs_cache_forget_heap(cs_cache *cache, const void *key);
 
@@ -112,6 +122,18 @@ cs_result cs_cache_free(cs_cache *cache, uint64_t addr);
 typedef enum { CS_BLOCK_UNKNOWN = 0, CS_BLOCK_IN_USE, CS_BLOCK_IDLE } cs_block_state;
 /* Is addr the base of a block the cache handed out? If so, the size the program asked for. */
 cs_block_state cs_cache_lookup(cs_cache *cache, uint64_t addr, uint64_t *requested);
+
+/* A block as pointer queries must describe it. */
+typedef struct cs_block_info {
+    uint64_t base;       /* where the block starts */
+    uint64_t requested;  /* what the program asked for (in use; 0 when idle) */
+    uint64_t size;       /* the block's bytes */
+    uint64_t serial;     /* a number of its own for each time it was handed out */
+    int device;
+    bool pooled;         /* in a pooled heap: the driver's answers are about the pool's ranges */
+} cs_block_info;
+/* The block containing addr (any byte of it), if the cache knows one there. */
+cs_block_state cs_cache_find(cs_cache *cache, uint64_t addr, cs_block_info *out);
 
 /* What a capped program should see of the device, given the driver's own numbers. */
 void cs_cache_mem_view(cs_cache *cache, int device, uint64_t driver_free, uint64_t driver_total,

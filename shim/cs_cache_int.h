@@ -33,16 +33,13 @@ typedef struct cs_block {
     uint64_t size;       /* class bytes: what the driver allocated */
     uint64_t requested;  /* what the program asked for, for honest address ranges */
     uint64_t epoch;      /* the fence epoch covering all work issued before its free */
+    uint64_t serial;     /* a number of its own each time it is handed out (buffer ids) */
     cs_heap *heap;
     struct cs_block *hash_next;           /* registry chain */
     struct cs_block *cls_prev, *cls_next; /* idle list of its class (the heap's or a thread's) */
     struct cs_block *lru_prev, *lru_next; /* idle list of its heap, oldest first */
     struct cs_block *map_next;            /* its owner's map chain */
     cs_tcache *owner;    /* atomic: the thread cache holding it (in use or idle), or NULL */
-    /* Set when the block leaves the cache to be freed outside the lock: its heap may be
-     * gone by then, its backend state never is. */
-    const cs_backend_ops *release_ops;
-    void *release_dev;
     uint16_t cls;
     uint8_t state;       /* atomic: BLOCK_IN_USE, BLOCK_IDLE or BLOCK_WAITING */
 } cs_block;
@@ -58,6 +55,10 @@ struct cs_heap {
     int device;
     bool tcache;   /* per-thread caching on (no release threshold on its device) */
     bool ordered;  /* config.reuse == CS_REUSE_ORDERED */
+    uint64_t gran;      /* the device's granularity: large blocks are whole granules */
+    uint64_t slab_max;  /* the largest small block (a size class; a slab's slot if pooled) */
+    cs_pool *pool;      /* physical memory pooled (cs_pool.h), or NULL: a driver
+                           allocation per block */
     /* Atomic; written only when an epoch newer than known shows up. */
     _Alignas(CS_LINE) uint64_t safe_epoch;  /* every epoch up to this one is known complete */
     uint64_t last_epoch;  /* the newest epoch seen from fence(), for the statistics */
@@ -65,13 +66,15 @@ struct cs_heap {
     _Alignas(CS_LINE) const void *key;
     cs_heap *next;
     bool dead;     /* its context is gone: kept (a thread without the lock may hold it) */
+    uint64_t spare_bytes;  /* its pool's memory outside blocks (free chunks, free slots) */
     block_list classes[CS_NUM_CLASSES];
     cs_block *lru_head, *lru_tail;
 };
 
 /* Bytes of a device. In use = in_use + the in-use bytes thread caches own; cached = idle_bytes
- * + the idle bytes thread caches own; held (what the cap bounds) = base + idle_bytes +
- * pending_bytes, exact under the lock since blocks change owner only under it. */
+ * + the idle bytes thread caches own + spare_bytes; held (what the cap bounds, the physical
+ * memory) = base + idle_bytes + spare_bytes + pending_bytes, exact under the lock since
+ * blocks change owner only under it. */
 typedef struct {
     /* Atomic: read by the fast paths, written under the lock (base, base_req) or by anyone
      * raising a peak. */
@@ -84,6 +87,7 @@ typedef struct {
     uint64_t total, cap, threshold;
     uint64_t in_use, requested;       /* of in-use blocks no thread cache owns */
     uint64_t idle_bytes;              /* the heaps' idle lists */
+    uint64_t spare_bytes;             /* the heaps' pools: memory outside any block */
     /* Bytes in driver calls made without the lock: allocations under way (reserved against
      * the cap) and blocks being given back. Held all the same. */
     uint64_t pending_bytes;
@@ -101,6 +105,7 @@ struct cs_cache {
     cs_block **buckets;
     size_t nbuckets, nblocks;
     uint64_t foreign_frees;
+    uint64_t serial;         /* atomic: the last buffer id handed out (cs_block.serial) */
     cs_tcache *tcaches;      /* every thread cache of this cache */
     device_state devices[CS_MAX_DEVICES];
 };
@@ -165,30 +170,64 @@ static inline uint64_t cs_class_bytes(int idx)
     return (uint64_t)(16 + m + 1) << (e - 4);
 }
 
-/* May a block of class k serve a request of `size` (class cls)? Its own class, or a larger
- * one up to twice the size asked for. */
-static inline bool cs_class_fits(int k, int cls, uint64_t size)
+/* Block sizes. Up to the slab limit (half the granularity) a block is its size class: at most
+ * a sixteenth over the request from 8 KiB, 511 bytes below. Above it, whole granules: at most
+ * one granule over. The same rule for both backends, so a replay of either is true. */
+static inline int cs_block_bytes(const cs_heap *h, uint64_t size, uint64_t *bytes)
 {
-    return k == cls || cs_class_bytes(k) <= 2 * size;
+    if (size <= h->slab_max)
+        return cs_size_class(size, bytes);
+    if (size > UINT64_MAX - h->gran)
+        return -1;
+    *bytes = (size + h->gran - 1) / h->gran * h->gran;
+    uint64_t ignored;
+    return cs_size_class(*bytes, &ignored);
 }
 
-/* Ordered reuse takes the oldest idle block of a class only once the class holds a pending
- * block for each busy stream (at most CS_ORDERED_DEPTH); until then a miss takes new memory.
+/* May blocks of class k serve a request of `size` whose own block is of class cls? Its own
+ * class; small blocks also from a larger class within an eighth of the size (511 bytes
+ * below 4 KiB): no request costs more. Large blocks: only their own class, and there only a
+ * block of exactly the request's granules (cs_block_fits). */
+static inline bool cs_class_fits(const cs_heap *h, int k, int cls, uint64_t size)
+{
+    if (k == cls)
+        return true;
+    uint64_t kb = cs_class_bytes(k);
+    uint64_t slack = size / 8 > 511 ? size / 8 : 511;
+    return kb <= h->slab_max && kb <= size + slack;
+}
+
+static inline bool cs_block_fits(const cs_heap *h, const cs_block *b, uint64_t bytes)
+{
+    return b->size == bytes || (b->size <= h->slab_max && bytes <= h->slab_max);
+}
+
+/* The oldest block from `b` on (a class list, oldest first) that fits. */
+static inline cs_block *cs_list_fit(const cs_heap *h, cs_block *b, uint64_t bytes)
+{
+    while (b && !cs_block_fits(h, b, bytes))
+        b = b->cls_next;
+    return b;
+}
+
+/* Ordered reuse takes the oldest idle block of a size only once the class holds a pending
+ * block of that size for each busy stream (at most CS_ORDERED_DEPTH); until then a miss takes
+ * new memory.
  * One busy stream: its last block comes back at once, with no wait at all. Work spread over
  * N streams: the block reused is the one freed N frees ago, most likely last used on the same
  * stream, so the other streams' waits reach only work that is well behind them and the
  * streams keep running side by side. Memory stays bounded by the number of busy streams,
- * never by how far the GPU lags. `head` is the oldest idle block of the class; `most` the
+ * never by how far the GPU lags. `first` is the oldest idle block of the size; `most` the
  * depth at most: CS_ORDERED_DEPTH in the shared lists, a thread cache's own bound in its. */
 #define CS_ORDERED_DEPTH 8
-static inline bool cs_class_deep_enough(const cs_heap *h, const cs_block *head, int most)
+static inline bool cs_class_deep_enough(const cs_heap *h, const cs_block *first, int most)
 {
     int want = h->ops->busy_streams ? h->ops->busy_streams(h->dev) : 1;
     if (want > most)
         want = most;
     int n = 0;
-    for (const cs_block *b = head; b && n < want; b = b->cls_next)
-        n++;
+    for (const cs_block *b = first; b && n < want; b = b->cls_next)
+        n += b->size == first->size;
     return n >= want;
 }
 

@@ -64,6 +64,11 @@ static void load_driver(void)
         LOAD(cuStreamBeginCaptureToGraph_ptsz);
         LOAD(cuStreamEndCapture);
         LOAD(cuStreamEndCapture_ptsz);
+        LOAD(cuMemGetAddressRange);
+        LOAD(cuPointerGetAttribute);
+        LOAD(cuPointerGetAttributes);
+        LOAD(cuIpcGetMemHandle);
+        LOAD(cuCtxEnablePeerAccess);
         LOAD(cuGetProcAddress);
         LOAD(cuGetProcAddress_v2);
         LOAD(cuCtxGetCurrent);
@@ -84,6 +89,15 @@ static void load_driver(void)
         LOAD(cuStreamIsCapturing);
         LOAD(cuStreamWaitEvent);
         LOAD(cuCtxSynchronize);
+        LOAD(cuDeviceGetAttribute);
+        LOAD(cuMemGetAllocationGranularity);
+        LOAD(cuMemCreate);
+        LOAD(cuMemRelease);
+        LOAD(cuMemAddressReserve);
+        LOAD(cuMemAddressFree);
+        LOAD(cuMemMap);
+        LOAD(cuMemUnmap);
+        LOAD(cuMemSetAccess);
         for (int i = 0; i < CS_WORK_COUNT; i++)
             __atomic_store_n(&cs_work_real[i], cs_real_dlsym(driver.handle, cs_work_table[i].name),
                              __ATOMIC_RELEASE);

@@ -38,6 +38,11 @@ typedef struct cs_driver {
                                                  CUstreamCaptureMode);
     CUresult (*cuStreamEndCapture)(CUstream, CUgraph *);
     CUresult (*cuStreamEndCapture_ptsz)(CUstream, CUgraph *);
+    CUresult (*cuMemGetAddressRange)(unsigned int *, unsigned int *, unsigned int);
+    CUresult (*cuPointerGetAttribute)(void *, CUpointer_attribute, CUdeviceptr);
+    CUresult (*cuPointerGetAttributes)(unsigned int, CUpointer_attribute *, void **, CUdeviceptr);
+    CUresult (*cuIpcGetMemHandle)(CUipcMemHandle *, CUdeviceptr);
+    CUresult (*cuCtxEnablePeerAccess)(CUcontext, unsigned int);
     CUresult (*cuGetProcAddress)(const char *, void **, int, cuuint64_t);
     CUresult (*cuGetProcAddress_v2)(const char *, void **, int, cuuint64_t,
                                     CUdriverProcAddressQueryResult *);
@@ -61,6 +66,19 @@ typedef struct cs_driver {
     CUresult (*cuStreamIsCapturing)(CUstream, CUstreamCaptureStatus *);
     CUresult (*cuStreamWaitEvent)(CUstream, CUevent, unsigned int);
     CUresult (*cuCtxSynchronize)(void);
+    CUresult (*cuDeviceGetAttribute)(int *, CUdevice_attribute, CUdevice);
+    CUresult (*cuMemGetAllocationGranularity)(size_t *, const CUmemAllocationProp *,
+                                              CUmemAllocationGranularity_flags);
+    CUresult (*cuMemCreate)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *,
+                            unsigned long long);
+    CUresult (*cuMemRelease)(CUmemGenericAllocationHandle);
+    CUresult (*cuMemAddressReserve)(CUdeviceptr *, size_t, size_t, CUdeviceptr,
+                                    unsigned long long);
+    CUresult (*cuMemAddressFree)(CUdeviceptr, size_t);
+    CUresult (*cuMemMap)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle,
+                         unsigned long long);
+    CUresult (*cuMemUnmap)(CUdeviceptr, size_t);
+    CUresult (*cuMemSetAccess)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
 } cs_driver;
 
 /* The table, loaded once (thread-safe). Entries the driver lacks are NULL. */

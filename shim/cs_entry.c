@@ -87,38 +87,6 @@ CS_EXPORT CUresult cuMemGetInfo_v2(size_t *free, size_t *total)
     return r;
 }
 
-/* The driver knows the block by its class size; the program asked for less and must see
- * its own size, as it would from a driver allocation of its own. */
-CS_EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr)
-{
-    REAL(d, cuMemGetAddressRange_v2);
-    cs_shim *s = cs_shim_get();
-    CUdeviceptr base = 0;
-    size_t size = 0;
-    CUresult r = d->cuMemGetAddressRange_v2(&base, &size, dptr);
-    if (r == CUDA_SUCCESS && !s->disabled) {
-        uint64_t requested;
-        switch (cs_cache_lookup(s->cache, (uint64_t)base, &requested)) {
-        case CS_BLOCK_IN_USE:
-            if (dptr >= base + requested)
-                return CUDA_ERROR_NOT_FOUND;  /* past the program's own allocation */
-            size = (size_t)requested;
-            break;
-        case CS_BLOCK_IDLE:
-            return CUDA_ERROR_NOT_FOUND;  /* the program freed it */
-        case CS_BLOCK_UNKNOWN:
-            break;
-        }
-    }
-    if (r == CUDA_SUCCESS) {
-        if (pbase)
-            *pbase = base;
-        if (psize)
-            *psize = size;
-    }
-    return r;
-}
-
 /* The v1 entry points take 32-bit pointers and sizes (CUDA before 3.2): forwarded as they are. */
 CS_EXPORT CUresult cuMemAlloc(unsigned int *dptr, unsigned int bytesize)
 {

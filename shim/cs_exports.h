@@ -15,11 +15,19 @@
 #undef cuDevicePrimaryCtxReset
 #undef cuStreamBeginCapture
 #undef cuGetProcAddress
+#undef cuMemGetAddressRange
+#undef cuIpcGetMemHandle
 
 CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize);
 CUresult cuMemFree_v2(CUdeviceptr dptr);
 CUresult cuMemGetInfo_v2(size_t *free, size_t *total);
 CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr);
+CUresult cuMemGetAddressRange(unsigned int *pbase, unsigned int *psize, unsigned int dptr);
+CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribute, CUdeviceptr ptr);
+CUresult cuPointerGetAttributes(unsigned int numAttributes, CUpointer_attribute *attributes,
+                                void **data, CUdeviceptr ptr);
+CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr);
+CUresult cuCtxEnablePeerAccess(CUcontext peerContext, unsigned int Flags);
 CUresult cuMemAlloc(unsigned int *dptr, unsigned int bytesize);
 CUresult cuMemFree(unsigned int dptr);
 CUresult cuMemGetInfo(unsigned int *free, unsigned int *total);

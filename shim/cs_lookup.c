@@ -18,6 +18,11 @@
     X(cuMemGetInfo_v2, cuMemGetInfo, 3020, 0) \
     X(cuMemGetInfo, cuMemGetInfo, 0, 0) \
     X(cuMemGetAddressRange_v2, cuMemGetAddressRange, 3020, 0) \
+    X(cuMemGetAddressRange, cuMemGetAddressRange, 0, 0) \
+    X(cuPointerGetAttribute, cuPointerGetAttribute, 0, 0) \
+    X(cuPointerGetAttributes, cuPointerGetAttributes, 0, 0) \
+    X(cuIpcGetMemHandle, cuIpcGetMemHandle, 0, 0) \
+    X(cuCtxEnablePeerAccess, cuCtxEnablePeerAccess, 0, 0) \
     X(cuStreamDestroy_v2, cuStreamDestroy, 4000, 0) \
     X(cuStreamDestroy, cuStreamDestroy, 0, 0) \
     X(cuCtxDestroy_v2, cuCtxDestroy, 4000, 0) \

@@ -18,6 +18,8 @@ enum {
     OPT_VERBOSE,
     OPT_REUSE,
     OPT_SYNC_FREE,
+    OPT_BACKEND,
+    OPT_HEADROOM,
     OPT_TRACE_FORMAT,
     OPT_TRACE_FILE,
     OPT_TRACE_FILTER,
@@ -56,6 +58,17 @@ static const cs_option_desc option_table[OPT_COUNT] = {
                        "Make every free of a cached block wait for all work on the device, "
                        "as the driver's cuMemFree/cudaFree does, for programs that use a free "
                        "as a synchronization point."},
+    [OPT_BACKEND] = {"CACHESHIM_BACKEND", "choice", "pooled", "pooled or classic",
+                     "Where blocks get their memory: pooled maps physical memory into each "
+                     "block's own address range and moves it between blocks as sizes shift "
+                     "(devices without virtual memory management get classic by themselves); "
+                     "classic makes each block one cuMemAlloc, for programs that export "
+                     "memory with cuIpcGetMemHandle."},
+    [OPT_HEADROOM] = {"CACHESHIM_HEADROOM", "int", "0", "a whole percentage from 0 to 1000",
+                      "Pooled backend: how far memory held may exceed the program's own "
+                      "peak, in percent, before a miss moves idle memory instead of taking "
+                      "new memory. More keeps more blocks cached as they are (more hits, "
+                      "fewer mappings); 0 keeps memory closest to what the program uses."},
     [OPT_TRACE_FORMAT] = {"CACHESHIM_TRACE_FORMAT", "choice", "text", "text, jsonl or perfetto",
                           "Tracer (LD_AUDIT=libcacheaudit.so) output format: text lines, JSON "
                           "Lines, or a Chrome-trace/Perfetto JSON file."},
@@ -80,6 +93,7 @@ typedef struct {
 
 static const char *const trace_formats[] = {"text", "jsonl", "perfetto", NULL};
 static const char *const reuse_modes[] = {"ordered", "completed", NULL};
+static const char *const backends[] = {"pooled", "classic", NULL};
 
 static const option_slot option_slots[OPT_COUNT] = {
     [OPT_DISABLE] = {VALUE_BOOL, offsetof(cs_options, disable), 0, 0, false},
@@ -89,6 +103,8 @@ static const option_slot option_slots[OPT_COUNT] = {
     [OPT_VERBOSE] = {VALUE_INT, offsetof(cs_options, verbose), 0, 2, false},
     [OPT_REUSE] = {VALUE_CHOICE, offsetof(cs_options, reuse), 0, 0, false, reuse_modes},
     [OPT_SYNC_FREE] = {VALUE_BOOL, offsetof(cs_options, sync_free), 0, 0, false},
+    [OPT_BACKEND] = {VALUE_CHOICE, offsetof(cs_options, backend), 0, 0, false, backends},
+    [OPT_HEADROOM] = {VALUE_INT, offsetof(cs_options, headroom), 0, 1000, false},
     [OPT_TRACE_FORMAT] = {VALUE_CHOICE, offsetof(cs_options, trace_format), 0, 0, false,
                           trace_formats},
     [OPT_TRACE_FILE] = {VALUE_PATH, offsetof(cs_options, trace_file), 0, 0, false},

@@ -29,6 +29,8 @@ typedef struct cs_options {
     bool stats;                     /* CACHESHIM_STATS: statistics table on stderr at exit */
     int verbose;                    /* CACHESHIM_VERBOSE: 0 quiet, 1 config + OOM reports, 2 also every release */
     int reuse;                      /* CACHESHIM_REUSE: CS_REUSE_ORDERED or CS_REUSE_COMPLETED (cs_cache.h) */
+    int backend;                    /* CACHESHIM_BACKEND: 0 pooled, 1 classic */
+    int headroom;                   /* CACHESHIM_HEADROOM: percent over the program's peak */
     bool sync_free;                 /* CACHESHIM_SYNC_FREE: a free waits for the device */
     /* The tracer (audit/, libcacheaudit.so) reads these; the shim ignores them. */
     int trace_format;               /* CACHESHIM_TRACE_FORMAT: CS_TRACE_TEXT, _JSONL or _PERFETTO */

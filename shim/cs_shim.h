@@ -23,6 +23,8 @@ cs_shim *cs_shim_get(void);
 /* The cache heap of the calling thread's current context, made on first use; NULL when no
  * context is current or the context cannot be served (the call then goes to the driver). */
 cs_heap *cs_shim_current_heap(const cs_driver *d, CUcontext *ctx_out);
+/* The heap of any context, made on first use (NULL when it cannot be). */
+cs_heap *cs_shim_heap_of(const cs_driver *d, CUcontext ctx);
 
 /* A context and all its memory are gone. */
 void cs_shim_context_gone(CUcontext ctx);

@@ -59,6 +59,7 @@ static const char *reason_name(cs_release_reason why)
     case CS_RELEASE_CAP: return "to stay under CACHESHIM_CAP";
     case CS_RELEASE_OOM: return "out-of-memory recovery";
     case CS_RELEASE_TRIM: return "cacheshim_trim";
+    case CS_RELEASE_MOVE: return "moved to a new block";
     }
     return "?";
 }
@@ -125,6 +126,7 @@ static void init(void)
             .on_release = on_release,
             .reuse = shim.opts.reuse == 1 ? CS_REUSE_COMPLETED : CS_REUSE_ORDERED,
             .capturing = cs_streams_capturing,
+            .pool_headroom_permille = (unsigned)shim.opts.headroom * 10,
         };
         shim.cache = cs_cache_create(&config);
         if (!shim.cache) {
@@ -144,6 +146,32 @@ cs_shim *cs_shim_get(void)
 
 /* ---------------------------------------------------------------- heaps */
 
+/* The heap of a context, made on first use with the backend the options and the device
+ * allow: pooled where the device has virtual memory management, else classic. */
+cs_heap *cs_shim_heap_of(const cs_driver *d, CUcontext ctx)
+{
+    cs_heap *h = cs_cache_heap(shim.cache, ctx);
+    if (h)
+        return h;
+    CUdevice dev;
+    size_t total = 0;
+    bool pushed;
+    if (!cs_ctx_enter(ctx, &pushed))
+        return NULL;
+    CUresult r = d->cuCtxGetDevice(&dev);
+    cs_ctx_leave(pushed);
+    if (r != CUDA_SUCCESS || d->cuDeviceTotalMem_v2(&total, dev) != CUDA_SUCCESS)
+        return NULL;
+    uint64_t gran = shim.opts.backend == 0 ? cs_backend_granularity(dev) : 0;
+    if (shim.opts.backend == 0 && !gran && shim.opts.verbose >= 1)
+        cs_log("device %d has no virtual memory management: classic backend there", (int)dev);
+    void *be = cs_backend_for(ctx, dev);
+    if (!be)
+        return NULL;
+    return cs_cache_add_heap(shim.cache, ctx, (int)dev, total,
+                             gran ? &cs_cuda_pooled_ops : &cs_cuda_ops, be, gran);
+}
+
 cs_heap *cs_shim_current_heap(const cs_driver *d, CUcontext *ctx_out)
 {
     CUcontext ctx = NULL;
@@ -153,21 +181,9 @@ cs_heap *cs_shim_current_heap(const cs_driver *d, CUcontext *ctx_out)
     uint64_t gen = __atomic_load_n(&heap_generation, __ATOMIC_ACQUIRE);
     if (last.ctx == ctx && last.generation == gen && last.heap)
         return last.heap;
-
-    cs_heap *h = cs_cache_heap(shim.cache, ctx);
-    if (!h) {
-        CUdevice dev;
-        size_t total = 0;
-        if (d->cuCtxGetDevice(&dev) != CUDA_SUCCESS ||
-            d->cuDeviceTotalMem_v2(&total, dev) != CUDA_SUCCESS)
-            return NULL;
-        void *be = cs_backend_for(ctx);
-        if (!be)
-            return NULL;
-        h = cs_cache_add_heap(shim.cache, ctx, (int)dev, total, &cs_cuda_ops, be);
-        if (!h)
-            return NULL;
-    }
+    cs_heap *h = cs_shim_heap_of(d, ctx);
+    if (!h)
+        return NULL;
     last.ctx = ctx;
     last.heap = h;
     last.generation = gen;

@@ -332,19 +332,21 @@ static inline cs_tcache *tc_mine(cs_cache *c)
 
 /* ---------------------------------------------------------------- fast paths */
 
-/* The oldest ready block that fits, as the core's take_ready and take_ordered choose. */
-static cs_block *take(tc_slot *s, cs_heap *h, int cls, uint64_t size)
+/* The oldest ready block that fits, as the core's take_ready and take_ordered choose. Only
+ * the oldest of a class is looked at: if it is of another size (large classes hold several
+ * sizes), the locked core decides. */
+static cs_block *take(tc_slot *s, cs_heap *h, int cls, uint64_t size, uint64_t bytes)
 {
-    for (int k = cls; k < TC_CLASSES && cs_class_fits(k, cls, size); k++) {
+    for (int k = cls; k < TC_CLASSES && cs_class_fits(h, k, cls, size); k++) {
         cs_block *b = s->cls[k].head;
-        if (b && cs_epoch_ready(h, b->epoch))
+        if (b && cs_block_fits(h, b, bytes) && cs_epoch_ready(h, b->epoch))
             return list_pop(&s->cls[k]);
     }
     if (!h->ordered)
         return NULL;
-    for (int k = cls; k < TC_CLASSES && cs_class_fits(k, cls, size); k++) {
+    for (int k = cls; k < TC_CLASSES && cs_class_fits(h, k, cls, size); k++) {
         cs_block *b = s->cls[k].head;
-        if (b && cs_class_deep_enough(h, b, TC_PER_CLASS) &&
+        if (b && cs_block_fits(h, b, bytes) && cs_class_deep_enough(h, b, TC_PER_CLASS) &&
             h->ops->order_after(h->dev, b->epoch) == 0) {
             s->ordered_hits++;
             return list_pop(&s->cls[k]);
@@ -353,7 +355,7 @@ static cs_block *take(tc_slot *s, cs_heap *h, int cls, uint64_t size)
     return NULL;
 }
 
-bool cs_tc_alloc(cs_cache *c, cs_heap *h, int cls, uint64_t size, uint64_t *addr)
+bool cs_tc_alloc(cs_cache *c, cs_heap *h, int cls, uint64_t size, uint64_t bytes, uint64_t *addr)
 {
     if (cls >= TC_CLASSES)
         return false;
@@ -362,12 +364,13 @@ bool cs_tc_alloc(cs_cache *c, cs_heap *h, int cls, uint64_t size, uint64_t *addr
         return false;
     pthread_mutex_lock(&tc->lock);
     tc_slot *s = slot_get(tc, h);
-    cs_block *b = s ? take(s, h, cls, size) : NULL;
+    cs_block *b = s ? take(s, h, cls, size, bytes) : NULL;
     if (!b) {
         pthread_mutex_unlock(&tc->lock);
         return false;
     }
     b->requested = size;
+    b->serial = __atomic_add_fetch(&c->serial, 1, __ATOMIC_RELAXED);
     cs_block_set_state(b, BLOCK_IN_USE);
     s->idle -= b->size;
     s->in_use += b->size;
@@ -466,7 +469,8 @@ cs_result cs_tc_disown_in_use(cs_cache *c, cs_block *b)
     return r;
 }
 
-cs_block *cs_tc_steal(cs_cache *c, cs_heap *h, int cls, uint64_t size, bool ordered)
+cs_block *cs_tc_steal(cs_cache *c, cs_heap *h, int cls, uint64_t size, uint64_t bytes,
+                      bool ordered)
 {
     cs_tcache *me = tc_mine(c);
     for (cs_tcache *tc = c->tcaches; tc; tc = tc->cache_next) {
@@ -474,9 +478,9 @@ cs_block *cs_tc_steal(cs_cache *c, cs_heap *h, int cls, uint64_t size, bool orde
             continue;  /* its own blocks were just tried */
         pthread_mutex_lock(&tc->lock);
         tc_slot *s = slot_find(tc, h);
-        for (int k = cls; s && k < TC_CLASSES && cs_class_fits(k, cls, size); k++) {
+        for (int k = cls; s && k < TC_CLASSES && cs_class_fits(h, k, cls, size); k++) {
             cs_block *b = s->cls[k].head;
-            if (b && (ordered ? cs_class_deep_enough(h, b, TC_PER_CLASS) &&
+            if (b && cs_block_fits(h, b, bytes) && (ordered ? cs_class_deep_enough(h, b, TC_PER_CLASS) &&
                                     h->ops->order_after(h->dev, b->epoch) == 0
                               : cs_epoch_ready(h, b->epoch))) {
                 list_pop(&s->cls[k]);

@@ -7,9 +7,10 @@
 
 /* ---- fast paths: without the cache's lock */
 
-/* A block of class cls (or up to twice the size) idle in this thread's cache and ready (or,
- * in ordered mode, ordered after): handed out, true. False: ask the locked core. */
-bool cs_tc_alloc(cs_cache *c, cs_heap *h, int cls, uint64_t size, uint64_t *addr);
+/* A block that fits (cs_class_fits, cs_block_fits: class cls, block bytes) idle in this
+ * thread's cache and ready (or, in ordered mode, ordered after): handed out, true. False: ask
+ * the locked core. */
+bool cs_tc_alloc(cs_cache *c, cs_heap *h, int cls, uint64_t size, uint64_t bytes, uint64_t *addr);
 
 /* CS_OK or CS_NOT_IN_USE when addr is a block this thread's cache holds; CS_TC_NOT_MINE when
  * the locked core must decide (another thread's block, a foreign pointer, a full cache). */
@@ -31,7 +32,8 @@ bool cs_tc_adopt(cs_cache *c, cs_block *b, cs_tc_mine *mine);
 cs_result cs_tc_disown_in_use(cs_cache *c, cs_block *b);
 /* An idle block of another thread's cache that fits, ready (or ordered after, when
  * `ordered`): taken from it, owned by nobody. */
-cs_block *cs_tc_steal(cs_cache *c, cs_heap *h, int cls, uint64_t size, bool ordered);
+cs_block *cs_tc_steal(cs_cache *c, cs_heap *h, int cls, uint64_t size, uint64_t bytes,
+                      bool ordered);
 /* Every thread's idle blocks of a device (only the ready ones with ready_only) go back to the
  * heaps' idle lists. */
 void cs_tc_reclaim(cs_cache *c, int device, bool ready_only);

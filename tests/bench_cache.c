@@ -35,7 +35,7 @@ static uint64_t be_fence(void *d) { (void)d; return 0; }
 static int be_reached(void *d, uint64_t e) { (void)d; (void)e; return 1; }
 static int be_wait(void *d, uint64_t e) { (void)d; (void)e; return 0; }
 static int be_order(void *d, uint64_t e) { (void)d; (void)e; return 0; }
-static const cs_backend_ops ops = {be_alloc, be_free, be_fence, be_reached, be_wait, be_order, NULL};
+static const cs_backend_ops ops = {be_alloc, be_free, be_fence, be_reached, be_wait, be_order, NULL, NULL};
 
 typedef struct {
     const char *name;
@@ -93,7 +93,7 @@ static int run(const mix *m, int threads, long pairs, int runs)
     for (int r = 0; r < runs; r++) {
         cs_cache_config cfg = {0};
         cs_cache *c = cs_cache_create(&cfg);
-        cs_heap *h = c ? cs_cache_add_heap(c, (void *)1, 0, 1ull << 36, &ops, NULL) : NULL;
+        cs_heap *h = c ? cs_cache_add_heap(c, (void *)1, 0, 1ull << 36, &ops, NULL, 0) : NULL;
         if (!h) {
             fprintf(stderr, "bench_cache: out of host memory\n");
             return 1;

@@ -124,7 +124,7 @@ static int fb_busy_streams(void *dev)
 }
 
 static const cs_backend_ops ops = {fb_alloc, fb_free, fb_fence, fb_reached, fb_wait,
-                                   fb_order_after, fb_busy_streams};
+                                   fb_order_after, fb_busy_streams, NULL};
 
 /* Work is issued (the GPU is busy from now) / everything issued so far completes. */
 static void gpu_busy(void) { __atomic_store_n(&be.dirty, true, __ATOMIC_RELEASE); }
@@ -156,10 +156,10 @@ static int setup_mode(void **state, uint64_t cap, uint64_t threshold, uint64_t b
     cap_limit = cap;
     threshold_limit = threshold;
     released_count = 0;
-    cs_cache_config cfg = {cap_for, thr_for, NULL, on_release, NULL, reuse, fb_capturing};
+    cs_cache_config cfg = {cap_for, thr_for, NULL, on_release, NULL, reuse, fb_capturing, 0};
     fx *f = calloc(1, sizeof *f);
     f->cache = cs_cache_create(&cfg);
-    f->heap = cs_cache_add_heap(f->cache, (void *)0x1, 0, 80 * 1024 * MiB, &ops, NULL);
+    f->heap = cs_cache_add_heap(f->cache, (void *)0x1, 0, 80 * 1024 * MiB, &ops, NULL, 0);
     *state = f;
     return 0;
 }
@@ -524,7 +524,7 @@ static void test_context_destroyed_during_wait(void **state)
     cacheshim_stats s = stats(f);
     assert_int_equal(s.bytes_in_use, 0);
     assert_int_equal(s.bytes_cached, 0);
-    f->heap = cs_cache_add_heap(f->cache, (void *)0x1, 0, 80 * 1024 * MiB, &ops, NULL);
+    f->heap = cs_cache_add_heap(f->cache, (void *)0x1, 0, 80 * 1024 * MiB, &ops, NULL, 0);
     must_alloc(f, 4 * MiB);  /* a new context of the same key works */
 }
 
@@ -658,7 +658,7 @@ static void test_reset_after_fork(void **state)
     assert_null(cs_cache_heap(f->cache, (void *)0x1));
     cacheshim_stats s;
     assert_false(cs_cache_stats(f->cache, 0, &s));
-    f->heap = cs_cache_add_heap(f->cache, (void *)0x1, 0, 80 * 1024 * MiB, &ops, NULL);
+    f->heap = cs_cache_add_heap(f->cache, (void *)0x1, 0, 80 * 1024 * MiB, &ops, NULL, 0);
     must_alloc(f, 1 * MiB);
 }
 
@@ -688,7 +688,7 @@ static int oom_free(void *dev, uint64_t addr, int *raw)
     return CS_BE_OK;
 }
 static const cs_backend_ops oom_ops = {oom_alloc, oom_free, fb_fence, fb_reached, fb_wait,
-                                       fb_order_after, fb_busy_streams};
+                                       fb_order_after, fb_busy_streams, NULL};
 
 static uint64_t oom_must(fx *f, uint64_t size)
 {
@@ -703,7 +703,7 @@ static void test_oom_sequence(void **state)
     fx *f = *state;
     oom_used = 0;
     cs_cache_forget_heap(f->cache, (void *)0x1);
-    f->heap = cs_cache_add_heap(f->cache, (void *)0x2, 0, 8 * MiB, &oom_ops, NULL);
+    f->heap = cs_cache_add_heap(f->cache, (void *)0x2, 0, 8 * MiB, &oom_ops, NULL, 0);
     uint64_t a = oom_must(f, 3 * MiB), b = oom_must(f, 3 * MiB);
     cs_cache_free(f->cache, a);            /* ready once a fence is recorded and done */
     assert_int_equal(oom_must(f, 3 * MiB), a);
@@ -741,7 +741,7 @@ static void test_oom_step0_waits_for_fitting_block(void **state)
     fx *f = *state;
     oom_used = 0;
     cs_cache_forget_heap(f->cache, (void *)0x1);
-    f->heap = cs_cache_add_heap(f->cache, (void *)0x2, 0, 8 * MiB, &oom_ops, NULL);
+    f->heap = cs_cache_add_heap(f->cache, (void *)0x2, 0, 8 * MiB, &oom_ops, NULL, 0);
     uint64_t a = oom_must(f, 3 * MiB);
     oom_must(f, 4 * MiB);
     gpu_busy();
@@ -1198,7 +1198,7 @@ static void test_tc_oom_reclaims(void **state)
     fx *f = *state;
     oom_used = 0;
     cs_cache_forget_heap(f->cache, (void *)0x1);
-    f->heap = cs_cache_add_heap(f->cache, (void *)0x2, 0, 8 * MiB, &oom_ops, NULL);
+    f->heap = cs_cache_add_heap(f->cache, (void *)0x2, 0, 8 * MiB, &oom_ops, NULL, 0);
     agent a;
     agent_start(&a, f);
     blocks w = {.size = 3 * MiB, .n = 2};
@@ -1242,7 +1242,7 @@ static void test_tc_forget_heap(void **state)
     agent_run(&a, job_free, &gone);
     assert_int_equal(gone.r[0], CS_FOREIGN);
     /* A new context: the agent works on it as before. */
-    f->heap = cs_cache_add_heap(f->cache, (void *)0x1, 0, 80 * 1024 * MiB, &ops, NULL);
+    f->heap = cs_cache_add_heap(f->cache, (void *)0x1, 0, 80 * 1024 * MiB, &ops, NULL, 0);
     blocks fresh = {.size = 1 * MiB, .n = 1};
     agent_run(&a, job_alloc, &fresh);
     agent_run(&a, job_free, &fresh);
@@ -1266,7 +1266,7 @@ static void test_tc_reset_after_fork(void **state)
     cs_cache_reset_after_fork(f->cache);
     cacheshim_stats s;
     assert_false(cs_cache_stats(f->cache, 0, &s));
-    f->heap = cs_cache_add_heap(f->cache, (void *)0x1, 0, 80 * 1024 * MiB, &ops, NULL);
+    f->heap = cs_cache_add_heap(f->cache, (void *)0x1, 0, 80 * 1024 * MiB, &ops, NULL, 0);
     /* The agent's old blocks are unknown; its new ones are cached as usual. */
     blocks old = {.n = 1, .addr = {w.addr[1]}};
     agent_run(&a, job_free, &old);
@@ -1301,7 +1301,7 @@ static void test_tc_fork(void **state)
         cs_cache_reset_after_fork(f->cache);
         cacheshim_stats s;
         bool ok = !cs_cache_stats(f->cache, 0, &s);
-        cs_heap *h = cs_cache_add_heap(f->cache, (void *)0x1, 0, 80 * 1024 * MiB, &ops, NULL);
+        cs_heap *h = cs_cache_add_heap(f->cache, (void *)0x1, 0, 80 * 1024 * MiB, &ops, NULL, 0);
         uint64_t x = 0;
         int raw;
         ok = ok && h && cs_cache_alloc(f->cache, h, 1 * MiB, &x, &raw, NULL) == CS_OK;

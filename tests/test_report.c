@@ -60,7 +60,7 @@ static uint64_t be_fence(void *d) { (void)d; return ++epochs; }
 static int be_reached(void *d, uint64_t e) { (void)d; (void)e; return 1; }
 static int be_wait(void *d, uint64_t e) { (void)d; (void)e; return 0; }
 static int be_order(void *d, uint64_t e) { (void)d; (void)e; return 0; }
-static const cs_backend_ops ops = {be_alloc, be_free, be_fence, be_reached, be_wait, be_order, NULL};
+static const cs_backend_ops ops = {be_alloc, be_free, be_fence, be_reached, be_wait, be_order, NULL, NULL};
 
 static device devs[8];
 static uint64_t cap_bytes;
@@ -89,7 +89,7 @@ static cs_cache *new_cache(uint64_t cap)
 
 static cs_heap *heap(cs_cache *c, int device)
 {
-    cs_heap *h = cs_cache_add_heap(c, &devs[device], device, 80ull << 30, &ops, &devs[device]);
+    cs_heap *h = cs_cache_add_heap(c, &devs[device], device, 80ull << 30, &ops, &devs[device], 0);
     assert_non_null(h);
     return h;
 }

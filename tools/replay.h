@@ -67,6 +67,9 @@ int replay_trace_load_any(replay_trace *t, const char *path, replay_source *src)
 /* Costs of driver calls in microseconds, for the "driver time saved" estimate. */
 typedef struct {
     double alloc_us, free_us, fence_record_us, fence_query_us;
+    /* The pooled backend's calls: per chunk created, released, mapped (the map and its
+     * access grant) and unmapped. */
+    double create_us, release_us, map_us, unmap_us;
 } replay_costs;
 
 typedef struct {
@@ -75,6 +78,9 @@ typedef struct {
     uint64_t threshold;    /* bytes, UINT64_MAX for none */
     uint64_t gpu_lag_ns;   /* a fence recorded at trace time t completes at t + lag */
     bool reuse_completed;  /* CACHESHIM_REUSE=completed: reuse only blocks whose fence completed */
+    bool classic;          /* CACHESHIM_BACKEND=classic: a driver allocation per block */
+    uint64_t granularity;  /* the device's allocation granularity (2 MiB on an H100) */
+    unsigned headroom_pct; /* CACHESHIM_HEADROOM */
     replay_costs costs;
 } replay_config;
 
@@ -87,8 +93,10 @@ typedef struct {
     /* From the cache's statistics. */
     uint64_t hits, misses, driver_allocs, driver_frees, peak_reserved, releases,
         oom_recoveries, oom_failures, cap_refusals, fences, fence_waits;
+    uint64_t moves;
     /* From the simulated device. */
     uint64_t fence_queries;
+    uint64_t creates, chunk_releases, maps, unmaps;  /* pooled backend's driver calls */
     double hit_rate, reserved_over_live;
     double baseline_us, cached_us, saved_us;
 } replay_result;

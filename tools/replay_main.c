@@ -27,10 +27,18 @@ static void usage(FILE *f)
           "                         are of this size\n"
           "  --gpu-lag-us N         a fence recorded at trace time t completes at t+N us (default 0)\n"
           "  --reuse MODE           ordered (default) or completed, as CACHESHIM_REUSE\n"
+          "  --backend MODE         pooled (default) or classic, as CACHESHIM_BACKEND\n"
+          "  --granularity SIZE     the device's allocation granularity (default 2M)\n"
+          "  --headroom PCT         as CACHESHIM_HEADROOM (default 0)\n"
           "  --alloc-us X           cost of one cuMemAlloc (default 45)\n"
           "  --free-us X            cost of one cuMemFree (default 31)\n"
           "  --fence-record-us X    cost of one fence record, cuEventRecord (default 0.36)\n"
           "  --fence-query-us X     cost of one fence query, cuEventQuery (default 0.30)\n"
+          "  --create-us X          pooled: cost of one cuMemCreate (default 12)\n"
+          "  --release-us X         pooled: cost of one cuMemRelease (default 20)\n"
+          "  --map-us X             pooled: cost of mapping one chunk, cuMemMap and its\n"
+          "                         cuMemSetAccess (default 33)\n"
+          "  --unmap-us X           pooled: cost of one cuMemUnmap (default 20)\n"
           "  --sweep caps=LIST      replay once per cap in LIST (comma-separated SIZEs)\n"
           "  --sweep thresholds=LIST  ... and per threshold (the two lists are crossed)\n"
           "  --caps LIST, --thresholds LIST   the same as the two --sweep forms\n"
@@ -102,7 +110,10 @@ typedef struct {
 
 static int parse_args(int argc, char **argv, args *a)
 {
-    *a = (args){.cfg = {.costs = {45, 31, 0.36, 0.30}}, .ncaps = 1, .nthresholds = 1};
+    *a = (args){.cfg = {.costs = {45, 31, 0.36, 0.30, 12, 20, 33, 20},
+                        .granularity = 2ull << 20},
+                .ncaps = 1,
+                .nthresholds = 1};
     parse_setting("--device-size", "80G", &a->device);
     parse_setting("--cap", "none", &a->caps[0]);
     parse_setting("--threshold", "none", &a->thresholds[0]);
@@ -142,6 +153,33 @@ static int parse_args(int argc, char **argv, args *a)
             if (strcmp(v, "ordered") != 0 && strcmp(v, "completed") != 0)
                 return bad_value("--reuse", v);
             a->cfg.reuse_completed = strcmp(v, "completed") == 0;
+        } else if ((v = cs_tool_opt_value(argc, argv, &i, "--backend", &missing))) {
+            if (strcmp(v, "pooled") != 0 && strcmp(v, "classic") != 0)
+                return bad_value("--backend", v);
+            a->cfg.classic = strcmp(v, "classic") == 0;
+        } else if ((v = cs_tool_opt_value(argc, argv, &i, "--granularity", &missing))) {
+            cs_size_spec g;
+            if (cs_parse_size(v, false, &g) || g.kind != CS_SIZE_BYTES || g.bytes < 4096 ||
+                (g.bytes & (g.bytes - 1)))
+                return bad_value("--granularity", v);
+            a->cfg.granularity = g.bytes;
+        } else if ((v = cs_tool_opt_value(argc, argv, &i, "--headroom", &missing))) {
+            double pct;
+            if (!parse_double(v, &pct) || pct > 1000 || pct != (double)(unsigned)pct)
+                return bad_value("--headroom", v);
+            a->cfg.headroom_pct = (unsigned)pct;
+        } else if ((v = cs_tool_opt_value(argc, argv, &i, "--create-us", &missing))) {
+            if (!parse_double(v, &a->cfg.costs.create_us))
+                return bad_value("--create-us", v);
+        } else if ((v = cs_tool_opt_value(argc, argv, &i, "--release-us", &missing))) {
+            if (!parse_double(v, &a->cfg.costs.release_us))
+                return bad_value("--release-us", v);
+        } else if ((v = cs_tool_opt_value(argc, argv, &i, "--map-us", &missing))) {
+            if (!parse_double(v, &a->cfg.costs.map_us))
+                return bad_value("--map-us", v);
+        } else if ((v = cs_tool_opt_value(argc, argv, &i, "--unmap-us", &missing))) {
+            if (!parse_double(v, &a->cfg.costs.unmap_us))
+                return bad_value("--unmap-us", v);
         } else if ((v = cs_tool_opt_value(argc, argv, &i, "--alloc-us", &missing))) {
             if (!parse_double(v, &a->cfg.costs.alloc_us))
                 return bad_value("--alloc-us", v);
@@ -259,6 +297,11 @@ static void print_json_run(const char *path, const replay_source *src, const set
            ", \"oom_failures\": %" PRIu64 ", \"cap_refusals\": %" PRIu64 ",\n",
            r->peak_live, r->peak_reserved, r->reserved_over_live, r->releases, r->oom_recoveries,
            r->oom_failures, r->cap_refusals);
+    printf("     \"backend\": \"%s\", \"granularity\": %" PRIu64 ", \"moves\": %" PRIu64
+           ", \"chunk_creates\": %" PRIu64 ", \"chunk_releases\": %" PRIu64
+           ", \"chunk_maps\": %" PRIu64 ", \"chunk_unmaps\": %" PRIu64 ",\n",
+           cfg->classic ? "classic" : "pooled", cfg->granularity, r->moves, r->creates,
+           r->chunk_releases, r->maps, r->unmaps);
     printf("     \"fences\": %" PRIu64 ", \"fence_queries\": %" PRIu64 ", \"fence_waits\": %" PRIu64
            ", \"baseline_us\": %.3f, \"cached_us\": %.3f, \"saved_us\": %.3f}",
            r->fences, r->fence_queries, r->fence_waits, r->baseline_us, r->cached_us, r->saved_us);
@@ -274,9 +317,9 @@ static void print_text_run(const char *path, const replay_source *src, const set
                            const setting *thr, const args *a, const replay_result *r)
 {
     char b1[48], b2[48];
-    printf("%s: cap %s, threshold %s, device %s, gpu lag %.3f us, reuse %s\n", path, cap->text,
-           thr->text, a->device.text, (double)a->cfg.gpu_lag_ns / 1000,
-           a->cfg.reuse_completed ? "completed" : "ordered");
+    printf("%s: cap %s, threshold %s, device %s, gpu lag %.3f us, reuse %s, backend %s\n",
+           path, cap->text, thr->text, a->device.text, (double)a->cfg.gpu_lag_ns / 1000,
+           a->cfg.reuse_completed ? "completed" : "ordered", a->cfg.classic ? "classic" : "pooled");
     print_source(src);
     printf("  events              %" PRIu64 "\n", r->events);
     printf("  allocations         %" PRIu64 "\n", r->allocs);
@@ -289,8 +332,15 @@ static void print_text_run(const char *path, const replay_source *src, const set
            r->replay_failures, r->dropped_frees);
     printf("  hits / misses       %" PRIu64 " / %" PRIu64 "  (hit rate %.2f %%)\n", r->hits,
            r->misses, 100 * r->hit_rate);
-    printf("  driver allocs       %" PRIu64 "\n", r->driver_allocs);
+    printf("  driver allocs       %" PRIu64 "  (allocations that took new memory: %.2f %% served "
+           "without)\n",
+           r->driver_allocs,
+           r->allocs ? 100.0 * (double)(r->allocs - r->driver_allocs) / (double)r->allocs : 0);
     printf("  driver frees        %" PRIu64 "\n", r->driver_frees);
+    if (!a->cfg.classic)
+        printf("  pooled              %" PRIu64 " moves, %" PRIu64 " chunks created, %" PRIu64
+               " released, %" PRIu64 " mapped, %" PRIu64 " unmapped\n",
+               r->moves, r->creates, r->chunk_releases, r->maps, r->unmaps);
     printf("  peak live           %" PRIu64 " B (%s)\n", r->peak_live, mib(r->peak_live, b1));
     printf("  peak reserved       %" PRIu64 " B (%s)\n", r->peak_reserved,
            mib(r->peak_reserved, b2));

@@ -1,8 +1,9 @@
 /* The simulated device and the replay loop. The cache under test is the real one
  * (shim/cs_cache.c); only the device below it is simulated:
  *
- * - memory: a device of cfg->device_size bytes; an allocation that does not fit fails as out
- *   of memory (no fragmentation: the driver's own placement is not what is studied here);
+ * - memory: a device of cfg->device_size bytes; an allocation (or a physical chunk of the
+ *   pooled backend) that does not fit fails as out of memory (no fragmentation: the driver's
+ *   own placement is not what is studied here); virtual ranges and mappings always succeed;
  * - time: the trace's own clock. A fence recorded at trace time t completes at t + gpu_lag,
  *   which stands for the GPU running behind the host; waiting on a fence moves the clock to
  *   its completion (the host would block that long);
@@ -101,6 +102,8 @@ typedef struct {
     uint64_t size, used, next_addr;
     uint64_t now, lag;  /* trace time, fence lag (ns) */
     uint64_t queries, fences;
+    uint64_t creates, releases, maps, unmaps;
+    uint64_t next_va;   /* the pooled backend's virtual ranges */
     uint64_t *done;     /* completion time of each epoch */
     size_t nepochs, cap_epochs;
     map blocks;         /* addr -> size, to know what a free gives back */
@@ -179,9 +182,86 @@ static int sim_order_after(void *d, uint64_t epoch)
     return 0;
 }
 
+/* The pooled backend's calls. The pool (shim/cs_pool.c) is the real one; below it, chunks
+ * are device memory and the rest is counted. */
+static int sim_create(void *d, uint64_t size, uint64_t *handle, int *raw)
+{
+    sim_device *s = d;
+    if (size > s->size - s->used) {
+        *raw = 2;  /* CUDA_ERROR_OUT_OF_MEMORY */
+        return CS_BE_OOM;
+    }
+    if (!map_put(&s->blocks, (slot){.key = s->next_addr, .size = size})) {
+        *raw = 2;
+        return CS_BE_OOM;
+    }
+    s->used += size;
+    s->creates++;
+    *handle = s->next_addr;
+    s->next_addr += 0x100000;  /* handles only need to be distinct */
+    return CS_BE_OK;
+}
+
+static int sim_release(void *d, uint64_t handle, int *raw)
+{
+    sim_device *s = d;
+    s->releases++;
+    return sim_free(d, handle, raw);
+}
+
+static int sim_reserve(void *d, uint64_t size, uint64_t *va, int *raw)
+{
+    sim_device *s = d;
+    (void)raw;
+    *va = s->next_va;
+    s->next_va += (size + (1ull << 21) - 1) / (1ull << 21) * (1ull << 21) + (1ull << 21);
+    return CS_BE_OK;
+}
+
+static int sim_unreserve(void *d, uint64_t va, uint64_t size, int *raw)
+{
+    (void)d, (void)va, (void)size, (void)raw;
+    return CS_BE_OK;
+}
+
+static int sim_map(void *d, uint64_t va, uint64_t size, uint64_t handle, int *raw)
+{
+    (void)va, (void)size, (void)handle, (void)raw;
+    ((sim_device *)d)->maps++;
+    return CS_BE_OK;
+}
+
+static int sim_access(void *d, uint64_t va, uint64_t size, int *raw)
+{
+    (void)d, (void)va, (void)size, (void)raw;
+    return CS_BE_OK;  /* its cost is counted per chunk mapped (map_us) */
+}
+
+static int sim_unmap(void *d, uint64_t va, uint64_t size, int *raw)
+{
+    (void)va, (void)size, (void)raw;
+    ((sim_device *)d)->unmaps++;
+    return CS_BE_OK;
+}
+
+/* Waiting for the device: the clock moves to the last fence's completion. */
+static int sim_sync(void *d, int *raw)
+{
+    sim_device *s = d;
+    (void)raw;
+    if (s->nepochs && s->now < s->done[s->nepochs - 1])
+        s->now = s->done[s->nepochs - 1];
+    return CS_BE_OK;
+}
+
+static const cs_vmm_ops sim_vmm = {sim_create, sim_release, sim_reserve, sim_unreserve,
+                                   sim_map, sim_access, sim_unmap, sim_sync};
+
 /* The trace is one stream: busy_streams NULL counts as one. */
-static const cs_backend_ops sim_ops = {sim_alloc, sim_free, sim_fence, sim_reached, sim_wait,
-                                       sim_order_after, NULL};
+static const cs_backend_ops sim_classic = {sim_alloc, sim_free, sim_fence, sim_reached, sim_wait,
+                                           sim_order_after, NULL, NULL};
+static const cs_backend_ops sim_pooled = {sim_alloc, sim_free, sim_fence, sim_reached, sim_wait,
+                                          sim_order_after, NULL, &sim_vmm};
 
 /* ---------------------------------------------------------------- the replay */
 
@@ -244,16 +324,19 @@ int replay_run(const replay_trace *t, const replay_config *cfg, replay_result *r
 {
     memset(r, 0, sizeof *r);
     sim_device dev = {.size = cfg->device_size, .next_addr = 0x700000000000ull,
-                      .lag = cfg->gpu_lag_ns};
+                      .next_va = 0x7f0000000000ull, .lag = cfg->gpu_lag_ns};
     map live;
     if (!map_init(&dev.blocks, 1024) || !map_init(&live, 1024)) {
         free(dev.blocks.s);
         return -1;
     }
     cs_cache_config cc = {cap_for, threshold_for, (void *)cfg, NULL, NULL,
-                          cfg->reuse_completed ? CS_REUSE_COMPLETED : CS_REUSE_ORDERED, NULL};
+                          cfg->reuse_completed ? CS_REUSE_COMPLETED : CS_REUSE_ORDERED, NULL,
+                          cfg->headroom_pct * 10};
     cs_cache *c = cs_cache_create(&cc);
-    cs_heap *h = c ? cs_cache_add_heap(c, (void *)1, 0, cfg->device_size, &sim_ops, &dev) : NULL;
+    cs_heap *h = c ? cs_cache_add_heap(c, (void *)1, 0, cfg->device_size, cfg->classic ? &sim_classic : &sim_pooled,
+                                        &dev, cfg->granularity)
+                  : NULL;
     if (!h) {
         cs_cache_destroy(c);
         free(dev.blocks.s);
@@ -284,6 +367,11 @@ int replay_run(const replay_trace *t, const replay_config *cfg, replay_result *r
     r->fences = dev.fences;
     r->fence_waits = st.fence_waits;
     r->fence_queries = dev.queries;
+    r->moves = st.moves;
+    r->creates = dev.creates;
+    r->chunk_releases = dev.releases;
+    r->maps = dev.maps;
+    r->unmaps = dev.unmaps;
     r->hit_rate = st.hits + st.misses ? (double)st.hits / (double)(st.hits + st.misses) : 0;
     r->reserved_over_live = r->peak_live ? (double)r->peak_reserved / (double)r->peak_live : 0;
 
@@ -292,10 +380,15 @@ int replay_run(const replay_trace *t, const replay_config *cfg, replay_result *r
      * left out on both sides (a program exits without them). */
     const replay_costs *k = &cfg->costs;
     r->baseline_us = (double)r->allocs * k->alloc_us + (double)r->frees * k->free_us;
-    r->cached_us = (double)r->driver_allocs * k->alloc_us +
-                   (double)r->driver_frees * k->free_us +
-                   (double)r->fences * k->fence_record_us +
+    r->cached_us = (double)r->fences * k->fence_record_us +
                    (double)r->fence_queries * k->fence_query_us;
+    if (cfg->classic)
+        r->cached_us += (double)r->driver_allocs * k->alloc_us +
+                        (double)r->driver_frees * k->free_us;
+    else
+        r->cached_us += (double)r->creates * k->create_us +
+                        (double)r->chunk_releases * k->release_us +
+                        (double)r->maps * k->map_us + (double)r->unmaps * k->unmap_us;
     r->saved_us = r->baseline_us - r->cached_us;
 
     /* Only the cache's bookkeeping and the fences left in it: the device is simulated. */

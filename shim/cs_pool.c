@@ -1,0 +1,734 @@
+/* The physical pool (see cs_pool.h). The pool's lock guards its bookkeeping only: the spare
+ * chunks, the ranges (sorted by address) and the slabs' free slots. Driver calls run without
+ * it: a range is built from chunks taken out of the spare under the lock, then mapped outside
+ * it, then registered; a range leaves the registry under the lock before it is unmapped. */
+#include "cs_pool.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_EXP 48        /* chunks of granularity << 0 .. 47 */
+#define PAGES 32          /* a small range (one granule) is cut into this many pages */
+#define INVALID_VALUE 1   /* CUDA_ERROR_INVALID_VALUE, for a free of an unknown address */
+
+typedef struct {
+    uint64_t handle, size;
+} chunk;
+
+struct slab;
+
+/* A virtual range with chunks mapped end to end: one large block, or (small) one granule
+ * cut into pages that slabs take in runs. */
+typedef struct range {
+    uint64_t va, size;
+    bool small;
+    uint32_t free_pages;            /* small: bit i set when page i belongs to no slab */
+    struct slab *page_slab[PAGES];  /* small: the slab of each page */
+    struct range *prev, *next;      /* small ranges with free pages */
+    chunk *chunks;
+    int nchunks;
+} range;
+
+/* A run of pages of a small range cut into equal slots: the small blocks. */
+typedef struct slab {
+    range *r;
+    uint32_t first, npages;
+    uint64_t slot;
+    uint32_t nslots, nfree;
+    uint32_t *free_slots;           /* stack of free slot indices */
+    struct slab *prev, *next;       /* slabs of its slot size with free slots */
+} slab;
+
+typedef struct {
+    uint64_t slot;
+    slab *head;
+} slab_class;
+
+typedef struct {
+    uint64_t *h;
+    size_t n, cap;
+} handle_stack;
+
+struct cs_pool {
+    pthread_mutex_t lock;
+    const cs_vmm_ops *ops;
+    void *dev;
+    uint64_t gran, page;
+    int max_exp;               /* chunk sizes gran << 0 .. max_exp - 1 fit in 64 bits */
+    handle_stack spare[MAX_EXP];
+    range **ranges;            /* sorted by va */
+    size_t nranges, cap_ranges;
+    range *small_free;         /* small ranges with free pages */
+    slab_class *classes;       /* slot sizes met so far */
+    size_t nclasses, cap_classes;
+    uint64_t access_gen;       /* bumped when the allowed devices change */
+    cs_pool_counts counts;
+};
+
+uint64_t cs_pool_slab_max(uint64_t granularity)
+{
+    return granularity / 2;
+}
+
+static uint64_t round_up(uint64_t x, uint64_t a)
+{
+    return (x + a - 1) / a * a;
+}
+
+/* Pages of a slab of `slot`-byte slots: the shortest run whose unused tail is at most an
+ * eighth of it (one page for slots up to an eighth of a page). */
+static uint32_t slab_pages(const cs_pool *p, uint64_t slot)
+{
+    for (uint32_t n = (uint32_t)((slot + p->page - 1) / p->page); n < PAGES; n++)
+        if ((n * p->page) % slot * 8 <= n * p->page)
+            return n;
+    return PAGES;
+}
+
+static int exp_of(const cs_pool *p, uint64_t size)
+{
+    return __builtin_ctzll(size / p->gran);
+}
+
+/* ---------------------------------------------------------------- lifetime */
+
+cs_pool *cs_pool_create(const cs_vmm_ops *ops, void *dev, uint64_t granularity)
+{
+    if (granularity < 1024 || (granularity & (granularity - 1)))
+        return NULL;
+    cs_pool *p = calloc(1, sizeof *p);
+    if (!p)
+        return NULL;
+    pthread_mutex_init(&p->lock, NULL);
+    p->ops = ops;
+    p->dev = dev;
+    p->gran = granularity;
+    p->page = granularity / PAGES;
+    p->max_exp = 63 - __builtin_ctzll(granularity);
+    if (p->max_exp > MAX_EXP)
+        p->max_exp = MAX_EXP;
+    return p;
+}
+
+static void slab_free(slab *sl)
+{
+    free(sl->free_slots);
+    free(sl);
+}
+
+static void range_free(range *r)
+{
+    for (int i = 0; r->small && i < PAGES; i++)
+        if (r->page_slab[i] && r->page_slab[i]->first == (uint32_t)i)
+            slab_free(r->page_slab[i]);
+    free(r->chunks);
+    free(r);
+}
+
+void cs_pool_destroy(cs_pool *p)
+{
+    if (!p)
+        return;
+    for (int e = 0; e < MAX_EXP; e++)
+        free(p->spare[e].h);
+    for (size_t i = 0; i < p->nranges; i++)
+        range_free(p->ranges[i]);
+    free(p->ranges);
+    free(p->classes);
+    pthread_mutex_destroy(&p->lock);
+    free(p);
+}
+
+/* ---------------------------------------------------------------- spare chunks (locked) */
+
+static bool spare_push(cs_pool *p, chunk c)
+{
+    handle_stack *s = &p->spare[exp_of(p, c.size)];
+    if (s->n == s->cap) {
+        size_t cap = s->cap ? 2 * s->cap : 16;
+        uint64_t *h = realloc(s->h, cap * sizeof *h);
+        if (!h)
+            return false;
+        s->h = h;
+        s->cap = cap;
+    }
+    s->h[s->n++] = c.handle;
+    p->counts.spare += c.size;
+    return true;
+}
+
+static chunk spare_pop(cs_pool *p, int e)
+{
+    chunk c = {p->spare[e].h[--p->spare[e].n], p->gran << e};
+    p->counts.spare -= c.size;
+    return c;
+}
+
+/* What a range of `size` would take from the spare, largest chunks first: the bytes left to
+ * create. */
+static uint64_t spare_fit(const cs_pool *p, uint64_t size)
+{
+    uint64_t left = size;
+    for (int e = p->max_exp - 1; e >= 0 && left; e--) {
+        uint64_t sz = p->gran << e, n = p->spare[e].n;
+        if (sz <= left) {
+            uint64_t k = left / sz < n ? left / sz : n;
+            left -= k * sz;
+        }
+    }
+    return left;
+}
+
+/* ---------------------------------------------------------------- ranges (locked) */
+
+static size_t range_index(const cs_pool *p, uint64_t addr)
+{
+    size_t lo = 0, hi = p->nranges;  /* first range with va > addr */
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (p->ranges[mid]->va <= addr)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+static range *range_at(const cs_pool *p, uint64_t addr)
+{
+    size_t i = range_index(p, addr);
+    if (i == 0)
+        return NULL;
+    range *r = p->ranges[i - 1];
+    return addr < r->va + r->size ? r : NULL;
+}
+
+static bool range_add(cs_pool *p, range *r)
+{
+    if (p->nranges == p->cap_ranges) {
+        size_t cap = p->cap_ranges ? 2 * p->cap_ranges : 64;
+        range **a = realloc(p->ranges, cap * sizeof *a);
+        if (!a)
+            return false;
+        p->ranges = a;
+        p->cap_ranges = cap;
+    }
+    size_t i = range_index(p, r->va);
+    memmove(&p->ranges[i + 1], &p->ranges[i], (p->nranges - i) * sizeof *p->ranges);
+    p->ranges[i] = r;
+    p->nranges++;
+    return true;
+}
+
+static void range_remove(cs_pool *p, range *r)
+{
+    size_t i = range_index(p, r->va) - 1;
+    memmove(&p->ranges[i], &p->ranges[i + 1], (p->nranges - i - 1) * sizeof *p->ranges);
+    p->nranges--;
+}
+
+static slab_class *class_for(cs_pool *p, uint64_t slot)
+{
+    for (size_t i = 0; i < p->nclasses; i++)
+        if (p->classes[i].slot == slot)
+            return &p->classes[i];
+    if (p->nclasses == p->cap_classes) {
+        size_t cap = p->cap_classes ? 2 * p->cap_classes : 32;
+        slab_class *a = realloc(p->classes, cap * sizeof *a);
+        if (!a)
+            return NULL;
+        p->classes = a;
+        p->cap_classes = cap;
+    }
+    p->classes[p->nclasses] = (slab_class){slot, NULL};
+    return &p->classes[p->nclasses++];
+}
+
+static void partial_add(slab_class *k, slab *sl)
+{
+    sl->prev = NULL;
+    sl->next = k->head;
+    if (k->head)
+        k->head->prev = sl;
+    k->head = sl;
+}
+
+static void partial_remove(slab_class *k, slab *sl)
+{
+    if (sl->prev)
+        sl->prev->next = sl->next;
+    else
+        k->head = sl->next;
+    if (sl->next)
+        sl->next->prev = sl->prev;
+    sl->prev = sl->next = NULL;
+}
+
+static void small_add(cs_pool *p, range *r)
+{
+    r->prev = NULL;
+    r->next = p->small_free;
+    if (p->small_free)
+        p->small_free->prev = r;
+    p->small_free = r;
+}
+
+static void small_remove(cs_pool *p, range *r)
+{
+    if (r->prev)
+        r->prev->next = r->next;
+    else
+        p->small_free = r->next;
+    if (r->next)
+        r->next->prev = r->prev;
+    r->prev = r->next = NULL;
+}
+
+/* The first run of n free pages in a mask, or -1. */
+static int free_run(uint32_t mask, uint32_t n)
+{
+    uint32_t want = n >= 32 ? UINT32_MAX : (1u << n) - 1;
+    for (uint32_t i = 0; i + n <= PAGES; i++)
+        if (((mask >> i) & want) == want)
+            return (int)i;
+    return -1;
+}
+
+/* A small range with a run of n free pages, and where it starts. */
+static range *small_with_run(cs_pool *p, uint32_t n, int *first)
+{
+    for (range *r = p->small_free; r; r = r->next)
+        if ((*first = free_run(r->free_pages, n)) >= 0)
+            return r;
+    return NULL;
+}
+
+/* A slab of `slot`-byte slots on pages [first, first + n) of r, all slots free. */
+static slab *slab_make(cs_pool *p, range *r, int first, uint32_t n, uint64_t slot)
+{
+    slab *sl = calloc(1, sizeof *sl);
+    uint32_t nslots = (uint32_t)(n * p->page / slot);
+    if (sl)
+        sl->free_slots = malloc(nslots * sizeof *sl->free_slots);
+    if (!sl || !sl->free_slots) {
+        free(sl);
+        return NULL;
+    }
+    sl->r = r;
+    sl->first = (uint32_t)first;
+    sl->npages = n;
+    sl->slot = slot;
+    sl->nslots = nslots;
+    for (uint32_t i = nslots; i > 0; i--)  /* lowest handed out first */
+        sl->free_slots[sl->nfree++] = i - 1;
+    for (uint32_t i = 0; i < n; i++)
+        r->page_slab[first + (int)i] = sl;
+    r->free_pages &= ~(n >= 32 ? UINT32_MAX : ((1u << n) - 1) << first);
+    if (!r->free_pages)
+        small_remove(p, r);
+    return sl;
+}
+
+/* An empty slab gives its pages back to its range. True when the range is then all free. */
+static bool slab_unmake(cs_pool *p, slab *sl)
+{
+    range *r = sl->r;
+    bool had_free = r->free_pages != 0;
+    for (uint32_t i = 0; i < sl->npages; i++)
+        r->page_slab[sl->first + i] = NULL;
+    r->free_pages |= sl->npages >= 32 ? UINT32_MAX : ((1u << sl->npages) - 1) << sl->first;
+    if (!had_free)
+        small_add(p, r);
+    slab_free(sl);
+    return r->free_pages == UINT32_MAX;
+}
+
+/* ---------------------------------------------------------------- building a range */
+
+/* Undo a range under construction: unmap what was mapped, give the reservation back, and
+ * put the chunks where they came from (new ones back to the driver). Without the lock. */
+static void unbuild(cs_pool *p, range *r, uint64_t va, int mapped, int from_spare)
+{
+    int raw;
+    for (int i = 0; i < mapped; i++) {
+        p->ops->unmap(p->dev, va, r->chunks[i].size, &raw);
+        va += r->chunks[i].size;
+    }
+    if (r->va)
+        p->ops->unreserve(p->dev, r->va, r->size, &raw);
+    pthread_mutex_lock(&p->lock);
+    for (int i = 0; i < from_spare; i++)
+        spare_push(p, r->chunks[i]);  /* room was there when they were taken */
+    pthread_mutex_unlock(&p->lock);
+    for (int i = from_spare; i < r->nchunks; i++)
+        p->ops->release(p->dev, r->chunks[i].handle, &raw);
+}
+
+/* A range of `size` bytes mapped and accessible, registered. See cs_pool_alloc for the
+ * out-parameters. */
+static int build(cs_pool *p, uint64_t size, bool small, uint64_t max_new, range **out,
+                 uint64_t *created, uint64_t *released, int *raw)
+{
+    *created = *released = 0;
+    range *r = calloc(1, sizeof *r);
+    chunk trade[MAX_EXP];
+    int ntrade = 0;
+    pthread_mutex_lock(&p->lock);
+    uint64_t left = spare_fit(p, size);
+    /* Room for every spare chunk it can take (each at least a granule) and the new ones. */
+    uint64_t nspare = 0;
+    for (int e = 0; e < MAX_EXP; e++)
+        nspare += p->spare[e].n;
+    uint64_t most = size / p->gran < nspare ? size / p->gran : nspare;
+    if (r)
+        r->chunks = malloc((size_t)(most + MAX_EXP) * sizeof *r->chunks);
+    if (!r || !r->chunks) {
+        pthread_mutex_unlock(&p->lock);
+        if (r)
+            range_free(r);
+        *raw = 2;  /* CUDA_ERROR_OUT_OF_MEMORY: the host's */
+        return CS_BE_OOM;
+    }
+    if (left > max_new) {
+        pthread_mutex_unlock(&p->lock);
+        range_free(r);
+        return CS_BE_SHORT;
+    }
+    uint64_t want = size;
+    for (int e = p->max_exp - 1; e >= 0 && want > left; e--)
+        while (p->spare[e].n && (p->gran << e) <= want - left) {
+            r->chunks[r->nchunks] = spare_pop(p, e);
+            want -= r->chunks[r->nchunks++].size;
+        }
+    /* New memory is needed and spare chunks remain that this range could not use: give them
+     * back first, so that memory held does not grow while some lies unused. */
+    uint64_t traded = 0;
+    for (int e = p->max_exp - 1; e >= 0 && left && traded < left; e--)
+        while (p->spare[e].n && traded < left && ntrade < MAX_EXP) {
+            trade[ntrade] = spare_pop(p, e);
+            traded += trade[ntrade++].size;
+        }
+    uint64_t gen = p->access_gen;
+    pthread_mutex_unlock(&p->lock);
+
+    int from_spare = r->nchunks;
+    for (int i = 0; i < ntrade; i++) {
+        int ignored;
+        p->ops->release(p->dev, trade[i].handle, &ignored);
+        *released += trade[i].size;
+    }
+    int rc = CS_BE_OK;
+    for (int e = p->max_exp - 1; e >= 0 && rc == CS_BE_OK; e--) {
+        uint64_t sz = p->gran << e;
+        if (left & sz) {
+            uint64_t h;
+            rc = p->ops->create(p->dev, sz, &h, raw);
+            if (rc == CS_BE_OK)
+                r->chunks[r->nchunks++] = (chunk){h, sz};
+        }
+    }
+    r->size = size;
+    r->small = small;
+    r->free_pages = small ? UINT32_MAX : 0;
+    int mapped = 0;
+    uint64_t va = 0;
+    if (rc == CS_BE_OK)
+        rc = p->ops->reserve(p->dev, size, &r->va, raw);
+    if (rc == CS_BE_OK) {
+        va = r->va;
+        for (; mapped < r->nchunks; mapped++) {
+            if ((rc = p->ops->map(p->dev, va, r->chunks[mapped].size, r->chunks[mapped].handle,
+                                  raw)) != CS_BE_OK)
+                break;
+            va += r->chunks[mapped].size;
+        }
+        if (rc == CS_BE_OK)
+            rc = p->ops->access(p->dev, r->va, size, raw);
+    }
+    uint64_t made = 0;
+    for (int i = from_spare; i < r->nchunks; i++)
+        made += r->chunks[i].size;
+    pthread_mutex_lock(&p->lock);
+    p->counts.creates += (uint64_t)(r->nchunks - from_spare);
+    p->counts.releases += (uint64_t)ntrade;
+    if (rc != CS_BE_OK) {
+        pthread_mutex_unlock(&p->lock);
+        unbuild(p, r, r->va, mapped, from_spare);
+        range_free(r);
+        return rc;
+    }
+    p->counts.reserves++;
+    p->counts.maps += (uint64_t)r->nchunks;
+    /* Peer access granted while this range was being mapped: grant it here too. */
+    while (gen != p->access_gen) {
+        gen = p->access_gen;
+        pthread_mutex_unlock(&p->lock);
+        int ignored;
+        p->ops->access(p->dev, r->va, size, &ignored);
+        pthread_mutex_lock(&p->lock);
+    }
+    if (!range_add(p, r)) {
+        pthread_mutex_unlock(&p->lock);
+        unbuild(p, r, r->va, mapped, from_spare);
+        range_free(r);
+        *raw = 2;
+        return CS_BE_OOM;
+    }
+    pthread_mutex_unlock(&p->lock);
+    *created = made;
+    *out = r;
+    return CS_BE_OK;
+}
+
+/* ---------------------------------------------------------------- blocks */
+
+/* A small block from a slab with a free slot; else a new slab on free pages of a small range;
+ * else NULL (with the lock held throughout). */
+static bool slot_take(cs_pool *p, uint64_t slot, uint64_t *addr, bool *no_host_memory)
+{
+    slab_class *k = class_for(p, slot);
+    *no_host_memory = !k;
+    if (!k)
+        return false;
+    slab *sl = k->head;
+    if (!sl) {
+        int first;
+        uint32_t n = slab_pages(p, slot);
+        range *r = small_with_run(p, n, &first);
+        if (!r)
+            return false;
+        if (!(sl = slab_make(p, r, first, n, slot))) {
+            *no_host_memory = true;
+            return false;
+        }
+        partial_add(k, sl);
+    }
+    uint32_t i = sl->free_slots[--sl->nfree];
+    if (sl->nfree == 0)
+        partial_remove(k, sl);
+    p->counts.slab_free -= slot;
+    *addr = sl->r->va + (uint64_t)sl->first * p->page + (uint64_t)i * slot;
+    return true;
+}
+
+int cs_pool_alloc(cs_pool *p, uint64_t bytes, uint64_t max_new, uint64_t *addr,
+                  uint64_t *created, uint64_t *released, int *raw)
+{
+    *created = *released = 0;
+    range *r;
+    if (bytes > cs_pool_slab_max(p->gran)) {
+        int rc = build(p, round_up(bytes, p->gran), false, max_new, &r, created, released, raw);
+        if (rc == CS_BE_OK)
+            *addr = r->va;
+        return rc;
+    }
+    /* A slot of a slab, else a new small range (one granule) for it. */
+    bool no_mem;
+    pthread_mutex_lock(&p->lock);
+    bool ok = slot_take(p, bytes, addr, &no_mem);
+    pthread_mutex_unlock(&p->lock);
+    if (ok)
+        return CS_BE_OK;
+    if (no_mem) {
+        *raw = 2;  /* CUDA_ERROR_OUT_OF_MEMORY: the host's */
+        return CS_BE_OOM;
+    }
+    int rc = build(p, p->gran, true, max_new, &r, created, released, raw);
+    if (rc != CS_BE_OK)
+        return rc;
+    pthread_mutex_lock(&p->lock);
+    p->counts.slab_free += p->gran;
+    small_add(p, r);
+    /* Another thread may have made room meanwhile: any slot will do. */
+    ok = slot_take(p, bytes, addr, &no_mem);
+    pthread_mutex_unlock(&p->lock);
+    if (!ok) {
+        *raw = 2;
+        return CS_BE_OOM;  /* no host memory for a slab (the range stays, spare) */
+    }
+    return CS_BE_OK;
+}
+
+/* A range out of the registry: unmap it and keep or release its chunks. Without the lock. */
+static int unbuild_range(cs_pool *p, range *r, bool keep, bool done, uint64_t *released,
+                         int *raw)
+{
+    int rc = CS_BE_OK;
+    if (!done && p->ops->sync(p->dev, raw) != CS_BE_OK)
+        rc = CS_BE_ERROR;  /* unmapped all the same: nothing better to do */
+    uint64_t va = r->va;
+    int unmapped = 0;
+    for (int i = 0; i < r->nchunks; i++) {
+        if (p->ops->unmap(p->dev, va, r->chunks[i].size, raw) == CS_BE_OK)
+            unmapped++;
+        else
+            rc = CS_BE_ERROR;
+        va += r->chunks[i].size;
+    }
+    int ignored;
+    p->ops->unreserve(p->dev, r->va, r->size, &ignored);
+    pthread_mutex_lock(&p->lock);
+    p->counts.unmaps += (uint64_t)unmapped;
+    bool kept = keep && unmapped == r->nchunks;
+    for (int i = 0; kept && i < r->nchunks; i++)
+        if (!spare_push(p, r->chunks[i])) {
+            /* No host memory to remember it: the rest goes back. */
+            memmove(r->chunks, r->chunks + i, (size_t)(r->nchunks - i) * sizeof *r->chunks);
+            r->nchunks -= i;
+            kept = false;
+        }
+    if (!kept)
+        p->counts.releases += (uint64_t)r->nchunks;
+    pthread_mutex_unlock(&p->lock);
+    if (!kept)
+        for (int i = 0; i < r->nchunks; i++) {
+            p->ops->release(p->dev, r->chunks[i].handle, &ignored);
+            *released += r->chunks[i].size;
+        }
+    range_free(r);
+    return rc;
+}
+
+int cs_pool_free(cs_pool *p, uint64_t addr, bool keep, bool done, uint64_t *released, int *raw)
+{
+    *released = 0;
+    int rc = CS_BE_OK;
+    pthread_mutex_lock(&p->lock);
+    range *r = range_at(p, addr);
+    bool small = r && r->small;
+    pthread_mutex_unlock(&p->lock);
+    if (!r) {
+        *raw = INVALID_VALUE;
+        return CS_BE_ERROR;
+    }
+    /* A slot whose work is not known to be done would be handed out again at once: wait
+     * for the device first. */
+    if (small && !done && p->ops->sync(p->dev, raw) != CS_BE_OK)
+        rc = CS_BE_ERROR;
+    pthread_mutex_lock(&p->lock);
+    r = range_at(p, addr);
+    if (!r || r->small != small || (!small && addr != r->va)) {
+        pthread_mutex_unlock(&p->lock);
+        *raw = INVALID_VALUE;
+        return CS_BE_ERROR;
+    }
+    if (small) {
+        slab *sl = r->page_slab[(addr - r->va) / p->page];
+        uint64_t off = sl ? addr - r->va - (uint64_t)sl->first * p->page : 1;
+        if (!sl || off % sl->slot) {
+            pthread_mutex_unlock(&p->lock);
+            *raw = INVALID_VALUE;
+            return CS_BE_ERROR;
+        }
+        slab_class *k = class_for(p, sl->slot);  /* exists: the slab was made through it */
+        sl->free_slots[sl->nfree++] = (uint32_t)(off / sl->slot);
+        p->counts.slab_free += sl->slot;
+        if (sl->nfree == 1)
+            partial_add(k, sl);
+        if (sl->nfree < sl->nslots) {
+            pthread_mutex_unlock(&p->lock);
+            return rc;
+        }
+        partial_remove(k, sl);
+        if (!slab_unmake(p, sl)) {
+            pthread_mutex_unlock(&p->lock);
+            return rc;
+        }
+        /* The whole range is free: it goes, as a large block would. */
+        small_remove(p, r);
+        p->counts.slab_free -= r->size;
+        done = true;  /* every slot was done (or waited for) when it came back */
+    }
+    range_remove(p, r);
+    pthread_mutex_unlock(&p->lock);
+    int urc = unbuild_range(p, r, keep, done, released, raw);
+    return rc != CS_BE_OK ? rc : urc;
+}
+
+uint64_t cs_pool_need(cs_pool *p, uint64_t bytes)
+{
+    pthread_mutex_lock(&p->lock);
+    uint64_t size = round_up(bytes, p->gran);
+    if (bytes <= cs_pool_slab_max(p->gran)) {
+        slab_class *k = NULL;
+        for (size_t i = 0; i < p->nclasses && !k; i++)
+            if (p->classes[i].slot == bytes)
+                k = &p->classes[i];
+        int first;
+        if ((k && k->head) || small_with_run(p, slab_pages(p, bytes), &first))
+            size = 0;
+        else
+            size = p->gran;
+    }
+    uint64_t need = size ? spare_fit(p, size) : 0;
+    pthread_mutex_unlock(&p->lock);
+    return need;
+}
+
+uint64_t cs_pool_trim(cs_pool *p, uint64_t bytes)
+{
+    chunk out[64];
+    uint64_t released = 0;
+    for (;;) {
+        int n = 0;
+        pthread_mutex_lock(&p->lock);
+        for (int e = p->max_exp - 1; e >= 0 && n < 64 && released < bytes; e--)
+            while (p->spare[e].n && n < 64 && released < bytes) {
+                out[n] = spare_pop(p, e);
+                released += out[n++].size;
+            }
+        p->counts.releases += (uint64_t)n;
+        pthread_mutex_unlock(&p->lock);
+        for (int i = 0; i < n; i++) {
+            int ignored;
+            p->ops->release(p->dev, out[i].handle, &ignored);
+        }
+        if (n < 64 || released >= bytes)
+            return released;
+    }
+}
+
+bool cs_pool_find(cs_pool *p, uint64_t addr, uint64_t *base, uint64_t *size)
+{
+    pthread_mutex_lock(&p->lock);
+    range *r = range_at(p, addr);
+    bool found = r != NULL;
+    if (r && r->small) {
+        slab *sl = r->page_slab[(addr - r->va) / p->page];
+        uint64_t start = sl ? r->va + (uint64_t)sl->first * p->page : 0;
+        found = sl && addr < start + (uint64_t)sl->nslots * sl->slot;
+        if (found) {
+            *base = start + (addr - start) / sl->slot * sl->slot;
+            *size = sl->slot;
+        }
+    } else if (r) {
+        *base = r->va;
+        *size = r->size;
+    }
+    pthread_mutex_unlock(&p->lock);
+    return found;
+}
+
+int cs_pool_regrant(cs_pool *p, int *raw)
+{
+    int rc = CS_BE_OK;
+    pthread_mutex_lock(&p->lock);
+    p->access_gen++;
+    /* Under the lock: no range leaves meanwhile (a rare call; the access op does not wait
+     * for the GPU). */
+    for (size_t i = 0; i < p->nranges; i++) {
+        int r = p->ops->access(p->dev, p->ranges[i]->va, p->ranges[i]->size, raw);
+        if (r != CS_BE_OK && rc == CS_BE_OK)
+            rc = r;
+    }
+    pthread_mutex_unlock(&p->lock);
+    return rc;
+}
+
+void cs_pool_counts_get(cs_pool *p, cs_pool_counts *out)
+{
+    pthread_mutex_lock(&p->lock);
+    *out = p->counts;
+    pthread_mutex_unlock(&p->lock);
+}

@@ -1,0 +1,86 @@
+/* The physical pool of one heap: blocks backed by chunks of physical memory mapped into
+ * virtual ranges of their own, and chunks that move between blocks when sizes shift. Pure C:
+ * no CUDA types and no I/O; the driver is reached through cs_vmm_ops, so the replay tool and
+ * the tests drive the same code with a simulated device.
+ *
+ * A range is a virtual reservation with chunks mapped end to end. A large block is a range of
+ * its own; small blocks are slots of a range cut into equal slots (a slab), at least eight to
+ * a slab. A chunk is one physical allocation of the granularity times a power of two; a range
+ * is built from spare chunks first (largest first), then new ones (its size in binary), so a
+ * range has few chunks and a mapping costs little. Chunks leave a range only when the cache
+ * says the work on it is done: unmapping does not wait for the GPU. */
+#ifndef CS_POOL_H
+#define CS_POOL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+/* What a backend call returns (the pool's and the cache's backends alike). */
+enum {
+    CS_BE_OK = 0,
+    CS_BE_OOM = 1,     /* the device is out of memory: recovery may help */
+    CS_BE_ERROR = 2,   /* any other failure; the raw driver code is passed back */
+    CS_BE_SHORT = 3,   /* pool: more new memory needed than allowed (the spare went meanwhile) */
+};
+
+/* The device's virtual memory calls. Each returns a CS_BE_* code (cs_cache.h) with the raw
+ * driver code in *raw. All are called without any of the pool's or the cache's locks. */
+typedef struct cs_vmm_ops {
+    /* Physical memory of `size` bytes (a multiple of the granularity). */
+    int (*create)(void *dev, uint64_t size, uint64_t *handle, int *raw);
+    int (*release)(void *dev, uint64_t handle, int *raw);
+    /* A virtual range of `size` bytes aligned to the granularity, and its end. */
+    int (*reserve)(void *dev, uint64_t size, uint64_t *va, int *raw);
+    int (*unreserve)(void *dev, uint64_t va, uint64_t size, int *raw);
+    /* Map a whole chunk at va; then make [va, va + size) readable and writable by every
+     * device allowed to use the heap's memory. */
+    int (*map)(void *dev, uint64_t va, uint64_t size, uint64_t handle, int *raw);
+    int (*access)(void *dev, uint64_t va, uint64_t size, int *raw);
+    int (*unmap)(void *dev, uint64_t va, uint64_t size, int *raw);
+    /* Wait for all work on the device: before unmapping memory whose fence is not known to
+     * have completed. */
+    int (*sync)(void *dev, int *raw);
+} cs_vmm_ops;
+
+typedef struct cs_pool cs_pool;
+
+/* What the pool did, added up (for the statistics and the replay's cost estimate). */
+typedef struct cs_pool_counts {
+    uint64_t creates, releases, maps, unmaps, reserves;
+    uint64_t spare;          /* bytes of chunks mapped nowhere */
+    uint64_t slab_free;      /* bytes of free slots in slabs */
+} cs_pool_counts;
+
+cs_pool *cs_pool_create(const cs_vmm_ops *ops, void *dev, uint64_t granularity);
+/* Frees the pool's bookkeeping only (the driver may be gone). */
+void cs_pool_destroy(cs_pool *p);
+
+/* The largest block served from a slab: half the granularity. */
+uint64_t cs_pool_slab_max(uint64_t granularity);
+
+/* A block of `bytes` (the cache's block size: a size class up to cs_pool_slab_max, else a
+ * multiple of the granularity). At most max_new bytes of new physical memory may be taken
+ * from the driver: CS_BE_SHORT when more would be needed (the spare went meanwhile).
+ * *created: bytes taken from the driver; *released: spare bytes given back to the driver to
+ * make room (a block that needs new memory first trades chunks nobody could use). */
+int cs_pool_alloc(cs_pool *p, uint64_t bytes, uint64_t max_new, uint64_t *addr,
+                  uint64_t *created, uint64_t *released, int *raw);
+/* A block leaves the cache. keep: its memory stays in the pool as spare (a move); else what
+ * can go back to the driver does. done: the work before its free is known to have completed
+ * (else the pool waits for the device before unmapping). *released: bytes given back. */
+int cs_pool_free(cs_pool *p, uint64_t addr, bool keep, bool done, uint64_t *released, int *raw);
+/* New physical bytes a block of `bytes` would take from the driver now. */
+uint64_t cs_pool_need(cs_pool *p, uint64_t bytes);
+/* Give spare chunks back to the driver until `bytes` are released or none is left: bytes
+ * released. */
+uint64_t cs_pool_trim(cs_pool *p, uint64_t bytes);
+/* The block that contains addr: its base and its slot size (the range's size for a large
+ * block). False if addr is in none of the pool's ranges. */
+bool cs_pool_find(cs_pool *p, uint64_t addr, uint64_t *base, uint64_t *size);
+/* The devices allowed to use the heap's memory changed (peer access): every range gets the
+ * access op again, and ranges being built meanwhile get it once more before they are handed
+ * out. Returns 0, or the first failing CS_BE_* code. */
+int cs_pool_regrant(cs_pool *p, int *raw);
+void cs_pool_counts_get(cs_pool *p, cs_pool_counts *out);
+
+#endif
