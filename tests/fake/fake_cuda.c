@@ -1,10 +1,10 @@
 /* Fake CUDA driver: the core. Per-call bookkeeping (counters, injected failures and delays,
  * init and teardown checks), the control API, the handle registry, devices and contexts.
  *
- * Memory and copies live in fake_mem.c, streams/events/capture in fake_stream.c, the units
- * of work, their order, completion and race check in fake_timeline.c, kernel launches, host
- * functions and graph launches in fake_launch.c, the discovery paths (cuGetProcAddress) and
- * error strings in fake_proc.c. */
+ * Memory lives in fake_mem.c, copies and memsets in fake_copy.c, streams/events/capture in
+ * fake_stream.c, the units of work, their order, completion and race check in
+ * fake_timeline.c, kernel launches, host functions and graph launches in fake_launch.c, the
+ * discovery paths (cuGetProcAddress) and error strings in fake_proc.c. */
 #include "fake_internal.h"
 
 #include <errno.h>
