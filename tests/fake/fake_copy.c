@@ -10,44 +10,50 @@
 
 static void *host(CUdeviceptr p) { return (void *)(uintptr_t)p; }
 
-static CUresult spans(const struct fake_range *r, int nr)
+/* What the ranges r touch when a context of device `dev` copies: see fake_access_copy. */
+static CUresult touches(struct fake_touches *t, const struct fake_range *r, int nr, int dev)
 {
-    for (int i = 0; i < nr; i++)
-        if (fake_mem_span(r[i].p, r[i].n) != CUDA_SUCCESS)
-            return CUDA_ERROR_INVALID_VALUE;
-    return CUDA_SUCCESS;
+    CUresult rc = CUDA_SUCCESS;
+    for (int i = 0; i < nr && rc == CUDA_SUCCESS; i++)
+        rc = fake_access_copy(t, &r[i], dev);
+    return rc;
 }
 
-/* The unit of a synchronous call touching ranges r. */
+/* The unit of a synchronous call touching ranges r, done by the current context. */
 static CUresult sync_unit(enum fake_entry_id id, bool ptds, const struct fake_range *r, int nr)
 {
     fake_ctx *c;
     fake_stream *s;
+    struct fake_touches t = {0};
     CUresult rc = fake_current_ctx(&c);
     if (rc == CUDA_SUCCESS)
-        rc = spans(r, nr);
+        rc = touches(&t, r, nr, c->device);
     if (rc == CUDA_SUCCESS)
         rc = fake_sync_stream(ptds, &s);
     if (rc == CUDA_SUCCESS)
-        rc = fake_submit_sync(s, fake_entry_name(id), r, nr);
+        rc = fake_submit_sync(s, fake_entry_name(id), &t);
+    fake_touches_free(&t);
     return rc;
 }
 
-/* The unit of an asynchronous call on stream h touching ranges r; *run says whether the bytes
- * should move now (not when the call fails or is captured). */
+/* The unit of an asynchronous call on stream h touching ranges r, done by the stream's
+ * context; *run says whether the bytes should move now (not when the call fails or is
+ * captured). */
 static CUresult async_unit(enum fake_entry_id id, CUstream h, bool ptsz,
                            const struct fake_range *r, int nr, bool *run)
 {
     fake_stream *s;
     bool captured = false;
+    struct fake_touches t = {0};
     *run = false;
     CUresult rc = fake_resolve_stream(h, ptsz, false, &s);
     if (rc == CUDA_SUCCESS)
-        rc = spans(r, nr);
+        rc = touches(&t, r, nr, s->ctx->device);
     if (rc == CUDA_SUCCESS)
         rc = fake_async_admit(s, &captured);
     if (rc == CUDA_SUCCESS && !captured)
-        rc = fake_submit(s, fake_entry_name(id), r, nr, NULL, NULL);
+        rc = fake_submit(s, fake_entry_name(id), &t, NULL, NULL);
+    fake_touches_free(&t);
     *run = rc == CUDA_SUCCESS && !captured;
     return rc;
 }
@@ -55,7 +61,7 @@ static CUresult async_unit(enum fake_entry_id id, CUstream h, bool ptsz,
 static CUresult memset_d8(enum fake_entry_id id, CUdeviceptr dst, unsigned char value, size_t n,
                           bool ptds)
 {
-    struct fake_range r = {dst, n};
+    struct fake_range r = {dst, n, true};
     CUresult rc = sync_unit(id, ptds, &r, 1);
     if (rc == CUDA_SUCCESS)
         memset(host(dst), value, n);
@@ -77,7 +83,7 @@ FAKE_API CUresult cuMemsetD8_v2_ptds(CUdeviceptr dstDevice, unsigned char uc, si
 static CUresult memset_d8_async(enum fake_entry_id id, CUdeviceptr dst, unsigned char value,
                                 size_t n, CUstream h, bool ptsz)
 {
-    struct fake_range r = {dst, n};
+    struct fake_range r = {dst, n, true};
     bool run;
     CUresult rc = async_unit(id, h, ptsz, &r, 1, &run);
     if (run)
@@ -104,7 +110,7 @@ static CUresult copy_htod(enum fake_entry_id id, CUdeviceptr dst, const void *sr
 {
     if (!src && n)
         return CUDA_ERROR_INVALID_VALUE;
-    struct fake_range r = {dst, n};
+    struct fake_range r = {dst, n, true};
     CUresult rc = sync_unit(id, ptds, &r, 1);
     if (rc == CUDA_SUCCESS && n)
         memcpy(host(dst), src, n);
@@ -129,7 +135,7 @@ static CUresult copy_htod_async(enum fake_entry_id id, CUdeviceptr dst, const vo
 {
     if (!src && n)
         return CUDA_ERROR_INVALID_VALUE;
-    struct fake_range r = {dst, n};
+    struct fake_range r = {dst, n, true};
     bool run;
     CUresult rc = async_unit(id, h, ptsz, &r, 1, &run);
     if (run && n)
@@ -157,7 +163,7 @@ static CUresult copy_dtoh(enum fake_entry_id id, void *dst, CUdeviceptr src, siz
 {
     if (!dst && n)
         return CUDA_ERROR_INVALID_VALUE;
-    struct fake_range r = {src, n};
+    struct fake_range r = {src, n, false};
     CUresult rc = sync_unit(id, ptds, &r, 1);
     if (rc == CUDA_SUCCESS && n)
         memcpy(dst, host(src), n);
@@ -181,7 +187,7 @@ static CUresult copy_dtoh_async(enum fake_entry_id id, void *dst, CUdeviceptr sr
 {
     if (!dst && n)
         return CUDA_ERROR_INVALID_VALUE;
-    struct fake_range r = {src, n};
+    struct fake_range r = {src, n, false};
     bool run;
     CUresult rc = async_unit(id, h, ptsz, &r, 1, &run);
     if (run && n)
@@ -208,7 +214,7 @@ FAKE_API CUresult cuMemcpyDtoHAsync_v2_ptsz(void *dstHost, CUdeviceptr srcDevice
 static CUresult copy_dtod(enum fake_entry_id id, CUdeviceptr dst, CUdeviceptr src, size_t n,
                           bool ptds)
 {
-    struct fake_range r[2] = {{dst, n}, {src, n}};
+    struct fake_range r[2] = {{dst, n, true}, {src, n, false}};
     CUresult rc = sync_unit(id, ptds, r, 2);
     if (rc == CUDA_SUCCESS && n)
         memmove(host(dst), host(src), n);
@@ -231,7 +237,7 @@ FAKE_API CUresult cuMemcpyDtoD_v2_ptds(CUdeviceptr dstDevice, CUdeviceptr srcDev
 static CUresult copy_dtod_async(enum fake_entry_id id, CUdeviceptr dst, CUdeviceptr src,
                                 size_t n, CUstream h, bool ptsz)
 {
-    struct fake_range r[2] = {{dst, n}, {src, n}};
+    struct fake_range r[2] = {{dst, n, true}, {src, n, false}};
     bool run;
     CUresult rc = async_unit(id, h, ptsz, r, 2, &run);
     if (run && n)

@@ -187,10 +187,32 @@ struct fake_clock {
     struct fake_clock_entry *v;
 };
 
-/* Device bytes [p, p + n) that a unit touches. */
+/* Device bytes [p, p + n), as a caller names them, and whether it writes them. */
 struct fake_range {
     CUdeviceptr p;
     size_t n;
+    bool write;
+};
+
+/* Device bytes a unit touches: [va, va + n) as its caller named them, and the memory behind
+ * them, which is what the race check compares. For cuMemAlloc memory that is the address
+ * itself (space 0, at = va); for memory mapped with cuMemMap it is the physical allocation
+ * (space = its handle, at = the offset in it), so work through two mappings of the same
+ * memory is compared, and `mapping` names the mapping it went through (0: none), which the
+ * unmap check looks for. */
+struct fake_touch {
+    CUdeviceptr va;
+    size_t n;
+    uint64_t space, at, mapping;
+};
+
+/* The touches of one operation, built by fake_access.c, and the access faults found on the
+ * way (a kernel touching bytes its device may not access): the first one's address. */
+struct fake_touches {
+    int n, cap;
+    struct fake_touch *v;
+    int faults;
+    CUdeviceptr fault_at;
 };
 
 struct fake_stream {
@@ -343,16 +365,16 @@ FAKE_HIDDEN void fake_timeline_advance(void);
 FAKE_HIDDEN bool fake_callbacks_waiting(void);
 FAKE_HIDDEN void fake_run_callbacks(void);
 
-/* Submit one unit of work on s for entry point `name`: it touches the nr ranges r and calls
+/* Submit one unit of work on s for entry point `name`: it touches t (NULL: nothing) and calls
  * fn(data) when it completes (fn may be NULL). Reports the races it has with pending work.
  * CUDA_SUCCESS, or CUDA_ERROR_OUT_OF_MEMORY (nothing submitted). */
-FAKE_HIDDEN CUresult fake_submit(fake_stream *s, const char *name, const struct fake_range *r,
-                                 int nr, CUhostFn fn, void *data);
+FAKE_HIDDEN CUresult fake_submit(fake_stream *s, const char *name, const struct fake_touches *t,
+                                 CUhostFn fn, void *data);
 /* A synchronous operation on s: one unit that completes, with all it is ordered after,
- * before the call returns; then the host touches the ranges, a race with any unit that
- * still touches them. */
+ * before the call returns; then the host touches t, a race with any unit that still touches
+ * the same memory. */
 FAKE_HIDDEN CUresult fake_submit_sync(fake_stream *s, const char *name,
-                                      const struct fake_range *r, int nr);
+                                      const struct fake_touches *t);
 /* Pending units of s. */
 FAKE_HIDDEN uint64_t fake_pending(const fake_stream *s);
 /* Complete the oldest n pending units of s (n < 0: all), and all they are ordered after. */
@@ -380,7 +402,17 @@ FAKE_HIDDEN bool fake_ignore_waits(void);
 
 /* ---- memory (fake_mem.c) ---------------------------------------------------------------- */
 FAKE_HIDDEN void fake_mem_ctx_destroyed(fake_ctx *ctx);
-/* CUDA_SUCCESS if the n bytes at p lie inside one live allocation, else INVALID_VALUE. */
-FAKE_HIDDEN CUresult fake_mem_span(CUdeviceptr p, size_t n);
+/* The live cuMemAlloc allocation containing p, or NULL. */
+FAKE_HIDDEN fake_alloc *fake_mem_find(CUdeviceptr p);
+
+/* ---- who may touch which bytes (fake_access.c) ------------------------------------------- */
+/* Add to t the touches of a copy or memset of r done by a context of device `dev`:
+ * CUDA_SUCCESS, CUDA_ERROR_INVALID_VALUE unless the bytes lie inside one live allocation, or
+ * CUDA_ERROR_OUT_OF_MEMORY. */
+FAKE_HIDDEN CUresult fake_access_copy(struct fake_touches *t, const struct fake_range *r, int dev);
+/* The same for a kernel launched in ctx; the bytes must lie inside one live allocation. */
+FAKE_HIDDEN CUresult fake_access_kernel(struct fake_touches *t, CUdeviceptr p, size_t n,
+                                        const fake_ctx *ctx);
+FAKE_HIDDEN void fake_touches_free(struct fake_touches *t);
 
 #endif
