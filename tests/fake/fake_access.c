@@ -1,9 +1,19 @@
 /* Fake CUDA driver: who may touch which device bytes. Copies, memsets and kernels name device
  * bytes by address; this file checks that they may touch them and turns them into touches
  * (struct fake_touch): the memory behind the bytes, which the timeline's race check
- * compares. */
+ * compares, and through which mapping, which the unmap check looks for.
+ *
+ * Device memory is cuMemAlloc memory, or VMM memory once it is mapped and its device was
+ * given access (cuMemSetAccess). A copy or memset must lie inside one allocation, or in
+ * mapped memory, across as many adjacent mappings as it likes, that the copying context's
+ * device may read (the source) or read and write (the destination); else it fails with
+ * CUDA_ERROR_INVALID_VALUE, as on the real driver. A kernel must touch memory inside one
+ * allocation or one reservation (else CUDA_ERROR_INVALID_VALUE, the fake's rule since
+ * before VMM); touching bytes its device may not read and write is what faults on a GPU, so
+ * the launch succeeds and the fault is counted (fake_access_faults) once it is submitted. */
 #include "fake_internal.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 
 void fake_touches_free(struct fake_touches *t)
@@ -42,18 +52,92 @@ static struct fake_touch plain(CUdeviceptr p, size_t n)
     return (struct fake_touch){.va = p, .n = n, .space = 0, .at = p, .mapping = 0};
 }
 
-CUresult fake_access_copy(struct fake_touches *t, const struct fake_range *r, int dev)
+static bool allows(unsigned char have, bool write)
 {
-    (void)dev;
-    if (!in_alloc(r->p, r->n))
-        return CUDA_ERROR_INVALID_VALUE;
-    return add(t, plain(r->p, r->n));
+    unsigned need = write ? CU_MEM_ACCESS_FLAGS_PROT_READWRITE : CU_MEM_ACCESS_FLAGS_PROT_READ;
+    return (have & need) == need;
 }
 
+/* VMM memory: walk the len bytes at p mapping by mapping, adding a touch of the physical
+ * allocation behind each piece (none if `record` is false). Stops at the first byte that
+ * device dev may not access so (outside a reservation, unmapped, or without that access)
+ * and puts its address in *bad; *bad = 0 when there is none. */
+static CUresult walk(struct fake_touches *t, CUdeviceptr p, size_t len, bool record, int dev,
+                     bool write, CUdeviceptr *bad)
+{
+    *bad = 0;
+    for (CUdeviceptr at = p; at < p + len;) {
+        struct fake_vmm_at v;
+        if (!fake_vmm_at(at, &v) || !v.mapped || !allows(v.access[dev], write)) {
+            *bad = at;
+            return CUDA_SUCCESS;
+        }
+        CUdeviceptr end = v.map_base + v.map_size < p + len ? v.map_base + v.map_size : p + len;
+        struct fake_touch x = {.va = at, .n = record ? end - at : 0, .space = v.handle,
+                               .at = v.offset, .mapping = v.map_id};
+        CUresult rc = add(t, x);
+        if (rc != CUDA_SUCCESS)
+            return rc;
+        at = end;
+    }
+    return CUDA_SUCCESS;
+}
+
+/* A zero-byte copy still names a byte that must exist: the one at p. */
+CUresult fake_access_copy(struct fake_touches *t, const struct fake_range *r, int dev)
+{
+    size_t len = r->n ? r->n : 1;
+    if (len > UINT64_MAX - r->p)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (in_alloc(r->p, len))
+        return add(t, plain(r->p, r->n));
+    CUdeviceptr bad;
+    CUresult rc = walk(t, r->p, len, r->n > 0, dev, r->write, &bad);
+    if (rc == CUDA_SUCCESS && bad)
+        rc = CUDA_ERROR_INVALID_VALUE;
+    return rc;
+}
+
+static void fault(struct fake_touches *t, CUdeviceptr at)
+{
+    if (t->faults++ == 0)
+        t->fault_at = at;
+}
+
+/* The touch kernel reads and writes. */
 CUresult fake_access_kernel(struct fake_touches *t, CUdeviceptr p, size_t n, const fake_ctx *ctx)
 {
-    (void)ctx;
-    if (!in_alloc(p, n))
+    if (n > UINT64_MAX - p)
         return CUDA_ERROR_INVALID_VALUE;
-    return add(t, plain(p, n));
+    const fake_alloc *a = fake_mem_find(p);
+    if (a) {
+        if (n > a->base + a->size - p)
+            return CUDA_ERROR_INVALID_VALUE;
+        return add(t, plain(p, n));
+    }
+    struct fake_vmm_at v;
+    if (!fake_vmm_at(p, &v) || n > v.res_base + v.res_size - p)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUdeviceptr bad;
+    CUresult rc = walk(t, p, n, true, ctx->device, true, &bad);
+    if (rc == CUDA_SUCCESS && bad)
+        fault(t, bad);
+    return rc;
 }
+
+/* ---- access faults ---------------------------------------------------------------------- */
+
+atomic_long fake_access_fault_count;
+
+void fake_access_faulted(const char *name, const fake_stream *s, const struct fake_touches *t)
+{
+    if (!t->faults)
+        return;
+    atomic_fetch_add(&fake_access_fault_count, 1);
+    fprintf(stderr,
+            "fake cuda: access fault: %s on stream %p (device %d) touches 0x%llx, which that "
+            "device may not access\n",
+            name, (const void *)s, s->ctx->device, (unsigned long long)t->fault_at);
+}
+
+FAKE_API long fake_access_faults(void) { return atomic_load(&fake_access_fault_count); }

@@ -3,7 +3,8 @@
  * stream (the per-thread stream for the _ptds forms) that completes, with all it is ordered
  * after, before the bytes move; an asynchronous one is a unit on its stream whose bytes
  * move at submission (the fake keeps no data per unit), or, into a capturing stream, a graph
- * node that moves nothing. Either way the device ranges must lie inside live allocations. */
+ * node that moves nothing. Either way the device ranges must be memory the copying context
+ * (the current one, or the stream's) may access so (fake_access.c). */
 #include "fake_internal.h"
 
 #include <string.h>

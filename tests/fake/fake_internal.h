@@ -125,7 +125,18 @@
     X(cuMemcpyDtoHAsync_v2, INIT)                                                              \
     X(cuMemcpyDtoHAsync_v2_ptsz, INIT)                                                         \
     X(cuMemcpyDtoDAsync_v2, INIT)                                                              \
-    X(cuMemcpyDtoDAsync_v2_ptsz, INIT)
+    X(cuMemcpyDtoDAsync_v2_ptsz, INIT)                                                         \
+    X(cuMemGetAllocationGranularity, INIT)                                                     \
+    X(cuMemCreate, INIT)                                                                       \
+    X(cuMemRelease, INIT)                                                                      \
+    X(cuMemGetAllocationPropertiesFromHandle, INIT)                                            \
+    X(cuMemRetainAllocationHandle, INIT)                                                       \
+    X(cuMemAddressReserve, INIT)                                                               \
+    X(cuMemAddressFree, INIT)                                                                  \
+    X(cuMemMap, INIT)                                                                          \
+    X(cuMemUnmap, INIT)                                                                        \
+    X(cuMemSetAccess, INIT)                                                                    \
+    X(cuMemGetAccess, INIT)
 
 enum fake_entry_id {
 #define FAKE_ID(name, init) ID_##name,
@@ -133,6 +144,9 @@ enum fake_entry_id {
 #undef FAKE_ID
         ID_COUNT
 };
+
+/* A control call used wrongly: print what and abort. */
+FAKE_HIDDEN _Noreturn void fake_die(const char *what, const char *name);
 
 /* Count the call, apply injected delays and failures, refuse calls before cuInit and after
  * teardown. Returns CUDA_SUCCESS when the entry point should go on. */
@@ -309,9 +323,12 @@ extern FAKE_HIDDEN struct fake_device fake_devices[FAKE_MAX_DEVICES];
 extern FAKE_HIDDEN int fake_device_count;
 extern FAKE_HIDDEN long fake_live_allocs;
 extern FAKE_HIDDEN fake_ctx *fake_all_ctxs;
-/* Counters read and reset without the lock: capture violations and races. */
+/* Counters read and reset without the lock: capture violations, races, unmap faults and
+ * access faults. */
 extern FAKE_HIDDEN atomic_long fake_violations;
 extern FAKE_HIDDEN atomic_long fake_race_count;
+extern FAKE_HIDDEN atomic_long fake_unmap_fault_count;
+extern FAKE_HIDDEN atomic_long fake_access_fault_count;
 
 FAKE_HIDDEN struct fake_thread *fake_self(void);
 FAKE_HIDDEN const char *fake_entry_name(enum fake_entry_id id);
@@ -319,6 +336,10 @@ FAKE_HIDDEN const char *fake_entry_name(enum fake_entry_id id);
 FAKE_HIDDEN void fake_watch_thread_exit(void);
 /* Memory size of a device: fake_set_device_bytes, else FAKE_CUDA_DEVICE_BYTES, else 16 GiB. */
 FAKE_HIDDEN uint64_t fake_budget(int device);
+
+/* Ids for allocations, mappings and physical allocations: unique for the life of the
+ * process, never 0 (fake_mem.c; under the lock). */
+FAKE_HIDDEN uint64_t fake_next_id(void);
 
 /* Handle registry: contexts and streams stay in it forever (their handles are never reused),
  * events leave it when destroyed. */
@@ -399,20 +420,49 @@ FAKE_HIDDEN void fake_clock_clear(struct fake_clock *c);
 FAKE_HIDDEN void fake_clock_free(struct fake_clock *c);
 /* fake_set_ignore_stream_waits: cuStreamWaitEvent orders nothing. */
 FAKE_HIDDEN bool fake_ignore_waits(void);
+/* cuMemUnmap of mapping `mapping`, [va, va + n): each pending unit that touches memory
+ * through it is an unmap fault, counted (fake_unmap_faults) and reported on stderr. */
+FAKE_HIDDEN void fake_unmap_check(uint64_t mapping, CUdeviceptr va, size_t n);
 
 /* ---- memory (fake_mem.c) ---------------------------------------------------------------- */
 FAKE_HIDDEN void fake_mem_ctx_destroyed(fake_ctx *ctx);
 /* The live cuMemAlloc allocation containing p, or NULL. */
 FAKE_HIDDEN fake_alloc *fake_mem_find(CUdeviceptr p);
 
+/* ---- virtual memory management (fake_vmm.c) ---------------------------------------------- */
+/* What an address in a reservation is. */
+struct fake_vmm_at {
+    CUdeviceptr res_base; /* the reservation */
+    size_t res_size;
+    bool mapped; /* the rest only when mapped: */
+    CUdeviceptr map_base;
+    size_t map_size;
+    uint64_t map_id;  /* unique, never reused */
+    uint64_t handle;  /* the physical allocation's handle: unique, never reused */
+    uint64_t offset;  /* of the address in the physical allocation */
+    int device;       /* where the physical allocation lives */
+    CUmemAllocationHandleType handle_types; /* as requested at cuMemCreate */
+    unsigned char access[FAKE_MAX_DEVICES]; /* CUmemAccess_flags of each device */
+};
+/* false if p lies in no reservation. */
+FAKE_HIDDEN bool fake_vmm_at(CUdeviceptr p, struct fake_vmm_at *out);
+/* VMM offered (the device attribute), and the environment's say at cuInit (FAKE_CUDA_NO_VMM),
+ * which a value set by fake_set_vmm_supported overrides. */
+FAKE_HIDDEN bool fake_vmm_supported(void);
+FAKE_HIDDEN void fake_vmm_environment(bool supported);
+
 /* ---- who may touch which bytes (fake_access.c) ------------------------------------------- */
 /* Add to t the touches of a copy or memset of r done by a context of device `dev`:
- * CUDA_SUCCESS, CUDA_ERROR_INVALID_VALUE unless the bytes lie inside one live allocation, or
- * CUDA_ERROR_OUT_OF_MEMORY. */
+ * CUDA_SUCCESS; CUDA_ERROR_INVALID_VALUE unless the bytes lie inside one live allocation or
+ * in mapped VMM memory that dev may access so; or CUDA_ERROR_OUT_OF_MEMORY. */
 FAKE_HIDDEN CUresult fake_access_copy(struct fake_touches *t, const struct fake_range *r, int dev);
-/* The same for a kernel launched in ctx; the bytes must lie inside one live allocation. */
+/* The same for the n > 0 bytes at p touched by a kernel launched in ctx: they must lie inside
+ * one allocation or one reservation; bytes ctx may not read and write add an access fault to
+ * t, which fake_access_faulted counts once the kernel is submitted. */
 FAKE_HIDDEN CUresult fake_access_kernel(struct fake_touches *t, CUdeviceptr p, size_t n,
                                         const fake_ctx *ctx);
+FAKE_HIDDEN void fake_access_faulted(const char *name, const fake_stream *s,
+                                     const struct fake_touches *t);
 FAKE_HIDDEN void fake_touches_free(struct fake_touches *t);
 
 #endif

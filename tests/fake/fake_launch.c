@@ -4,8 +4,9 @@
  *
  * There is one kernel, fake_touch_kernel()'s: it touches the n bytes at p, where p is
  * *(CUdeviceptr *)kernelParams[0] and n is *(size_t *)kernelParams[1]. The bytes must lie
- * inside one live allocation (n = 0: it touches nothing and p is not looked at). Any other
- * CUfunction is an invalid handle. A graph launch accepts any non-NULL CUgraphExec and
+ * inside one live allocation or one VMM reservation (n = 0: it touches nothing and p is not
+ * looked at); bytes the launching context's device may not touch are an access fault
+ * (fake_access.c). Any other CUfunction is an invalid handle. A graph launch accepts any non-NULL CUgraphExec and
  * touches nothing: the fake keeps no graphs. */
 #include "fake_internal.h"
 
@@ -53,6 +54,8 @@ static CUresult submit_on(enum fake_entry_id id, CUstream h, bool ptsz,
         rc = fake_async_admit(s, &captured);
     if (rc == CUDA_SUCCESS && !captured)
         rc = fake_submit(s, fake_entry_name(id), &t, fn, data);
+    if (rc == CUDA_SUCCESS && !captured)
+        fake_access_faulted(fake_entry_name(id), s, &t);
     fake_touches_free(&t);
     return rc;
 }

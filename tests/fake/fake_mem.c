@@ -35,6 +35,10 @@ static void *host(CUdeviceptr p) { return (void *)(uintptr_t)p; }
 
 fake_alloc *fake_mem_find(CUdeviceptr p) { return containing(p); }
 
+static uint64_t g_last_id;
+
+uint64_t fake_next_id(void) { return ++g_last_id; }
+
 static void release(fake_alloc *a)
 {
     tdelete(a, &g_allocs, cmp_range);

@@ -24,6 +24,8 @@ struct proc {
 #define P_V(base, since, old, new) {#base, since, FN(old), FN(new), NULL, NULL}
 #define P_V_PTDS(base) {#base, 3020, FN(base), FN(base##_v2), NULL, FN(base##_v2_ptds)}
 #define P_V2_PTSZ(base) {#base, 3020, NULL, FN(base##_v2), NULL, FN(base##_v2_ptsz)}
+/* Entry points that came with a CUDA version: older versions get "not found". */
+#define P_SINCE(base, since) {#base, since, NULL, FN(base), NULL, NULL}
 
 static const struct proc g_procs[] = {
     P(cuInit),
@@ -87,6 +89,17 @@ static const struct proc g_procs[] = {
     P_V2_PTSZ(cuMemcpyHtoDAsync),
     P_V2_PTSZ(cuMemcpyDtoHAsync),
     P_V2_PTSZ(cuMemcpyDtoDAsync),
+    P_SINCE(cuMemGetAllocationGranularity, 10020),
+    P_SINCE(cuMemCreate, 10020),
+    P_SINCE(cuMemRelease, 10020),
+    P_SINCE(cuMemGetAllocationPropertiesFromHandle, 10020),
+    P_SINCE(cuMemRetainAllocationHandle, 11000),
+    P_SINCE(cuMemAddressReserve, 10020),
+    P_SINCE(cuMemAddressFree, 10020),
+    P_SINCE(cuMemMap, 10020),
+    P_SINCE(cuMemUnmap, 10020),
+    P_SINCE(cuMemSetAccess, 10020),
+    P_SINCE(cuMemGetAccess, 10020),
 };
 
 static void *resolve(const char *symbol, int version, cuuint64_t flags)

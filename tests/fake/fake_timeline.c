@@ -54,6 +54,7 @@ struct fake_unit {
 };
 
 atomic_long fake_race_count;
+atomic_long fake_unmap_fault_count;
 
 static _Atomic uint64_t g_ticks; /* entry point calls so far */
 /* Under the lock: */
@@ -403,14 +404,17 @@ static void report(const char *name, const fake_stream *ws, const struct fake_to
                    const fake_stream *us, const fake_unit *u)
 {
     atomic_fetch_add(&fake_race_count, 1);
-    char where[64] = "on the host";
+    char where[64] = "on the host", memory[96] = "";
     if (ws)
         snprintf(where, sizeof where, "on stream %p", (const void *)ws);
+    if (hit->space)
+        snprintf(memory, sizeof memory, " (allocation 0x%llx at offset 0x%llx)",
+                 (unsigned long long)hit->space, (unsigned long long)hit->at);
     fprintf(stderr,
-            "fake cuda: race: %s %s touches [0x%llx,0x%llx) while %s on stream %p, not "
+            "fake cuda: race: %s %s touches [0x%llx,0x%llx)%s while %s on stream %p, not "
             "ordered before it, still uses it\n",
             name, where, (unsigned long long)hit->va, (unsigned long long)(hit->va + hit->n),
-            u->name, (const void *)us);
+            memory, u->name, (const void *)us);
 }
 
 /* Every pending unit touching the ranges that `after` does not order before them is a race;
@@ -426,6 +430,27 @@ static void race_check(const char *name, const fake_stream *ws, const struct fak
             const struct fake_touch *hit = u->seq > ordered ? overlap(r, nr, u) : NULL;
             if (hit)
                 report(name, ws, hit, x, u);
+        }
+    }
+}
+
+/* ---- the unmap check ------------------------------------------------------------------------ */
+
+void fake_unmap_check(uint64_t mapping, CUdeviceptr va, size_t n)
+{
+    for (const fake_stream *x = g_busy; x; x = x->busy_next) {
+        for (const fake_unit *u = x->units; u; u = u->next) {
+            for (int j = 0; j < u->ntouch; j++) {
+                if (u->touch[j].mapping != mapping)
+                    continue;
+                atomic_fetch_add(&fake_unmap_fault_count, 1);
+                fprintf(stderr,
+                        "fake cuda: unmap fault: cuMemUnmap of [0x%llx,0x%llx) while %s on "
+                        "stream %p still uses it\n",
+                        (unsigned long long)va, (unsigned long long)(va + n), u->name,
+                        (const void *)x);
+                break;
+            }
         }
     }
 }
@@ -538,3 +563,5 @@ FAKE_API void fake_set_ignore_stream_waits(int on)
 }
 
 FAKE_API long fake_races(void) { return atomic_load(&fake_race_count); }
+
+FAKE_API long fake_unmap_faults(void) { return atomic_load(&fake_unmap_fault_count); }
