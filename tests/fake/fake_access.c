@@ -10,7 +10,12 @@
  * CUDA_ERROR_INVALID_VALUE, as on the real driver. A kernel must touch memory inside one
  * allocation or one reservation (else CUDA_ERROR_INVALID_VALUE, the fake's rule since
  * before VMM); touching bytes its device may not read and write is what faults on a GPU, so
- * the launch succeeds and the fault is counted (fake_access_faults) once it is submitted. */
+ * the launch succeeds and the fault is counted (fake_access_faults) once it is submitted.
+ *
+ * Peers. A kernel may touch cuMemAlloc memory of another device only if its context enabled
+ * peer access to the memory's context (cuCtxEnablePeerAccess). That does not reach VMM
+ * memory, which another device may touch only once cuMemSetAccess granted it, as on the real
+ * driver. Copies between devices need neither for cuMemAlloc memory (unified addressing). */
 #include "fake_internal.h"
 
 #include <stdio.h>
@@ -113,6 +118,8 @@ CUresult fake_access_kernel(struct fake_touches *t, CUdeviceptr p, size_t n, con
     if (a) {
         if (n > a->base + a->size - p)
             return CUDA_ERROR_INVALID_VALUE;
+        if (!fake_ctx_reaches(ctx, a->ctx))
+            fault(t, p);
         return add(t, plain(p, n));
     }
     struct fake_vmm_at v;
@@ -141,3 +148,94 @@ void fake_access_faulted(const char *name, const fake_stream *s, const struct fa
 }
 
 FAKE_API long fake_access_faults(void) { return atomic_load(&fake_access_fault_count); }
+
+/* ---- peer access -------------------------------------------------------------------------- */
+
+static int peer_index(const fake_ctx *c, const fake_ctx *peer)
+{
+    for (int i = 0; i < c->npeers; i++)
+        if (c->peers[i] == peer)
+            return i;
+    return -1;
+}
+
+bool fake_ctx_reaches(const fake_ctx *by, const fake_ctx *owner)
+{
+    return by->device == owner->device || (!owner->destroyed && peer_index(by, owner) >= 0);
+}
+
+/* Any two distinct devices may be peers; a device is never its own. */
+static CUresult can_access_peer(int *can, CUdevice dev, CUdevice peer)
+{
+    if (!can)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (dev < 0 || dev >= fake_device_count || peer < 0 || peer >= fake_device_count)
+        return CUDA_ERROR_INVALID_DEVICE;
+    *can = dev != peer;
+    return CUDA_SUCCESS;
+}
+
+FAKE_API CUresult cuDeviceCanAccessPeer(int *canAccessPeer, CUdevice dev, CUdevice peerDev)
+{
+    ENTER(cuDeviceCanAccessPeer);
+    LOCKED(can_access_peer(canAccessPeer, dev, peerDev));
+}
+
+/* The current context and a live peer context. */
+static CUresult ctx_pair(CUcontext h, fake_ctx **c, fake_ctx **peer)
+{
+    CUresult rc = fake_current_ctx(c);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    *peer = fake_reg_find(h, KIND_CTX);
+    return *peer && !(*peer)->destroyed ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+}
+
+static CUresult enable_peer(CUcontext h, unsigned flags)
+{
+    fake_ctx *c, *peer;
+    CUresult rc = ctx_pair(h, &c, &peer);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (flags)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (peer->device == c->device)
+        return CUDA_ERROR_INVALID_DEVICE; /* cuDeviceCanAccessPeer says 0 */
+    /* Destroyed peers free their slots. */
+    int k = 0;
+    for (int i = 0; i < c->npeers; i++)
+        if (!c->peers[i]->destroyed)
+            c->peers[k++] = c->peers[i];
+    c->npeers = k;
+    if (peer_index(c, peer) >= 0)
+        return CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED;
+    if (c->npeers == FAKE_MAX_PEERS)
+        return CUDA_ERROR_TOO_MANY_PEERS;
+    c->peers[c->npeers++] = peer;
+    return CUDA_SUCCESS;
+}
+
+FAKE_API CUresult cuCtxEnablePeerAccess(CUcontext peerContext, unsigned int Flags)
+{
+    ENTER(cuCtxEnablePeerAccess);
+    LOCKED(enable_peer(peerContext, Flags));
+}
+
+static CUresult disable_peer(CUcontext h)
+{
+    fake_ctx *c, *peer;
+    CUresult rc = ctx_pair(h, &c, &peer);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    int i = peer_index(c, peer);
+    if (i < 0)
+        return CUDA_ERROR_PEER_ACCESS_NOT_ENABLED;
+    c->peers[i] = c->peers[--c->npeers];
+    return CUDA_SUCCESS;
+}
+
+FAKE_API CUresult cuCtxDisablePeerAccess(CUcontext peerContext)
+{
+    ENTER(cuCtxDisablePeerAccess);
+    LOCKED(disable_peer(peerContext));
+}

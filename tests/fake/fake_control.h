@@ -19,6 +19,10 @@
  * with CUDA_ERROR_NO_DEVICE.) */
 void fake_set_device_count(int count);
 void fake_set_device_bytes(int device, uint64_t bytes);
+/* Peers: cuDeviceCanAccessPeer answers 1 for any two distinct devices, and
+ * cuCtxEnablePeerAccess / cuCtxDisablePeerAccess keep per-context peer lists that the access
+ * check of kernels reads (fake_access_faults). (Fake: at most 8 peer contexts per context,
+ * then CUDA_ERROR_TOO_MANY_PEERS; a destroyed peer context counts as not enabled.) */
 /* Bytes currently allocated on a device through cuMemAlloc* and cuMemCreate, and the count of
  * live cuMemAlloc* allocations (fake_vmm_allocations counts the others). */
 uint64_t fake_device_used(int device);
@@ -111,9 +115,11 @@ void fake_set_ignore_stream_waits(int on);
 long fake_unmap_faults(void);
 /* Access faults so far: each kernel launch (submitted, not captured) that touches bytes its
  * context's device may not read and write: VMM memory unmapped or without access for that
- * device (cuMemSetAccess). The launch succeeds, as on the GPU where the kernel faults later;
- * the fake reports "fake cuda: access fault: ..." on stderr. Reset by fake_reset_counters.
- * (Addition to the original API.) */
+ * device (cuMemSetAccess), or cuMemAlloc memory of another device whose context the launching
+ * context has not enabled peer access to (cuCtxEnablePeerAccess, which does not reach VMM
+ * memory, as on the real driver). The launch succeeds, as on the GPU where the kernel faults
+ * later; the fake reports "fake cuda: access fault: ..." on stderr. Reset by
+ * fake_reset_counters. (Addition to the original API.) */
 long fake_access_faults(void);
 
 /* --- counters ----------------------------------------------------------------------------- */

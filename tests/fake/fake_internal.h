@@ -40,6 +40,7 @@
     X(cuDeviceTotalMem, INIT)                                                                  \
     X(cuDeviceTotalMem_v2, INIT)                                                               \
     X(cuDeviceGetAttribute, INIT)                                                              \
+    X(cuDeviceCanAccessPeer, INIT)                                                             \
     X(cuDevicePrimaryCtxRetain, INIT)                                                          \
     X(cuDevicePrimaryCtxRelease, INIT)                                                         \
     X(cuDevicePrimaryCtxRelease_v2, INIT)                                                      \
@@ -58,6 +59,8 @@
     X(cuCtxGetDevice, INIT)                                                                    \
     X(cuCtxSynchronize, INIT)                                                                  \
     X(cuCtxGetApiVersion, INIT)                                                                \
+    X(cuCtxEnablePeerAccess, INIT)                                                             \
+    X(cuCtxDisablePeerAccess, INIT)                                                            \
     X(cuMemAlloc, INIT)                                                                        \
     X(cuMemAlloc_v2, INIT)                                                                     \
     X(cuMemFree, INIT)                                                                         \
@@ -260,6 +263,8 @@ struct fake_stream {
     fake_stream *prev, *next;
 };
 
+#define FAKE_MAX_PEERS 8
+
 struct fake_ctx {
     enum fake_kind kind;
     int device;
@@ -269,6 +274,10 @@ struct fake_ctx {
     fake_stream *streams; /* created and per-thread streams, plus destroyed ones with work */
     fake_event *events;
     fake_alloc *allocs;
+    /* Contexts whose cuMemAlloc memory this one's kernels may touch (cuCtxEnablePeerAccess);
+     * destroyed ones count as not enabled. */
+    fake_ctx *peers[FAKE_MAX_PEERS];
+    int npeers;
     fake_ctx *next_all;
 };
 
@@ -463,6 +472,9 @@ FAKE_HIDDEN CUresult fake_access_kernel(struct fake_touches *t, CUdeviceptr p, s
                                         const fake_ctx *ctx);
 FAKE_HIDDEN void fake_access_faulted(const char *name, const fake_stream *s,
                                      const struct fake_touches *t);
+/* Whether kernels of context `by` may touch cuMemAlloc memory of context `owner`: same
+ * device, or peer access enabled from by to owner. */
+FAKE_HIDDEN bool fake_ctx_reaches(const fake_ctx *by, const fake_ctx *owner);
 FAKE_HIDDEN void fake_touches_free(struct fake_touches *t);
 
 #endif

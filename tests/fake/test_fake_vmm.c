@@ -672,6 +672,126 @@ static void test_plain_memory_races_unchanged(void **state)
     cuStreamDestroy(b);
 }
 
+/* ---- peers ---------------------------------------------------------------------------------- */
+
+static void test_peer_access_calls(void **state)
+{
+    (void)state;
+    int can = -1;
+    CUcontext c1 = NULL, c2 = NULL, cur = NULL;
+    assert_int_equal(cuDeviceCanAccessPeer(&can, 0, 1), CUDA_ERROR_INVALID_DEVICE);
+    fake_set_device_count(2);
+    assert_int_equal(cuDeviceCanAccessPeer(&can, 0, 1), CUDA_SUCCESS);
+    assert_int_equal(can, 1);
+    assert_int_equal(cuDeviceCanAccessPeer(&can, 1, 0), CUDA_SUCCESS);
+    assert_int_equal(can, 1);
+    assert_int_equal(cuDeviceCanAccessPeer(&can, 1, 1), CUDA_SUCCESS);
+    assert_int_equal(can, 0);
+    assert_int_equal(cuDeviceCanAccessPeer(NULL, 0, 1), CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(cuDeviceCanAccessPeer(&can, 0, 2), CUDA_ERROR_INVALID_DEVICE);
+
+    assert_int_equal(cuDevicePrimaryCtxRetain(&c1, 1), CUDA_SUCCESS);
+    assert_int_equal(cuCtxEnablePeerAccess(c1, 0), CUDA_SUCCESS);
+    assert_int_equal(cuCtxEnablePeerAccess(c1, 0), CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED);
+    assert_int_equal(cuCtxDisablePeerAccess(c1), CUDA_SUCCESS);
+    assert_int_equal(cuCtxDisablePeerAccess(c1), CUDA_ERROR_PEER_ACCESS_NOT_ENABLED);
+    assert_int_equal(cuCtxEnablePeerAccess(c1, 1), CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(cuCtxEnablePeerAccess(g_ctx, 0), CUDA_ERROR_INVALID_DEVICE); /* itself */
+    assert_int_equal(cuCtxEnablePeerAccess((CUcontext)&can, 0), CUDA_ERROR_INVALID_CONTEXT);
+    assert_int_equal(cuCtxDisablePeerAccess((CUcontext)&can), CUDA_ERROR_INVALID_CONTEXT);
+    /* Another context of the same device is no peer either. */
+    assert_int_equal(cuCtxCreate(&c2, NULL, 0, 0), CUDA_SUCCESS);
+    assert_int_equal(cuCtxPopCurrent(&cur), CUDA_SUCCESS);
+    assert_ptr_equal(cur, c2);
+    assert_int_equal(cuCtxEnablePeerAccess(c2, 0), CUDA_ERROR_INVALID_DEVICE);
+    assert_int_equal(cuCtxDestroy(c2), CUDA_SUCCESS);
+    /* A destroyed peer context is not enabled and cannot be. */
+    assert_int_equal(cuCtxEnablePeerAccess(c1, 0), CUDA_SUCCESS);
+    assert_int_equal(cuDevicePrimaryCtxReset(1), CUDA_SUCCESS);
+    assert_int_equal(cuCtxEnablePeerAccess(c1, 0), CUDA_ERROR_INVALID_CONTEXT);
+    assert_int_equal(cuCtxDisablePeerAccess(c1), CUDA_ERROR_INVALID_CONTEXT);
+    /* Without a current context. */
+    assert_int_equal(cuDevicePrimaryCtxRetain(&c1, 1), CUDA_SUCCESS);
+    assert_int_equal(cuCtxPopCurrent(&cur), CUDA_SUCCESS);
+    assert_int_equal(cuCtxEnablePeerAccess(c1, 0), CUDA_ERROR_INVALID_CONTEXT);
+    assert_int_equal(cuCtxPushCurrent(g_ctx), CUDA_SUCCESS);
+    /* An injected failure enables nothing. */
+    fake_fail_nth("cuCtxEnablePeerAccess", 1, CUDA_ERROR_TOO_MANY_PEERS);
+    assert_int_equal(cuCtxEnablePeerAccess(c1, 0), CUDA_ERROR_TOO_MANY_PEERS);
+    assert_int_equal(cuCtxDisablePeerAccess(c1), CUDA_ERROR_PEER_ACCESS_NOT_ENABLED);
+    fake_fail_nth("cuDeviceCanAccessPeer", 1, CUDA_ERROR_UNKNOWN);
+    assert_int_equal(cuDeviceCanAccessPeer(&can, 0, 1), CUDA_ERROR_UNKNOWN);
+    const char *s = NULL;
+    assert_int_equal(cuGetErrorName(CUDA_ERROR_PEER_ACCESS_NOT_ENABLED, &s), CUDA_SUCCESS);
+    assert_string_equal(s, "CUDA_ERROR_PEER_ACCESS_NOT_ENABLED");
+    assert_int_equal(fake_calls("cuCtxEnablePeerAccess"), 10);
+    assert_int_equal(fake_calls("cuCtxDisablePeerAccess"), 5);
+}
+
+/* A kernel on device 1 touching device 0's memory: cuMemAlloc memory needs peer access from
+ * its context; VMM memory needs cuMemSetAccess for device 1, and peer access does not give
+ * it. */
+static void test_peer_kernels_and_copies(void **state)
+{
+    (void)state;
+    fake_set_device_count(2);
+    CUcontext c1 = NULL;
+    CUdeviceptr x = 0, y = 0;
+    unsigned char buf[16] = {0};
+    assert_int_equal(cuMemAlloc(&x, 4096), CUDA_SUCCESS); /* device 0 */
+    CUdeviceptr p = new_range(G);
+    CUmemGenericAllocationHandle h = new_chunk(G, 0);
+    map_rw(p, G, h, 0);
+    assert_int_equal(cuDevicePrimaryCtxRetain(&c1, 1), CUDA_SUCCESS);
+    assert_int_equal(cuCtxPushCurrent(c1), CUDA_SUCCESS);
+    assert_int_equal(cuMemAlloc(&y, 4096), CUDA_SUCCESS); /* device 1 */
+
+    assert_int_equal(touch(NULL, y, 16), CUDA_SUCCESS); /* its own: fine */
+    assert_int_equal(fake_access_faults(), 0);
+    assert_int_equal(touch(NULL, x, 16), CUDA_SUCCESS);
+    assert_int_equal(fake_access_faults(), 1);
+    assert_int_equal(touch(NULL, p, 16), CUDA_SUCCESS);
+    assert_int_equal(fake_access_faults(), 2);
+
+    assert_int_equal(cuCtxEnablePeerAccess(g_ctx, 0), CUDA_SUCCESS);
+    assert_int_equal(touch(NULL, x, 16), CUDA_SUCCESS);
+    assert_int_equal(fake_access_faults(), 2);
+    assert_int_equal(touch(NULL, p, 16), CUDA_SUCCESS); /* peer access is not VMM access */
+    assert_int_equal(fake_access_faults(), 3);
+    /* VMM copies need access too; cuMemAlloc copies between devices never need peers. */
+    assert_int_equal(cuMemcpyDtoH(buf, p, 16), CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(cuMemcpyDtoD(y, x, 16), CUDA_SUCCESS);
+
+    set_access(p, G, 1, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    assert_int_equal(touch(NULL, p, 16), CUDA_SUCCESS);
+    assert_int_equal(fake_access_faults(), 3);
+    assert_int_equal(cuMemcpyDtoH(buf, p, 16), CUDA_SUCCESS);
+    unsigned long long flags = 0;
+    CUmemLocation loc = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 1};
+    assert_int_equal(cuMemGetAccess(&flags, &loc, p), CUDA_SUCCESS);
+    assert_int_equal(flags, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    /* Device 0's access is its own. */
+    loc.id = 0;
+    assert_int_equal(cuMemGetAccess(&flags, &loc, p), CUDA_SUCCESS);
+    assert_int_equal(flags, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    set_access(p, G, 0, CU_MEM_ACCESS_FLAGS_PROT_NONE);
+    assert_int_equal(touch(NULL, p, 16), CUDA_SUCCESS);
+    assert_int_equal(fake_access_faults(), 3);
+
+    assert_int_equal(cuCtxDisablePeerAccess(g_ctx), CUDA_SUCCESS);
+    assert_int_equal(touch(NULL, x, 16), CUDA_SUCCESS);
+    assert_int_equal(fake_access_faults(), 4);
+    assert_int_equal(cuCtxSynchronize(), CUDA_SUCCESS);
+    assert_int_equal(cuMemFree(y), CUDA_SUCCESS);
+    assert_int_equal(cuCtxPopCurrent(NULL), CUDA_SUCCESS);
+    assert_int_equal(cuMemFree(x), CUDA_SUCCESS);
+    assert_int_equal(cuMemUnmap(p, G), CUDA_SUCCESS);
+    assert_int_equal(cuMemRelease(h), CUDA_SUCCESS);
+    assert_int_equal(cuMemAddressFree(p, G), CUDA_SUCCESS);
+    assert_int_equal(fake_races(), 0);
+    assert_int_equal(fake_unmap_faults(), 0);
+}
+
 /* ---- VMM off ------------------------------------------------------------------------------- */
 
 struct vmm_call {
@@ -801,6 +921,13 @@ static void test_environment(void **state)
 
 /* ---- discovery and failure injection ----------------------------------------------------- */
 
+/* By base name, as cuGetProcAddress takes them. */
+static const char *const g_other_entries[] = {
+    "cuDeviceCanAccessPeer",
+    "cuCtxEnablePeerAccess",
+    "cuCtxDisablePeerAccess",
+};
+
 static void test_discovery_and_injection(void **state)
 {
     (void)state;
@@ -828,6 +955,15 @@ static void test_discovery_and_injection(void **state)
     }
     assert_int_equal(fake_vmm_allocations(), 0);
     assert_int_equal(fake_vmm_reservations(), 0);
+    /* The other new entry points: the same function by every path. */
+    for (size_t i = 0; i < sizeof g_other_entries / sizeof g_other_entries[0]; i++) {
+        const char *name = g_other_entries[i];
+        void *fn = NULL, *sym = dlsym(h, name);
+        assert_non_null(sym);
+        assert_ptr_equal(sym, fake_real_symbol(name));
+        if (cuGetProcAddress(name, &fn, 13000, 0, NULL) != CUDA_SUCCESS || fn != sym)
+            fail_msg("cuGetProcAddress(%s) is not dlsym's", name);
+    }
     /* Injected failures leave state alone: a failed cuMemMap maps nothing, a failed
      * cuMemUnmap unmaps nothing, a failed cuMemRelease frees nothing. */
     CUdeviceptr p = new_range(G);
@@ -929,6 +1065,8 @@ int main(void)
         T(test_unmap_faults),
         T(test_physical_races),
         T(test_plain_memory_races_unchanged),
+        T(test_peer_access_calls),
+        T(test_peer_kernels_and_copies),
         T(test_vmm_off),
         T(test_discovery_and_injection),
         T(test_vmm_threads),
