@@ -33,9 +33,10 @@ long fake_live_allocations(void);
  * a physical allocation is a memfd of its size, counted against its device like cuMemAlloc
  * memory; a reservation is PROT_NONE address space; a mapping is a shared view of the memfd,
  * usable by copies, memsets and kernels only once cuMemSetAccess gave the device access.
- * See the top of fake_vmm.c. (Fake: one open file descriptor per live physical allocation;
- * cuMemAddressFree of a reservation that still holds mappings fails with
- * CUDA_ERROR_INVALID_VALUE.) */
+ * See the top of fake_vmm.c; how cuMemGetAddressRange, cuPointerGetAttribute(s) and the IPC
+ * handles answer for both kinds of memory: the top of fake_ptr.c. (Fake: one open file
+ * descriptor per live physical allocation; cuMemAddressFree of a reservation that still holds
+ * mappings fails with CUDA_ERROR_INVALID_VALUE.) */
 /* The granularity cuMemGetAllocationGranularity answers, MINIMUM and RECOMMENDED alike, and
  * that cuMemCreate sizes and cuMemMap addresses and sizes must be multiples of: 2 MiB by
  * default, as on an H100. A smaller one (64 KiB) makes tests fast. Takes effect for later

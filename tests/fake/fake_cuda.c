@@ -1,10 +1,12 @@
 /* Fake CUDA driver: the core. Per-call bookkeeping (counters, injected failures and delays,
  * init and teardown checks), the control API, the handle registry, devices and contexts.
  *
- * Memory lives in fake_mem.c, copies and memsets in fake_copy.c, streams/events/capture in
- * fake_stream.c, the units of work, their order, completion and race check in
- * fake_timeline.c, kernel launches, host functions and graph launches in fake_launch.c, the
- * discovery paths (cuGetProcAddress) and error strings in fake_proc.c. */
+ * cuMemAlloc memory lives in fake_mem.c, virtual memory management in fake_vmm.c, who may
+ * touch which bytes (and peer access) in fake_access.c, pointer queries and IPC handles in
+ * fake_ptr.c, copies and memsets in fake_copy.c, streams/events/capture in fake_stream.c,
+ * the units of work, their order, completion and race check in fake_timeline.c, kernel
+ * launches, host functions and graph launches in fake_launch.c, the discovery paths
+ * (cuGetProcAddress) and error strings in fake_proc.c. */
 #include "fake_internal.h"
 
 #include <errno.h>

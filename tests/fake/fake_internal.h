@@ -139,7 +139,13 @@
     X(cuMemMap, INIT)                                                                          \
     X(cuMemUnmap, INIT)                                                                        \
     X(cuMemSetAccess, INIT)                                                                    \
-    X(cuMemGetAccess, INIT)
+    X(cuMemGetAccess, INIT)                                                                    \
+    X(cuPointerGetAttribute, INIT)                                                             \
+    X(cuPointerGetAttributes, INIT)                                                            \
+    X(cuIpcGetMemHandle, INIT)                                                                 \
+    X(cuIpcOpenMemHandle, INIT)                                                                \
+    X(cuIpcOpenMemHandle_v2, INIT)                                                             \
+    X(cuIpcCloseMemHandle, INIT)
 
 enum fake_entry_id {
 #define FAKE_ID(name, init) ID_##name,
@@ -296,6 +302,7 @@ struct fake_event {
 struct fake_alloc {
     CUdeviceptr base;
     size_t size, maplen;
+    uint64_t id; /* unique, never reused (the pointer attribute BUFFER_ID) */
     fake_ctx *ctx;
     fake_alloc *prev, *next;
 };

@@ -72,8 +72,8 @@ static CUresult map_new(fake_ctx *c, size_t size, CUdeviceptr *out)
         return CUDA_ERROR_OUT_OF_MEMORY;
     fake_alloc *a = malloc(sizeof *a);
     if (a)
-        *a = (fake_alloc){.base = (uintptr_t)p, .size = size, .maplen = maplen, .ctx = c,
-                          .next = c->allocs};
+        *a = (fake_alloc){.base = (uintptr_t)p, .size = size, .maplen = maplen,
+                          .id = fake_next_id(), .ctx = c, .next = c->allocs};
     if (!a || !tsearch(a, &g_allocs, cmp_range)) {
         munmap(p, maplen);
         free(a);
@@ -165,32 +165,11 @@ FAKE_API CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total)
     return rc;
 }
 
-static CUresult address_range(CUdeviceptr *pbase, size_t *psize, CUdeviceptr p)
-{
-    fake_ctx *c;
-    CUresult rc = fake_current_ctx(&c);
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    fake_alloc *a = containing(p);
-    if (!a)
-        return CUDA_ERROR_NOT_FOUND;
-    if (pbase)
-        *pbase = a->base;
-    if (psize)
-        *psize = a->size;
-    return CUDA_SUCCESS;
-}
-
-FAKE_API CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr)
-{
-    ENTER(cuMemGetAddressRange_v2);
-    LOCKED(address_range(pbase, psize, dptr));
-}
-
-/* ---- the CUDA 3.0 originals, with 32-bit pointers and sizes. A 64-bit process cannot be
- * given a device pointer that fits in 32 bits, so the calls that take or return one are
- * refused; the size-only query clamps. They exist so that cuGetProcAddress with an old
- * cudaVersion resolves to a distinct function, as with the real driver. */
+/* ---- the CUDA 3.0 originals, with 32-bit pointers and sizes. cuMemAlloc never gives a
+ * device pointer that fits in 32 bits, so the calls that take or return one are refused; the
+ * size-only query clamps. They exist so that cuGetProcAddress with an old cudaVersion
+ * resolves to a distinct function, as with the real driver. (cuMemGetAddressRange, which
+ * can find VMM memory reserved low, is in fake_ptr.c.) */
 
 FAKE_API CUresult cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int bytesize)
 {
@@ -203,16 +182,6 @@ FAKE_API CUresult cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int bytesize)
 FAKE_API CUresult cuMemFree(CUdeviceptr_v1 dptr)
 {
     ENTER(cuMemFree);
-    (void)dptr;
-    return CUDA_ERROR_NOT_SUPPORTED;
-}
-
-FAKE_API CUresult cuMemGetAddressRange(CUdeviceptr_v1 *pbase, unsigned int *psize,
-                                       CUdeviceptr_v1 dptr)
-{
-    ENTER(cuMemGetAddressRange);
-    (void)pbase;
-    (void)psize;
     (void)dptr;
     return CUDA_ERROR_NOT_SUPPORTED;
 }

@@ -103,6 +103,12 @@ static const struct proc g_procs[] = {
     P_SINCE(cuMemUnmap, 10020),
     P_SINCE(cuMemSetAccess, 10020),
     P_SINCE(cuMemGetAccess, 10020),
+    P_SINCE(cuPointerGetAttribute, 4000),
+    P_SINCE(cuPointerGetAttributes, 7000),
+    P_SINCE(cuIpcGetMemHandle, 4010),
+    {"cuIpcOpenMemHandle", 11000, FN(cuIpcOpenMemHandle), FN(cuIpcOpenMemHandle_v2), NULL,
+     NULL},
+    P_SINCE(cuIpcCloseMemHandle, 4010),
 };
 
 static void *resolve(const char *symbol, int version, cuuint64_t flags)

@@ -792,6 +792,503 @@ static void test_peer_kernels_and_copies(void **state)
     assert_int_equal(fake_unmap_faults(), 0);
 }
 
+/* ---- pointer queries ------------------------------------------------------------------------ */
+
+static unsigned attr_uint(CUpointer_attribute a, CUdeviceptr p)
+{
+    unsigned v = 0xdeadbeef;
+    assert_int_equal(cuPointerGetAttribute(&v, a, p), CUDA_SUCCESS);
+    return v;
+}
+
+static unsigned long long attr_u64(CUpointer_attribute a, CUdeviceptr p)
+{
+    unsigned long long v = 0xdeadbeef;
+    assert_int_equal(cuPointerGetAttribute(&v, a, p), CUDA_SUCCESS);
+    return v;
+}
+
+static void *attr_ptr(CUpointer_attribute a, CUdeviceptr p)
+{
+    void *v = (void *)&v;
+    assert_int_equal(cuPointerGetAttribute(&v, a, p), CUDA_SUCCESS);
+    return v;
+}
+
+static size_t attr_size(CUpointer_attribute a, CUdeviceptr p)
+{
+    size_t v = 12345;
+    assert_int_equal(cuPointerGetAttribute(&v, a, p), CUDA_SUCCESS);
+    return v;
+}
+
+static void test_address_range(void **state)
+{
+    (void)state;
+    CUdeviceptr x = 0, base = 0, p = new_range(4 * G);
+    size_t size = 0;
+    CUmemGenericAllocationHandle h1 = new_chunk(G, 0), h2 = new_chunk(2 * G, 0);
+    assert_int_equal(cuMemAlloc(&x, 1000), CUDA_SUCCESS);
+    map_rw(p, G, h1, 0);
+    map_rw(p + G, 2 * G, h2, 0);
+    /* cuMemAlloc memory: the allocation. */
+    assert_int_equal(cuMemGetAddressRange(&base, &size, x + 999), CUDA_SUCCESS);
+    assert_true(base == x);
+    assert_int_equal(size, 1000);
+    assert_int_equal(cuMemGetAddressRange(&base, &size, x + 1000), CUDA_ERROR_NOT_FOUND);
+    /* VMM memory: the one mapping, not the reservation nor its neighbours. */
+    assert_int_equal(cuMemGetAddressRange(&base, &size, p + G + 5), CUDA_SUCCESS);
+    assert_true(base == p + G);
+    assert_int_equal(size, 2 * G);
+    assert_int_equal(cuMemGetAddressRange(&base, NULL, p + G - 1), CUDA_SUCCESS);
+    assert_true(base == p);
+    assert_int_equal(cuMemGetAddressRange(NULL, &size, p), CUDA_SUCCESS);
+    assert_int_equal(size, G);
+    /* Mapped without access is still a mapping. */
+    set_access(p, G, 0, CU_MEM_ACCESS_FLAGS_PROT_NONE);
+    assert_int_equal(cuMemGetAddressRange(&base, &size, p), CUDA_SUCCESS);
+    /* Reserved, not mapped; nothing at all. */
+    assert_int_equal(cuMemGetAddressRange(&base, &size, p + 3 * G), CUDA_ERROR_NOT_FOUND);
+    assert_int_equal(cuMemGetAddressRange(&base, &size, (CUdeviceptr)(uintptr_t)&size),
+                     CUDA_ERROR_NOT_FOUND);
+    /* A context is needed, as on the real driver. */
+    CUcontext c = NULL;
+    assert_int_equal(cuCtxPopCurrent(&c), CUDA_SUCCESS);
+    assert_int_equal(cuMemGetAddressRange(&base, &size, x), CUDA_ERROR_INVALID_CONTEXT);
+    assert_int_equal(cuCtxPushCurrent(c), CUDA_SUCCESS);
+    assert_int_equal(cuMemUnmap(p, 3 * G), CUDA_SUCCESS);
+    assert_int_equal(cuMemGetAddressRange(&base, &size, p + G), CUDA_ERROR_NOT_FOUND);
+    assert_int_equal(cuMemRelease(h1), CUDA_SUCCESS);
+    assert_int_equal(cuMemRelease(h2), CUDA_SUCCESS);
+    assert_int_equal(cuMemAddressFree(p, 4 * G), CUDA_SUCCESS);
+    assert_int_equal(cuMemFree(x), CUDA_SUCCESS);
+}
+
+/* The 32-bit original can only name memory below 4 GiB: a reservation placed there. */
+static void test_address_range_v1(void **state)
+{
+    (void)state;
+    typedef CUresult (*range_v1_t)(unsigned int *, unsigned int *, unsigned int);
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW);
+    range_v1_t range_v1 = (range_v1_t)(uintptr_t)dlsym(lib, "cuMemGetAddressRange");
+    assert_non_null(range_v1);
+    void *fn = NULL;
+    assert_int_equal(cuGetProcAddress("cuMemGetAddressRange", &fn, 3010, 0, NULL),
+                     CUDA_SUCCESS);
+    assert_ptr_equal(fn, (void *)(uintptr_t)range_v1);
+    unsigned int base = 0, size = 0;
+    CUdeviceptr x = 0;
+    assert_int_equal(cuMemAlloc(&x, 64), CUDA_SUCCESS);
+    assert_int_equal(range_v1(&base, &size, (unsigned int)x), CUDA_ERROR_NOT_FOUND);
+
+    /* An address below 4 GiB that is free now (checked by mapping it ourselves first). */
+    const CUdeviceptr low = 0x20000000;
+    void *probe = mmap((void *)(uintptr_t)low, 2 * G, PROT_NONE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+    if (probe != (void *)(uintptr_t)low)
+        skip();
+    munmap(probe, 2 * G);
+    CUdeviceptr p = 0;
+    assert_int_equal(cuMemAddressReserve(&p, 2 * G, 0, low, 0), CUDA_SUCCESS);
+    assert_true(p == low);
+    CUmemGenericAllocationHandle h = new_chunk(G, 0);
+    map_rw(p + G, G, h, 0);
+    assert_int_equal(range_v1(&base, &size, (unsigned int)(p + G + 7)), CUDA_SUCCESS);
+    assert_int_equal(base, (unsigned int)(p + G));
+    assert_int_equal(size, G);
+    assert_int_equal(range_v1(&base, &size, (unsigned int)p), CUDA_ERROR_NOT_FOUND);
+    assert_int_equal(fake_calls("cuMemGetAddressRange"), 3);
+    assert_int_equal(fake_calls("cuMemGetAddressRange_v2"), 0);
+    assert_int_equal(cuMemUnmap(p + G, G), CUDA_SUCCESS);
+    assert_int_equal(cuMemRelease(h), CUDA_SUCCESS);
+    assert_int_equal(cuMemAddressFree(p, 2 * G), CUDA_SUCCESS);
+    assert_int_equal(cuMemFree(x), CUDA_SUCCESS);
+    dlclose(lib);
+}
+
+static void test_pointer_attributes_plain(void **state)
+{
+    (void)state;
+    CUdeviceptr x = 0, y = 0;
+    assert_int_equal(cuMemAlloc(&x, 3000), CUDA_SUCCESS);
+    assert_int_equal(cuMemAlloc(&y, 10), CUDA_SUCCESS);
+    CUdeviceptr in = x + 1234;
+    assert_ptr_equal(attr_ptr(CU_POINTER_ATTRIBUTE_CONTEXT, in), g_ctx);
+    assert_int_equal(attr_uint(CU_POINTER_ATTRIBUTE_MEMORY_TYPE, in), CU_MEMORYTYPE_DEVICE);
+    assert_true(attr_u64(CU_POINTER_ATTRIBUTE_DEVICE_POINTER, in) == in);
+    void *hp = NULL;
+    assert_int_equal(cuPointerGetAttribute(&hp, CU_POINTER_ATTRIBUTE_HOST_POINTER, in),
+                     CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(attr_uint(CU_POINTER_ATTRIBUTE_IS_MANAGED, in), 0);
+    int ordinal = -1;
+    assert_int_equal(cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, in),
+                     CUDA_SUCCESS);
+    assert_int_equal(ordinal, 0);
+    assert_int_equal(attr_uint(CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, in), 1);
+    assert_true(attr_u64(CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, in) == x);
+    assert_int_equal(attr_size(CU_POINTER_ATTRIBUTE_RANGE_SIZE, in), 3000);
+    assert_int_equal(attr_uint(CU_POINTER_ATTRIBUTE_MAPPED, in), 1);
+    assert_int_equal(attr_uint(CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES, in), 0);
+    assert_int_equal(attr_uint(CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE, in), 0);
+    assert_int_equal(attr_uint(CU_POINTER_ATTRIBUTE_ACCESS_FLAGS, in),
+                     CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READWRITE);
+    assert_null(attr_ptr(CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, in));
+    assert_ptr_equal(attr_ptr(CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR, in), (void *)(uintptr_t)x);
+    assert_int_equal(attr_size(CU_POINTER_ATTRIBUTE_MAPPING_SIZE, in), 3000);
+    assert_int_equal(attr_uint(CU_POINTER_ATTRIBUTE_IS_HW_DECOMPRESS_CAPABLE, in), 0);
+
+    /* Buffer ids: one per allocation, never reused, even at the same address. */
+    unsigned long long idx = attr_u64(CU_POINTER_ATTRIBUTE_BUFFER_ID, in);
+    assert_true(idx == attr_u64(CU_POINTER_ATTRIBUTE_BUFFER_ID, x));
+    assert_true(idx == attr_u64(CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID, x));
+    assert_true(idx != attr_u64(CU_POINTER_ATTRIBUTE_BUFFER_ID, y));
+    assert_int_equal(cuMemFree(x), CUDA_SUCCESS);
+    CUdeviceptr again = 0;
+    assert_int_equal(cuMemAlloc(&again, 3000), CUDA_SUCCESS);
+    assert_true(attr_u64(CU_POINTER_ATTRIBUTE_BUFFER_ID, again) != idx);
+
+    /* What the fake does not know, or does not model. */
+    unsigned v = 7;
+    assert_int_equal(cuPointerGetAttribute(&v, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, y + 10),
+                     CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(cuPointerGetAttribute(&v, CU_POINTER_ATTRIBUTE_MAPPED,
+                                           (CUdeviceptr)(uintptr_t)&v),
+                     CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(v, 7);
+    assert_int_equal(cuPointerGetAttribute(NULL, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, y),
+                     CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(cuPointerGetAttribute(&v, (CUpointer_attribute)99, y),
+                     CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(cuPointerGetAttribute(&v, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, y),
+                     CUDA_ERROR_NOT_SUPPORTED);
+    /* The device pointer and the access flags are for the current context. */
+    CUcontext c = NULL;
+    CUdeviceptr dp = 0;
+    assert_int_equal(cuCtxPopCurrent(&c), CUDA_SUCCESS);
+    assert_int_equal(cuPointerGetAttribute(&dp, CU_POINTER_ATTRIBUTE_DEVICE_POINTER, y),
+                     CUDA_ERROR_INVALID_CONTEXT);
+    assert_int_equal(cuPointerGetAttribute(&v, CU_POINTER_ATTRIBUTE_ACCESS_FLAGS, y),
+                     CUDA_ERROR_INVALID_CONTEXT);
+    assert_ptr_equal(attr_ptr(CU_POINTER_ATTRIBUTE_CONTEXT, y), c);
+    assert_int_equal(cuCtxPushCurrent(c), CUDA_SUCCESS);
+    assert_int_equal(cuMemFree(y), CUDA_SUCCESS);
+    assert_int_equal(cuMemFree(again), CUDA_SUCCESS);
+}
+
+static void test_pointer_attributes_vmm(void **state)
+{
+    (void)state;
+    CUdeviceptr p = new_range(8 * G), q = new_range(G);
+    CUmemAllocationProp prop = prop_on(0);
+    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    CUmemGenericAllocationHandle h = 0, h2 = new_chunk(G, 0);
+    assert_int_equal(cuMemCreate(&h, 2 * G, &prop, 0), CUDA_SUCCESS);
+    map_rw(p + 2 * G, 2 * G, h, 0);
+    map_rw(p + 4 * G, G, h2, 0);
+    CUdeviceptr in = p + 3 * G + 17;
+
+    assert_null(attr_ptr(CU_POINTER_ATTRIBUTE_CONTEXT, in));
+    assert_int_equal(attr_uint(CU_POINTER_ATTRIBUTE_MEMORY_TYPE, in), CU_MEMORYTYPE_DEVICE);
+    assert_true(attr_u64(CU_POINTER_ATTRIBUTE_DEVICE_POINTER, in) == in);
+    void *hp = NULL;
+    assert_int_equal(cuPointerGetAttribute(&hp, CU_POINTER_ATTRIBUTE_HOST_POINTER, in),
+                     CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(attr_uint(CU_POINTER_ATTRIBUTE_IS_MANAGED, in), 0);
+    assert_int_equal(attr_uint(CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, in), 0);
+    /* The range is the whole reservation; the mapping is asked for separately. */
+    assert_true(attr_u64(CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, in) == p);
+    assert_int_equal(attr_size(CU_POINTER_ATTRIBUTE_RANGE_SIZE, in), 8 * G);
+    assert_ptr_equal(attr_ptr(CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR, in),
+                     (void *)(uintptr_t)(p + 2 * G));
+    assert_int_equal(attr_size(CU_POINTER_ATTRIBUTE_MAPPING_SIZE, in), 2 * G);
+    assert_int_equal(attr_uint(CU_POINTER_ATTRIBUTE_MAPPED, in), 1);
+    assert_int_equal(attr_uint(CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES, in),
+                     CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    assert_int_equal(attr_uint(CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES, p + 4 * G), 0);
+    assert_int_equal(attr_uint(CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE, in), 0);
+    assert_null(attr_ptr(CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, in));
+    assert_true(attr_u64(CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID, in) == h);
+    assert_int_equal(attr_uint(CU_POINTER_ATTRIBUTE_ACCESS_FLAGS, in),
+                     CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READWRITE);
+    set_access(p + 2 * G, 2 * G, 0, CU_MEM_ACCESS_FLAGS_PROT_READ);
+    assert_int_equal(attr_uint(CU_POINTER_ATTRIBUTE_ACCESS_FLAGS, in),
+                     CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READ);
+
+    /* Buffer ids: per mapping, so two mappings of one chunk differ, and a new mapping of
+     * the same chunk at the same address is a new buffer. */
+    unsigned long long id = attr_u64(CU_POINTER_ATTRIBUTE_BUFFER_ID, in);
+    assert_true(id == attr_u64(CU_POINTER_ATTRIBUTE_BUFFER_ID, p + 2 * G));
+    assert_true(id != attr_u64(CU_POINTER_ATTRIBUTE_BUFFER_ID, p + 4 * G));
+    map_rw(q, G, h, 0);
+    assert_true(id != attr_u64(CU_POINTER_ATTRIBUTE_BUFFER_ID, q));
+    assert_true(attr_u64(CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID, q) == h);
+    assert_int_equal(cuMemUnmap(p + 2 * G, 2 * G), CUDA_SUCCESS);
+    map_rw(p + 2 * G, 2 * G, h, 0);
+    assert_true(id != attr_u64(CU_POINTER_ATTRIBUTE_BUFFER_ID, in));
+
+    /* Reserved, not mapped: the reservation, and MAPPED 0; nothing else applies. */
+    CUdeviceptr hole = p + 6 * G;
+    assert_true(attr_u64(CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, hole) == p);
+    assert_int_equal(attr_size(CU_POINTER_ATTRIBUTE_RANGE_SIZE, hole), 8 * G);
+    assert_int_equal(attr_uint(CU_POINTER_ATTRIBUTE_MAPPED, hole), 0);
+    unsigned v = 7;
+    assert_int_equal(cuPointerGetAttribute(&v, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, hole),
+                     CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(cuPointerGetAttribute(&v, CU_POINTER_ATTRIBUTE_BUFFER_ID, hole),
+                     CUDA_ERROR_INVALID_VALUE);
+
+    assert_int_equal(cuMemUnmap(p + 2 * G, 3 * G), CUDA_SUCCESS);
+    assert_int_equal(cuMemUnmap(q, G), CUDA_SUCCESS);
+    assert_int_equal(cuMemRelease(h), CUDA_SUCCESS);
+    assert_int_equal(cuMemRelease(h2), CUDA_SUCCESS);
+    assert_int_equal(cuMemAddressFree(p, 8 * G), CUDA_SUCCESS);
+    assert_int_equal(cuMemAddressFree(q, G), CUDA_SUCCESS);
+}
+
+/* The cudart set of attributes and the range, in one call, for each kind of pointer. */
+struct attrs {
+    CUcontext ctx;
+    unsigned type;
+    CUdeviceptr dev;
+    void *host;
+    unsigned managed;
+    int ordinal;
+    CUdeviceptr start;
+    size_t size;
+    unsigned mapped, legacy_ipc;
+    unsigned long long buffer;
+};
+
+static CUresult get_all(CUdeviceptr p, struct attrs *a)
+{
+    memset(a, 0xa5, sizeof *a); /* so that every field written is seen */
+    CUpointer_attribute which[] = {
+        CU_POINTER_ATTRIBUTE_CONTEXT,         CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+        CU_POINTER_ATTRIBUTE_DEVICE_POINTER,  CU_POINTER_ATTRIBUTE_HOST_POINTER,
+        CU_POINTER_ATTRIBUTE_IS_MANAGED,      CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+        CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+        CU_POINTER_ATTRIBUTE_MAPPED,          CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE,
+        CU_POINTER_ATTRIBUTE_BUFFER_ID,
+    };
+    void *data[] = {&a->ctx,     &a->type,  &a->dev,   &a->host,   &a->managed, &a->ordinal,
+                    &a->start,   &a->size,  &a->mapped, &a->legacy_ipc, &a->buffer};
+    return cuPointerGetAttributes(sizeof which / sizeof which[0], which, data, p);
+}
+
+static void test_pointer_attributes_plural(void **state)
+{
+    (void)state;
+    struct attrs a;
+    CUdeviceptr x = 0, p = new_range(4 * G);
+    CUmemGenericAllocationHandle h = new_chunk(G, 0);
+    assert_int_equal(cuMemAlloc(&x, 100), CUDA_SUCCESS);
+    map_rw(p, G, h, 0);
+
+    /* cuMemAlloc memory: the host pointer of device memory is NULL here, not an error. */
+    assert_int_equal(get_all(x + 5, &a), CUDA_SUCCESS);
+    assert_ptr_equal(a.ctx, g_ctx);
+    assert_int_equal(a.type, CU_MEMORYTYPE_DEVICE);
+    assert_true(a.dev == x + 5);
+    assert_null(a.host);
+    assert_int_equal(a.managed, 0);
+    assert_int_equal(a.ordinal, 0);
+    assert_true(a.start == x);
+    assert_int_equal(a.size, 100);
+    assert_int_equal(a.mapped, 1);
+    assert_int_equal(a.legacy_ipc, 1);
+    assert_true(a.buffer == attr_u64(CU_POINTER_ATTRIBUTE_BUFFER_ID, x));
+
+    /* VMM memory. */
+    assert_int_equal(get_all(p + 9, &a), CUDA_SUCCESS);
+    assert_null(a.ctx);
+    assert_int_equal(a.type, CU_MEMORYTYPE_DEVICE);
+    assert_true(a.dev == p + 9);
+    assert_null(a.host);
+    assert_int_equal(a.ordinal, 0);
+    assert_true(a.start == p);
+    assert_int_equal(a.size, 4 * G);
+    assert_int_equal(a.mapped, 1);
+    assert_int_equal(a.legacy_ipc, 0);
+    assert_true(a.buffer == attr_u64(CU_POINTER_ATTRIBUTE_BUFFER_ID, p));
+
+    /* Reserved, not mapped: the range and MAPPED 0, the rest zeros. */
+    assert_int_equal(get_all(p + 2 * G, &a), CUDA_SUCCESS);
+    assert_true(a.start == p);
+    assert_int_equal(a.size, 4 * G);
+    assert_int_equal(a.mapped, 0);
+    assert_null(a.ctx);
+    assert_int_equal(a.type, 0);
+    assert_true(a.dev == 0);
+    assert_int_equal(a.buffer, 0);
+
+    /* Not a CUDA pointer: success, MEMORY_TYPE 0, CONTEXT NULL, zeros, as documented. */
+    int on_stack = 0;
+    assert_int_equal(get_all((CUdeviceptr)(uintptr_t)&on_stack, &a), CUDA_SUCCESS);
+    assert_null(a.ctx);
+    assert_int_equal(a.type, 0);
+    assert_true(a.dev == 0);
+    assert_null(a.host);
+    assert_int_equal(a.managed, 0);
+    assert_int_equal(a.ordinal, 0);
+    assert_true(a.start == 0);
+    assert_int_equal(a.size, 0);
+    assert_int_equal(a.mapped, 0);
+    assert_int_equal(a.legacy_ipc, 0);
+    assert_int_equal(a.buffer, 0);
+
+    /* What the call itself refuses. */
+    CUpointer_attribute bad[] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE, (CUpointer_attribute)99};
+    CUpointer_attribute p2p[] = {CU_POINTER_ATTRIBUTE_P2P_TOKENS};
+    unsigned v1 = 0, v2 = 0;
+    void *data[] = {&v1, &v2};
+    assert_int_equal(cuPointerGetAttributes(2, bad, data, x), CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(cuPointerGetAttributes(1, p2p, data, x), CUDA_ERROR_NOT_SUPPORTED);
+    assert_int_equal(cuPointerGetAttributes(0, bad, data, x), CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(cuPointerGetAttributes(1, bad, NULL, x), CUDA_ERROR_INVALID_VALUE);
+    void *null_data[] = {NULL};
+    assert_int_equal(cuPointerGetAttributes(1, bad, null_data, x), CUDA_ERROR_INVALID_VALUE);
+
+    assert_int_equal(cuMemUnmap(p, G), CUDA_SUCCESS);
+    assert_int_equal(cuMemRelease(h), CUDA_SUCCESS);
+    assert_int_equal(cuMemAddressFree(p, 4 * G), CUDA_SUCCESS);
+    assert_int_equal(cuMemFree(x), CUDA_SUCCESS);
+}
+
+/* ACCESS_FLAGS and DEVICE_ORDINAL from another device's context. */
+static void test_pointer_attributes_peers(void **state)
+{
+    (void)state;
+    fake_set_device_count(2);
+    CUcontext c1 = NULL;
+    CUdeviceptr x = 0, p = new_range(G);
+    CUmemGenericAllocationHandle h = new_chunk(G, 1);
+    assert_int_equal(cuMemAlloc(&x, 64), CUDA_SUCCESS);
+    map_rw(p, G, h, 1);
+    assert_int_equal(attr_uint(CU_POINTER_ATTRIBUTE_ACCESS_FLAGS, p),
+                     CU_POINTER_ATTRIBUTE_ACCESS_FLAG_NONE); /* device 0 was given none */
+    int ordinal = -1;
+    assert_int_equal(cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, p),
+                     CUDA_SUCCESS);
+    assert_int_equal(ordinal, 1);
+    assert_int_equal(cuDevicePrimaryCtxRetain(&c1, 1), CUDA_SUCCESS);
+    assert_int_equal(cuCtxPushCurrent(c1), CUDA_SUCCESS);
+    assert_int_equal(attr_uint(CU_POINTER_ATTRIBUTE_ACCESS_FLAGS, p),
+                     CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READWRITE);
+    assert_int_equal(attr_uint(CU_POINTER_ATTRIBUTE_ACCESS_FLAGS, x),
+                     CU_POINTER_ATTRIBUTE_ACCESS_FLAG_NONE);
+    assert_int_equal(cuCtxEnablePeerAccess(g_ctx, 0), CUDA_SUCCESS);
+    assert_int_equal(attr_uint(CU_POINTER_ATTRIBUTE_ACCESS_FLAGS, x),
+                     CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READWRITE);
+    assert_ptr_equal(attr_ptr(CU_POINTER_ATTRIBUTE_CONTEXT, x), g_ctx);
+    assert_int_equal(cuCtxPopCurrent(NULL), CUDA_SUCCESS);
+    assert_int_equal(fake_device_used(1), G);
+    assert_int_equal(cuMemUnmap(p, G), CUDA_SUCCESS);
+    assert_int_equal(cuMemRelease(h), CUDA_SUCCESS);
+    assert_int_equal(fake_device_used(1), 0);
+    assert_int_equal(cuMemAddressFree(p, G), CUDA_SUCCESS);
+    assert_int_equal(cuMemFree(x), CUDA_SUCCESS);
+}
+
+/* ---- IPC handles ---------------------------------------------------------------------------- */
+
+static CUipcMemHandle g_child_handle;
+
+static void child_open_parents_handle(void)
+{
+    CUdeviceptr q = 0;
+    _exit(cuIpcOpenMemHandle(&q, g_child_handle, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) ==
+                  CUDA_ERROR_NOT_SUPPORTED
+              ? 0
+              : 1);
+}
+
+static void test_ipc_handles(void **state)
+{
+    (void)state;
+    CUipcMemHandle a, b, junk;
+    CUdeviceptr x = 0, q = 0, p = new_range(G);
+    CUmemGenericAllocationHandle h = new_chunk(G, 0);
+    map_rw(p, G, h, 0);
+    assert_int_equal(cuMemAlloc(&x, 4096), CUDA_SUCCESS);
+    assert_int_equal(cuIpcGetMemHandle(&a, x), CUDA_SUCCESS);
+    assert_int_equal(cuIpcGetMemHandle(&b, x), CUDA_SUCCESS);
+    assert_memory_equal(&a, &b, sizeof a); /* lightweight, repeatable */
+    /* The base of a cuMemAlloc allocation only: not inside one, not VMM memory. */
+    assert_int_equal(cuIpcGetMemHandle(&b, x + 1), CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(cuIpcGetMemHandle(&b, p), CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(cuIpcGetMemHandle(&b, (CUdeviceptr)(uintptr_t)&b), CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(cuIpcGetMemHandle(NULL, x), CUDA_ERROR_INVALID_VALUE);
+
+    /* Not in the process that made it. */
+    assert_int_equal(cuIpcOpenMemHandle(&q, a, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS),
+                     CUDA_ERROR_INVALID_CONTEXT);
+    typedef CUresult (*open_v1_t)(CUdeviceptr *, CUipcMemHandle, unsigned int);
+    open_v1_t open_v1 = (open_v1_t)(uintptr_t)fake_real_symbol("cuIpcOpenMemHandle");
+    assert_non_null(open_v1);
+    assert_int_equal(open_v1(&q, a, 0), CUDA_ERROR_INVALID_CONTEXT);
+    assert_int_equal(cuIpcOpenMemHandle(&q, a, 2), CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(cuIpcOpenMemHandle(NULL, a, 0), CUDA_ERROR_INVALID_VALUE);
+    memset(&junk, 0x5c, sizeof junk);
+    assert_int_equal(cuIpcOpenMemHandle(&q, junk, 0), CUDA_ERROR_INVALID_VALUE);
+    g_child_handle = a;
+    assert_int_equal(in_child(child_open_parents_handle), 0);
+    /* Nothing was opened, so nothing closes. */
+    assert_int_equal(cuIpcCloseMemHandle(x), CUDA_ERROR_INVALID_VALUE);
+    assert_true(q == 0);
+
+    /* A new allocation at the same address gets a new handle. */
+    assert_int_equal(cuMemFree(x), CUDA_SUCCESS);
+    CUdeviceptr y = 0;
+    assert_int_equal(cuMemAlloc(&y, 4096), CUDA_SUCCESS);
+    assert_int_equal(cuIpcGetMemHandle(&b, y), CUDA_SUCCESS);
+    assert_memory_not_equal(&a, &b, sizeof a);
+
+    CUcontext c = NULL;
+    assert_int_equal(cuCtxPopCurrent(&c), CUDA_SUCCESS);
+    assert_int_equal(cuIpcGetMemHandle(&b, y), CUDA_ERROR_INVALID_CONTEXT);
+    assert_int_equal(cuIpcOpenMemHandle(&q, b, 0), CUDA_ERROR_INVALID_CONTEXT);
+    assert_int_equal(cuIpcCloseMemHandle(y), CUDA_ERROR_INVALID_CONTEXT);
+    assert_int_equal(cuCtxPushCurrent(c), CUDA_SUCCESS);
+    assert_int_equal(cuMemFree(y), CUDA_SUCCESS);
+    assert_int_equal(cuMemUnmap(p, G), CUDA_SUCCESS);
+    assert_int_equal(cuMemRelease(h), CUDA_SUCCESS);
+    assert_int_equal(cuMemAddressFree(p, G), CUDA_SUCCESS);
+    assert_int_equal(fake_calls("cuIpcOpenMemHandle_v2"), 5); /* the child's is its own */
+    assert_int_equal(fake_calls("cuIpcOpenMemHandle"), 1);
+}
+
+/* Injected failures of the queries: the failure, counted, and nothing written. */
+static void test_query_injection(void **state)
+{
+    (void)state;
+    CUdeviceptr x = 0, base = 0;
+    size_t size = 0;
+    unsigned v = 7;
+    CUipcMemHandle ipc;
+    memset(&ipc, 0, sizeof ipc);
+    assert_int_equal(cuMemAlloc(&x, 64), CUDA_SUCCESS);
+    fake_fail_nth("cuMemGetAddressRange_v2", 1, CUDA_ERROR_UNKNOWN);
+    assert_int_equal(cuMemGetAddressRange(&base, &size, x), CUDA_ERROR_UNKNOWN);
+    assert_true(base == 0);
+    fake_fail_nth("cuPointerGetAttribute", 1, CUDA_ERROR_UNKNOWN);
+    assert_int_equal(cuPointerGetAttribute(&v, CU_POINTER_ATTRIBUTE_MAPPED, x),
+                     CUDA_ERROR_UNKNOWN);
+    CUpointer_attribute which[] = {CU_POINTER_ATTRIBUTE_MAPPED};
+    void *data[] = {&v};
+    fake_fail_nth("cuPointerGetAttributes", 1, CUDA_ERROR_UNKNOWN);
+    assert_int_equal(cuPointerGetAttributes(1, which, data, x), CUDA_ERROR_UNKNOWN);
+    assert_int_equal(v, 7);
+    fake_fail_nth("cuIpcGetMemHandle", 1, CUDA_ERROR_MAP_FAILED);
+    assert_int_equal(cuIpcGetMemHandle(&ipc, x), CUDA_ERROR_MAP_FAILED);
+    fake_fail_nth("cuIpcCloseMemHandle", 1, CUDA_ERROR_MAP_FAILED);
+    assert_int_equal(cuIpcCloseMemHandle(x), CUDA_ERROR_MAP_FAILED);
+    assert_int_equal(cuPointerGetAttributes(1, which, data, x), CUDA_SUCCESS);
+    assert_int_equal(v, 1);
+    assert_int_equal(fake_calls("cuPointerGetAttributes"), 2);
+    assert_int_equal(fake_calls("cuPointerGetAttribute"), 1);
+    assert_int_equal(cuMemFree(x), CUDA_SUCCESS);
+}
+
 /* ---- VMM off ------------------------------------------------------------------------------- */
 
 struct vmm_call {
@@ -923,9 +1420,9 @@ static void test_environment(void **state)
 
 /* By base name, as cuGetProcAddress takes them. */
 static const char *const g_other_entries[] = {
-    "cuDeviceCanAccessPeer",
-    "cuCtxEnablePeerAccess",
-    "cuCtxDisablePeerAccess",
+    "cuDeviceCanAccessPeer", "cuCtxEnablePeerAccess", "cuCtxDisablePeerAccess",
+    "cuPointerGetAttribute", "cuPointerGetAttributes", "cuIpcGetMemHandle",
+    "cuIpcCloseMemHandle",
 };
 
 static void test_discovery_and_injection(void **state)
@@ -964,6 +1461,13 @@ static void test_discovery_and_injection(void **state)
         if (cuGetProcAddress(name, &fn, 13000, 0, NULL) != CUDA_SUCCESS || fn != sym)
             fail_msg("cuGetProcAddress(%s) is not dlsym's", name);
     }
+    /* cuIpcOpenMemHandle: the _v2 form from CUDA 11.0 on. */
+    void *fn = NULL;
+    assert_int_equal(cuGetProcAddress("cuIpcOpenMemHandle", &fn, 13000, 0, NULL), CUDA_SUCCESS);
+    assert_ptr_equal(fn, dlsym(h, "cuIpcOpenMemHandle_v2"));
+    assert_int_equal(cuGetProcAddress("cuIpcOpenMemHandle", &fn, 10020, 0, NULL), CUDA_SUCCESS);
+    assert_ptr_equal(fn, dlsym(h, "cuIpcOpenMemHandle"));
+    assert_true(dlsym(h, "cuIpcOpenMemHandle") != dlsym(h, "cuIpcOpenMemHandle_v2"));
     /* Injected failures leave state alone: a failed cuMemMap maps nothing, a failed
      * cuMemUnmap unmaps nothing, a failed cuMemRelease frees nothing. */
     CUdeviceptr p = new_range(G);
@@ -1067,6 +1571,14 @@ int main(void)
         T(test_plain_memory_races_unchanged),
         T(test_peer_access_calls),
         T(test_peer_kernels_and_copies),
+        T(test_address_range),
+        T(test_address_range_v1),
+        T(test_pointer_attributes_plain),
+        T(test_pointer_attributes_vmm),
+        T(test_pointer_attributes_plural),
+        T(test_pointer_attributes_peers),
+        T(test_ipc_handles),
+        T(test_query_injection),
         T(test_vmm_off),
         T(test_discovery_and_injection),
         T(test_vmm_threads),
