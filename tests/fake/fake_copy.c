@@ -262,10 +262,10 @@ FAKE_API CUresult cuMemcpyDtoDAsync_v2_ptsz(CUdeviceptr dstDevice, CUdeviceptr s
                            hStream, true));
 }
 
-/* ---- the CUDA 3.0 originals, with 32-bit pointers and sizes. A 64-bit process cannot be
- * given a device pointer that fits in 32 bits, so they are refused. They exist so that
- * cuGetProcAddress with an old cudaVersion resolves to a distinct function, as with the real
- * driver. */
+/* ---- the CUDA 3.0 originals, with 32-bit pointers and sizes. cuMemAlloc never gives a
+ * device pointer that fits in 32 bits (only a VMM reservation placed low can have one), so
+ * they are refused. They exist so that cuGetProcAddress with an old cudaVersion resolves to
+ * a distinct function, as with the real driver. */
 
 FAKE_API CUresult cuMemsetD8(CUdeviceptr_v1 dstDevice, unsigned char uc, unsigned int N)
 {

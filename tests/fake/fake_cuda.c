@@ -61,8 +61,9 @@ void fake_unlock(void)
         fake_run_callbacks();
 }
 
-/* A test that names an entry point the fake does not have is broken: say so loudly rather
- * than let an injection silently never fire. */
+/* A test that uses a control call wrongly (an entry point the fake does not have, a value out
+ * of range) is broken: say so loudly rather than let, say, an injection silently never
+ * fire. */
 _Noreturn void fake_die(const char *what, const char *name)
 {
     fprintf(stderr, "fake cuda: %s: %s\n", what, name ? name : "(null)");

@@ -154,7 +154,7 @@ enum fake_entry_id {
         ID_COUNT
 };
 
-/* A control call used wrongly: print what and abort. */
+/* A control call used wrongly: print what (and the name, if any) and abort. */
 FAKE_HIDDEN _Noreturn void fake_die(const char *what, const char *name);
 
 /* Count the call, apply injected delays and failures, refuse calls before cuInit and after

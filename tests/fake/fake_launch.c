@@ -6,8 +6,8 @@
  * *(CUdeviceptr *)kernelParams[0] and n is *(size_t *)kernelParams[1]. The bytes must lie
  * inside one live allocation or one VMM reservation (n = 0: it touches nothing and p is not
  * looked at); bytes the launching context's device may not touch are an access fault
- * (fake_access.c). Any other CUfunction is an invalid handle. A graph launch accepts any non-NULL CUgraphExec and
- * touches nothing: the fake keeps no graphs. */
+ * (fake_access.c). Any other CUfunction is an invalid handle. A graph launch accepts any
+ * non-NULL CUgraphExec and touches nothing: the fake keeps no graphs. */
 #include "fake_internal.h"
 
 /* The touch kernel's handle is this object's address: never a real function. */

@@ -28,7 +28,7 @@
 #define MAP_FIXED_NOREPLACE 0x100000
 #endif
 
-#define DEFAULT_GRANULARITY (2u << 20) /* what an H100 answers, MINIMUM and RECOMMENDED */
+#define DEFAULT_GRANULARITY (2u << 20) /* an H100's (DESIGN.md); answered for both options */
 /* Handles are ids in this range, so that small integers are never valid handles. */
 #define HANDLE_BASE 0xfa4e000000000000ull
 
@@ -111,36 +111,41 @@ static struct mapping *find_map(CUdeviceptr p)
     return node ? *node : NULL;
 }
 
-/* The mappings that exactly cover [p, p + size), in address order, into *out (malloc'd);
- * false if the range is empty, has a hole or cuts a mapping. */
-static bool whole_mappings(CUdeviceptr p, size_t size, struct mapping ***out, size_t *n)
+/* The mappings that exactly cover [p, p + size), in address order, into *out (malloc'd, NULL
+ * unless CUDA_SUCCESS): CUDA_ERROR_INVALID_VALUE if the range is empty, has a hole or cuts
+ * a mapping, or CUDA_ERROR_OUT_OF_MEMORY. */
+static CUresult whole_mappings(CUdeviceptr p, size_t size, struct mapping ***out, size_t *n)
 {
     *out = NULL;
     *n = 0;
     if (size == 0 || size > UINT64_MAX - p)
-        return false;
+        return CUDA_ERROR_INVALID_VALUE;
     size_t cap = 0;
-    for (CUdeviceptr at = p; at < p + size;) {
+    CUresult rc = CUDA_SUCCESS;
+    for (CUdeviceptr at = p; at < p + size && rc == CUDA_SUCCESS;) {
         struct mapping *m = find_map(at);
         if (!m || m->va != at || m->size > p + size - at) {
-            free(*out);
-            *out = NULL;
-            return false;
+            rc = CUDA_ERROR_INVALID_VALUE;
+            break;
         }
         if (*n == cap) {
             cap = cap ? 2 * cap : 4;
-            struct mapping **v = realloc(*out, cap * sizeof *v);
-            if (!v) {
-                free(*out);
-                *out = NULL;
-                return false;
+            struct mapping **grown = realloc(*out, cap * sizeof *grown);
+            if (!grown) {
+                rc = CUDA_ERROR_OUT_OF_MEMORY;
+                break;
             }
-            *out = v;
+            *out = grown;
         }
         (*out)[(*n)++] = m;
         at += m->size;
     }
-    return true;
+    if (rc != CUDA_SUCCESS) {
+        free(*out);
+        *out = NULL;
+        *n = 0;
+    }
+    return rc;
 }
 
 bool fake_vmm_at(CUdeviceptr p, struct fake_vmm_at *out)
@@ -177,9 +182,9 @@ void fake_vmm_environment(bool supported)
 
 static bool valid_device(int dev) { return dev >= 0 && dev < fake_device_count; }
 
-/* Pinned device memory on a device that exists; host locations are not offered (the device
- * attributes for them say 0), handle types other than none and a POSIX file descriptor are
- * not available on Linux without IMEX channels. */
+/* Pinned device memory on a device that exists. Host locations are not offered (the device
+ * attributes for them say 0); of the handle types only a POSIX file descriptor is (Windows
+ * handles do not exist on Linux, fabric handles need IMEX channels). */
 static CUresult check_prop(const CUmemAllocationProp *prop)
 {
     if (!prop || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED || prop->win32HandleMetaData)
@@ -490,8 +495,9 @@ static CUresult unmap(CUdeviceptr ptr, size_t size)
 {
     struct mapping **v;
     size_t n;
-    if (!whole_mappings(ptr, size, &v, &n))
-        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = whole_mappings(ptr, size, &v, &n);
+    if (rc != CUDA_SUCCESS)
+        return rc;
     for (size_t i = 0; i < n; i++)
         unmap_one(v[i]);
     free(v);
@@ -534,8 +540,9 @@ static CUresult set_access(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *
     }
     struct mapping **v;
     size_t n;
-    if (!whole_mappings(ptr, size, &v, &n))
-        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = whole_mappings(ptr, size, &v, &n);
+    if (rc != CUDA_SUCCESS)
+        return rc;
     for (size_t k = 0; k < n; k++) {
         for (size_t i = 0; i < count; i++)
             v[k]->access[desc[i].location.id] = (unsigned char)desc[i].flags;
