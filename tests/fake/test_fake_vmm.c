@@ -1282,10 +1282,36 @@ static void test_query_injection(void **state)
     assert_int_equal(cuIpcGetMemHandle(&ipc, x), CUDA_ERROR_MAP_FAILED);
     fake_fail_nth("cuIpcCloseMemHandle", 1, CUDA_ERROR_MAP_FAILED);
     assert_int_equal(cuIpcCloseMemHandle(x), CUDA_ERROR_MAP_FAILED);
+    CUdeviceptr q = 0;
+    fake_fail_nth("cuIpcOpenMemHandle_v2", 1, CUDA_ERROR_TOO_MANY_PEERS);
+    assert_int_equal(cuIpcOpenMemHandle(&q, ipc, 0), CUDA_ERROR_TOO_MANY_PEERS);
+    typedef CUresult (*open_v1_t)(CUdeviceptr *, CUipcMemHandle, unsigned int);
+    open_v1_t open_v1 = (open_v1_t)(uintptr_t)fake_real_symbol("cuIpcOpenMemHandle");
+    fake_fail_nth("cuIpcOpenMemHandle", 1, CUDA_ERROR_TOO_MANY_PEERS);
+    assert_int_equal(open_v1(&q, ipc, 0), CUDA_ERROR_TOO_MANY_PEERS);
+    assert_true(q == 0);
+    typedef CUresult (*range_v1_t)(unsigned int *, unsigned int *, unsigned int);
+    range_v1_t range_v1 = (range_v1_t)(uintptr_t)fake_real_symbol("cuMemGetAddressRange");
+    unsigned int b32 = 0, s32 = 0;
+    fake_fail_nth("cuMemGetAddressRange", 1, CUDA_ERROR_UNKNOWN);
+    assert_int_equal(range_v1(&b32, &s32, 0x1000), CUDA_ERROR_UNKNOWN);
+    assert_int_equal(range_v1(&b32, &s32, 0x1000), CUDA_ERROR_NOT_FOUND);
+    fake_set_device_count(2);
+    CUcontext c1 = NULL;
+    assert_int_equal(cuDevicePrimaryCtxRetain(&c1, 1), CUDA_SUCCESS);
+    assert_int_equal(cuCtxEnablePeerAccess(c1, 0), CUDA_SUCCESS);
+    fake_fail_nth("cuCtxDisablePeerAccess", 1, CUDA_ERROR_UNKNOWN);
+    assert_int_equal(cuCtxDisablePeerAccess(c1), CUDA_ERROR_UNKNOWN);
+    assert_int_equal(cuCtxEnablePeerAccess(c1, 0), CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED);
+    assert_int_equal(cuCtxDisablePeerAccess(c1), CUDA_SUCCESS);
+
     assert_int_equal(cuPointerGetAttributes(1, which, data, x), CUDA_SUCCESS);
     assert_int_equal(v, 1);
     assert_int_equal(fake_calls("cuPointerGetAttributes"), 2);
     assert_int_equal(fake_calls("cuPointerGetAttribute"), 1);
+    assert_int_equal(fake_calls("cuIpcOpenMemHandle_v2"), 1);
+    assert_int_equal(fake_calls("cuIpcOpenMemHandle"), 1);
+    assert_int_equal(fake_calls("cuMemGetAddressRange"), 2);
     assert_int_equal(cuMemFree(x), CUDA_SUCCESS);
 }
 
