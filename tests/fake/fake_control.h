@@ -19,9 +19,40 @@
  * with CUDA_ERROR_NO_DEVICE.) */
 void fake_set_device_count(int count);
 void fake_set_device_bytes(int device, uint64_t bytes);
-/* Bytes currently allocated on a device through cuMemAlloc*, and live allocation count. */
+/* Peers: cuDeviceCanAccessPeer answers 1 for any two distinct devices, and
+ * cuCtxEnablePeerAccess / cuCtxDisablePeerAccess keep per-context peer lists that the access
+ * check of kernels reads (fake_access_faults). (Fake: at most 8 peer contexts per context,
+ * then CUDA_ERROR_TOO_MANY_PEERS; a destroyed peer context counts as not enabled.) */
+/* Bytes currently allocated on a device through cuMemAlloc* and cuMemCreate, and the count of
+ * live cuMemAlloc* allocations (fake_vmm_allocations counts the others). */
 uint64_t fake_device_used(int device);
 long fake_live_allocations(void);
+
+/* --- virtual memory management -------------------------------------------------------------- */
+/* cuMemCreate, cuMemAddressReserve, cuMemMap, cuMemSetAccess and the rest work on host memory:
+ * a physical allocation is a memfd of its size, counted against its device like cuMemAlloc
+ * memory; a reservation is PROT_NONE address space; a mapping is a shared view of the memfd,
+ * usable by copies, memsets and kernels only once cuMemSetAccess gave the device access.
+ * See the top of fake_vmm.c; how cuMemGetAddressRange, cuPointerGetAttribute(s) and the IPC
+ * handles answer for both kinds of memory: the top of fake_ptr.c. (Fake: one open file
+ * descriptor per live physical allocation; cuMemAddressFree of a reservation that still holds
+ * mappings fails with CUDA_ERROR_INVALID_VALUE.) */
+/* The granularity cuMemGetAllocationGranularity answers, MINIMUM and RECOMMENDED alike, and
+ * that cuMemCreate sizes and cuMemMap addresses and sizes must be multiples of: 2 MiB by
+ * default, as on an H100. A smaller one (64 KiB) makes tests fast. Takes effect for later
+ * calls. (Fake: a power of two from the page size to 1 TiB, else abort.) (Addition to the
+ * original API.) */
+void fake_set_vmm_granularity(uint64_t bytes);
+/* Whether devices offer VMM: on by default, off when FAKE_CUDA_NO_VMM=1 at cuInit; a value
+ * set here wins over the environment. While off, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_
+ * MANAGEMENT_SUPPORTED is 0 and every VMM entry point returns CUDA_ERROR_NOT_SUPPORTED, the
+ * ones that would free something included, so turn it off before using VMM. (Addition to
+ * the original API.) */
+void fake_set_vmm_supported(int on);
+/* Physical allocations not yet freed (freed once released and unmapped everywhere), and
+ * reservations not yet freed. (Addition to the original API.) */
+long fake_vmm_allocations(void);
+long fake_vmm_reservations(void);
 
 /* --- work on streams --------------------------------------------------------------------- */
 /* Work on a stream is a sequence of units: this call's, and those of the driver calls that
@@ -49,9 +80,11 @@ void fake_retire_all(void);
 /* Pending units on a stream. */
 int fake_stream_pending(CUstream stream);
 /* The one kernel the fake runs: cuLaunchKernel/cuLaunchKernelEx of this function make a unit
- * that touches [p, p + n), where p = *(CUdeviceptr *)kernelParams[0] and
- * n = *(size_t *)kernelParams[1] (bytes; they must lie in one live allocation unless n is
- * 0). Any other CUfunction is CUDA_ERROR_INVALID_HANDLE. (Addition to the original API.) */
+ * that reads and writes [p, p + n), where p = *(CUdeviceptr *)kernelParams[0] and
+ * n = *(size_t *)kernelParams[1] (bytes; unless n is 0 they must lie in one live allocation
+ * or one VMM reservation, else CUDA_ERROR_INVALID_VALUE; bytes the launching context's device
+ * may not access count in fake_access_faults). Any other CUfunction is
+ * CUDA_ERROR_INVALID_HANDLE. (Addition to the original API.) */
 CUfunction fake_touch_kernel(void);
 /* Units submitted after this call complete by themselves `ticks` ticks after they could
  * start (once their stream's previous unit and everything they are ordered after have
@@ -70,11 +103,31 @@ long fake_races(void);
 /* Unsafe, to prove the race check can fail: while on, cuStreamWaitEvent returns
  * CUDA_SUCCESS and orders nothing. (Addition to the original API.) */
 void fake_set_ignore_stream_waits(int on);
+/* For memory mapped with cuMemMap the check compares the physical memory (handle and offset),
+ * not the address: work through a new mapping of a chunk races with work still pending
+ * through an old mapping of it, wherever either was mapped. */
+
+/* --- what crashes a real GPU -------------------------------------------------------------- */
+/* Unmap faults so far: each pending unit (a launched kernel, an asynchronous copy or memset,
+ * not yet completed) that touches memory through a mapping that cuMemUnmap removes, the
+ * cuMemUnmap that frees a released allocation included. The real cuMemUnmap does not wait
+ * for work, and the GPU faults; the fake counts, reports "fake cuda: unmap fault: ..." on
+ * stderr, and carries on. Reset by fake_reset_counters. (Addition to the original API.) */
+long fake_unmap_faults(void);
+/* Access faults so far: each kernel launch (submitted, not captured) that touches bytes its
+ * context's device may not read and write: VMM memory unmapped or without access for that
+ * device (cuMemSetAccess), or cuMemAlloc memory of another device whose context the launching
+ * context has not enabled peer access to (cuCtxEnablePeerAccess, which does not reach VMM
+ * memory, as on the real driver). The launch succeeds, as on the GPU where the kernel faults
+ * later; the fake reports "fake cuda: access fault: ..." on stderr. Reset by
+ * fake_reset_counters. (Addition to the original API.) */
+long fake_access_faults(void);
 
 /* --- counters ----------------------------------------------------------------------------- */
 /* Calls of one entry point by exact name ("cuMemAlloc_v2"), and reset of all counters.
  * (Fake: -1 for a name the fake does not export, so a typo cannot pass as "never called";
- * reset also zeroes the after-teardown, capture-violation and race counters.) */
+ * reset also zeroes the after-teardown, capture-violation, race, unmap-fault and
+ * access-fault counters.) */
 long fake_calls(const char *name);
 void fake_reset_counters(void);
 /* Driver calls that arrived after the fake driver's destructor ran (must stay 0). */

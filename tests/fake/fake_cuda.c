@@ -1,10 +1,12 @@
 /* Fake CUDA driver: the core. Per-call bookkeeping (counters, injected failures and delays,
  * init and teardown checks), the control API, the handle registry, devices and contexts.
  *
- * Memory and copies live in fake_mem.c, streams/events/capture in fake_stream.c, the units
- * of work, their order, completion and race check in fake_timeline.c, kernel launches, host
- * functions and graph launches in fake_launch.c, the discovery paths (cuGetProcAddress) and
- * error strings in fake_proc.c. */
+ * cuMemAlloc memory lives in fake_mem.c, virtual memory management in fake_vmm.c, who may
+ * touch which bytes (and peer access) in fake_access.c, pointer queries and IPC handles in
+ * fake_ptr.c, copies and memsets in fake_copy.c, streams/events/capture in fake_stream.c,
+ * the units of work, their order, completion and race check in fake_timeline.c, kernel
+ * launches, host functions and graph launches in fake_launch.c, the discovery paths
+ * (cuGetProcAddress) and error strings in fake_proc.c. */
 #include "fake_internal.h"
 
 #include <errno.h>
@@ -59,9 +61,10 @@ void fake_unlock(void)
         fake_run_callbacks();
 }
 
-/* A test that names an entry point the fake does not have is broken: say so loudly rather
- * than let an injection silently never fire. */
-static _Noreturn void die(const char *what, const char *name)
+/* A test that uses a control call wrongly (an entry point the fake does not have, a value out
+ * of range) is broken: say so loudly rather than let, say, an injection silently never
+ * fire. */
+_Noreturn void fake_die(const char *what, const char *name)
 {
     fprintf(stderr, "fake cuda: %s: %s\n", what, name ? name : "(null)");
     abort();
@@ -154,6 +157,8 @@ FAKE_API void fake_reset_counters(void)
     atomic_store(&g_after_teardown, 0);
     atomic_store(&fake_violations, 0);
     atomic_store(&fake_race_count, 0);
+    atomic_store(&fake_unmap_fault_count, 0);
+    atomic_store(&fake_access_fault_count, 0);
 }
 
 FAKE_API long fake_calls_after_teardown(void) { return atomic_load(&g_after_teardown); }
@@ -164,7 +169,7 @@ FAKE_API void fake_fail_nth(const char *name, long nth, CUresult err)
 {
     struct entry_state *e = find_entry(name);
     if (!e)
-        die("fake_fail_nth: unknown entry point", name);
+        fake_die("fake_fail_nth: unknown entry point", name);
     fake_lock();
     e->countdown = nth > 0 ? nth : 0;
     e->nth_err = err;
@@ -176,7 +181,7 @@ FAKE_API void fake_fail_always(const char *name, CUresult err)
 {
     struct entry_state *e = find_entry(name);
     if (!e)
-        die("fake_fail_always: unknown entry point", name);
+        fake_die("fake_fail_always: unknown entry point", name);
     fake_lock();
     e->always_err = err;
     rearm(e);
@@ -187,7 +192,7 @@ FAKE_API void fake_set_delay_ns(const char *name, uint64_t ns)
 {
     struct entry_state *e = find_entry(name);
     if (!e)
-        die("fake_set_delay_ns: unknown entry point", name);
+        fake_die("fake_set_delay_ns: unknown entry point", name);
     fake_lock();
     e->delay_ns = ns;
     rearm(e);
@@ -273,7 +278,7 @@ static bool valid_device(CUdevice dev) { return dev >= 0 && dev < fake_device_co
 FAKE_API void fake_set_device_count(int count)
 {
     if (count < 0 || count > FAKE_MAX_DEVICES)
-        die("fake_set_device_count: count out of range 0..16", NULL);
+        fake_die("fake_set_device_count: count out of range 0..16", NULL);
     fake_lock();
     fake_device_count = count;
     g_count_set = true;
@@ -283,7 +288,7 @@ FAKE_API void fake_set_device_count(int count)
 FAKE_API void fake_set_device_bytes(int device, uint64_t bytes)
 {
     if (device < 0 || device >= FAKE_MAX_DEVICES)
-        die("fake_set_device_bytes: device out of range 0..15", NULL);
+        fake_die("fake_set_device_bytes: device out of range 0..15", NULL);
     fake_lock();
     fake_devices[device].bytes = bytes;
     fake_devices[device].bytes_set = true;
@@ -333,6 +338,8 @@ static void read_environment(void)
         fake_device_count = (int)v;
     if (env_u64("FAKE_CUDA_DEVICE_BYTES", UINT64_MAX, &v))
         g_default_bytes = v;
+    if (env_u64("FAKE_CUDA_NO_VMM", 1, &v))
+        fake_vmm_environment(v == 0);
 }
 
 FAKE_API CUresult cuInit(unsigned int flags)
@@ -442,8 +449,9 @@ FAKE_API CUresult cuDeviceTotalMem(unsigned int *bytes, CUdevice dev)
     return rc;
 }
 
-/* An H100-like device, except that it offers none of the optional memory APIs (pools, VMM,
- * managed memory) the fake does not implement, so nobody takes a path that cannot work. */
+/* An H100-like device, except that it offers none of the optional memory APIs the fake does
+ * not implement (pools, managed memory, host VMM locations, GPUDirect RDMA), so nobody takes a
+ * path that cannot work. VMM is offered unless turned off (fake_set_vmm_supported). */
 static int attribute_value(CUdevice_attribute attrib, CUdevice dev)
 {
     switch (attrib) {
@@ -456,6 +464,9 @@ static int attribute_value(CUdevice_attribute attrib, CUdevice dev)
     case CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY: return 1;
     case CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS: return 1;
     case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: return dev + 1;
+    case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
+    case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED:
+        return fake_vmm_supported();
     default: return 0;
     }
 }
@@ -467,10 +478,11 @@ FAKE_API CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdev
         return CUDA_ERROR_INVALID_VALUE;
     fake_lock();
     bool ok = valid_device(dev);
+    int value = ok ? attribute_value(attrib, dev) : 0;
     fake_unlock();
     if (!ok)
         return CUDA_ERROR_INVALID_DEVICE;
-    *pi = attribute_value(attrib, dev);
+    *pi = value;
     return CUDA_SUCCESS;
 }
 

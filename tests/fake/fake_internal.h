@@ -40,6 +40,7 @@
     X(cuDeviceTotalMem, INIT)                                                                  \
     X(cuDeviceTotalMem_v2, INIT)                                                               \
     X(cuDeviceGetAttribute, INIT)                                                              \
+    X(cuDeviceCanAccessPeer, INIT)                                                             \
     X(cuDevicePrimaryCtxRetain, INIT)                                                          \
     X(cuDevicePrimaryCtxRelease, INIT)                                                         \
     X(cuDevicePrimaryCtxRelease_v2, INIT)                                                      \
@@ -58,6 +59,8 @@
     X(cuCtxGetDevice, INIT)                                                                    \
     X(cuCtxSynchronize, INIT)                                                                  \
     X(cuCtxGetApiVersion, INIT)                                                                \
+    X(cuCtxEnablePeerAccess, INIT)                                                             \
+    X(cuCtxDisablePeerAccess, INIT)                                                            \
     X(cuMemAlloc, INIT)                                                                        \
     X(cuMemAlloc_v2, INIT)                                                                     \
     X(cuMemFree, INIT)                                                                         \
@@ -125,7 +128,24 @@
     X(cuMemcpyDtoHAsync_v2, INIT)                                                              \
     X(cuMemcpyDtoHAsync_v2_ptsz, INIT)                                                         \
     X(cuMemcpyDtoDAsync_v2, INIT)                                                              \
-    X(cuMemcpyDtoDAsync_v2_ptsz, INIT)
+    X(cuMemcpyDtoDAsync_v2_ptsz, INIT)                                                         \
+    X(cuMemGetAllocationGranularity, INIT)                                                     \
+    X(cuMemCreate, INIT)                                                                       \
+    X(cuMemRelease, INIT)                                                                      \
+    X(cuMemGetAllocationPropertiesFromHandle, INIT)                                            \
+    X(cuMemRetainAllocationHandle, INIT)                                                       \
+    X(cuMemAddressReserve, INIT)                                                               \
+    X(cuMemAddressFree, INIT)                                                                  \
+    X(cuMemMap, INIT)                                                                          \
+    X(cuMemUnmap, INIT)                                                                        \
+    X(cuMemSetAccess, INIT)                                                                    \
+    X(cuMemGetAccess, INIT)                                                                    \
+    X(cuPointerGetAttribute, INIT)                                                             \
+    X(cuPointerGetAttributes, INIT)                                                            \
+    X(cuIpcGetMemHandle, INIT)                                                                 \
+    X(cuIpcOpenMemHandle, INIT)                                                                \
+    X(cuIpcOpenMemHandle_v2, INIT)                                                             \
+    X(cuIpcCloseMemHandle, INIT)
 
 enum fake_entry_id {
 #define FAKE_ID(name, init) ID_##name,
@@ -133,6 +153,9 @@ enum fake_entry_id {
 #undef FAKE_ID
         ID_COUNT
 };
+
+/* A control call used wrongly: print what (and the name, if any) and abort. */
+FAKE_HIDDEN _Noreturn void fake_die(const char *what, const char *name);
 
 /* Count the call, apply injected delays and failures, refuse calls before cuInit and after
  * teardown. Returns CUDA_SUCCESS when the entry point should go on. */
@@ -187,10 +210,32 @@ struct fake_clock {
     struct fake_clock_entry *v;
 };
 
-/* Device bytes [p, p + n) that a unit touches. */
+/* Device bytes [p, p + n), as a caller names them, and whether it writes them. */
 struct fake_range {
     CUdeviceptr p;
     size_t n;
+    bool write;
+};
+
+/* Device bytes a unit touches: [va, va + n) as its caller named them, and the memory behind
+ * them, which is what the race check compares. For cuMemAlloc memory that is the address
+ * itself (space 0, at = va); for memory mapped with cuMemMap it is the physical allocation
+ * (space = its handle, at = the offset in it), so work through two mappings of the same
+ * memory is compared, and `mapping` names the mapping it went through (0: none), which the
+ * unmap check looks for. */
+struct fake_touch {
+    CUdeviceptr va;
+    size_t n;
+    uint64_t space, at, mapping;
+};
+
+/* The touches of one operation, built by fake_access.c, and the access faults found on the
+ * way (a kernel touching bytes its device may not access): the first one's address. */
+struct fake_touches {
+    int n, cap;
+    struct fake_touch *v;
+    int faults;
+    CUdeviceptr fault_at;
 };
 
 struct fake_stream {
@@ -224,6 +269,8 @@ struct fake_stream {
     fake_stream *prev, *next;
 };
 
+#define FAKE_MAX_PEERS 8
+
 struct fake_ctx {
     enum fake_kind kind;
     int device;
@@ -233,6 +280,10 @@ struct fake_ctx {
     fake_stream *streams; /* created and per-thread streams, plus destroyed ones with work */
     fake_event *events;
     fake_alloc *allocs;
+    /* Contexts whose cuMemAlloc memory this one's kernels may touch (cuCtxEnablePeerAccess);
+     * destroyed ones count as not enabled. */
+    fake_ctx *peers[FAKE_MAX_PEERS];
+    int npeers;
     fake_ctx *next_all;
 };
 
@@ -251,6 +302,7 @@ struct fake_event {
 struct fake_alloc {
     CUdeviceptr base;
     size_t size, maplen;
+    uint64_t id; /* unique, never reused (the pointer attribute BUFFER_ID) */
     fake_ctx *ctx;
     fake_alloc *prev, *next;
 };
@@ -287,9 +339,12 @@ extern FAKE_HIDDEN struct fake_device fake_devices[FAKE_MAX_DEVICES];
 extern FAKE_HIDDEN int fake_device_count;
 extern FAKE_HIDDEN long fake_live_allocs;
 extern FAKE_HIDDEN fake_ctx *fake_all_ctxs;
-/* Counters read and reset without the lock: capture violations and races. */
+/* Counters read and reset without the lock: capture violations, races, unmap faults and
+ * access faults. */
 extern FAKE_HIDDEN atomic_long fake_violations;
 extern FAKE_HIDDEN atomic_long fake_race_count;
+extern FAKE_HIDDEN atomic_long fake_unmap_fault_count;
+extern FAKE_HIDDEN atomic_long fake_access_fault_count;
 
 FAKE_HIDDEN struct fake_thread *fake_self(void);
 FAKE_HIDDEN const char *fake_entry_name(enum fake_entry_id id);
@@ -297,6 +352,10 @@ FAKE_HIDDEN const char *fake_entry_name(enum fake_entry_id id);
 FAKE_HIDDEN void fake_watch_thread_exit(void);
 /* Memory size of a device: fake_set_device_bytes, else FAKE_CUDA_DEVICE_BYTES, else 16 GiB. */
 FAKE_HIDDEN uint64_t fake_budget(int device);
+
+/* Ids for allocations, mappings and physical allocations: unique for the life of the
+ * process, never 0 (fake_mem.c; under the lock). */
+FAKE_HIDDEN uint64_t fake_next_id(void);
 
 /* Handle registry: contexts and streams stay in it forever (their handles are never reused),
  * events leave it when destroyed. */
@@ -343,16 +402,16 @@ FAKE_HIDDEN void fake_timeline_advance(void);
 FAKE_HIDDEN bool fake_callbacks_waiting(void);
 FAKE_HIDDEN void fake_run_callbacks(void);
 
-/* Submit one unit of work on s for entry point `name`: it touches the nr ranges r and calls
+/* Submit one unit of work on s for entry point `name`: it touches t (NULL: nothing) and calls
  * fn(data) when it completes (fn may be NULL). Reports the races it has with pending work.
  * CUDA_SUCCESS, or CUDA_ERROR_OUT_OF_MEMORY (nothing submitted). */
-FAKE_HIDDEN CUresult fake_submit(fake_stream *s, const char *name, const struct fake_range *r,
-                                 int nr, CUhostFn fn, void *data);
+FAKE_HIDDEN CUresult fake_submit(fake_stream *s, const char *name, const struct fake_touches *t,
+                                 CUhostFn fn, void *data);
 /* A synchronous operation on s: one unit that completes, with all it is ordered after,
- * before the call returns; then the host touches the ranges, a race with any unit that
- * still touches them. */
+ * before the call returns; then the host touches t, a race with any unit that still touches
+ * the same memory. */
 FAKE_HIDDEN CUresult fake_submit_sync(fake_stream *s, const char *name,
-                                      const struct fake_range *r, int nr);
+                                      const struct fake_touches *t);
 /* Pending units of s. */
 FAKE_HIDDEN uint64_t fake_pending(const fake_stream *s);
 /* Complete the oldest n pending units of s (n < 0: all), and all they are ordered after. */
@@ -377,10 +436,52 @@ FAKE_HIDDEN void fake_clock_clear(struct fake_clock *c);
 FAKE_HIDDEN void fake_clock_free(struct fake_clock *c);
 /* fake_set_ignore_stream_waits: cuStreamWaitEvent orders nothing. */
 FAKE_HIDDEN bool fake_ignore_waits(void);
+/* cuMemUnmap of mapping `mapping`, [va, va + n): each pending unit that touches memory
+ * through it is an unmap fault, counted (fake_unmap_faults) and reported on stderr. */
+FAKE_HIDDEN void fake_unmap_check(uint64_t mapping, CUdeviceptr va, size_t n);
 
 /* ---- memory (fake_mem.c) ---------------------------------------------------------------- */
 FAKE_HIDDEN void fake_mem_ctx_destroyed(fake_ctx *ctx);
-/* CUDA_SUCCESS if the n bytes at p lie inside one live allocation, else INVALID_VALUE. */
-FAKE_HIDDEN CUresult fake_mem_span(CUdeviceptr p, size_t n);
+/* The live cuMemAlloc allocation containing p, or NULL. */
+FAKE_HIDDEN fake_alloc *fake_mem_find(CUdeviceptr p);
+
+/* ---- virtual memory management (fake_vmm.c) ---------------------------------------------- */
+/* What an address in a reservation is. */
+struct fake_vmm_at {
+    CUdeviceptr res_base; /* the reservation */
+    size_t res_size;
+    bool mapped; /* the rest only when mapped: */
+    CUdeviceptr map_base;
+    size_t map_size;
+    uint64_t map_id;  /* unique, never reused */
+    uint64_t handle;  /* the physical allocation's handle: unique, never reused */
+    uint64_t offset;  /* of the address in the physical allocation */
+    int device;       /* where the physical allocation lives */
+    CUmemAllocationHandleType handle_types; /* as requested at cuMemCreate */
+    unsigned char access[FAKE_MAX_DEVICES]; /* CUmemAccess_flags of each device */
+};
+/* false if p lies in no reservation. */
+FAKE_HIDDEN bool fake_vmm_at(CUdeviceptr p, struct fake_vmm_at *out);
+/* VMM offered (the device attribute), and the environment's say at cuInit (FAKE_CUDA_NO_VMM),
+ * which a value set by fake_set_vmm_supported overrides. */
+FAKE_HIDDEN bool fake_vmm_supported(void);
+FAKE_HIDDEN void fake_vmm_environment(bool supported);
+
+/* ---- who may touch which bytes (fake_access.c) ------------------------------------------- */
+/* Add to t the touches of a copy or memset of r done by a context of device `dev`:
+ * CUDA_SUCCESS; CUDA_ERROR_INVALID_VALUE unless the bytes lie inside one live allocation or
+ * in mapped VMM memory that dev may access so; or CUDA_ERROR_OUT_OF_MEMORY. */
+FAKE_HIDDEN CUresult fake_access_copy(struct fake_touches *t, const struct fake_range *r, int dev);
+/* The same for the n > 0 bytes at p touched by a kernel launched in ctx: they must lie inside
+ * one allocation or one reservation; bytes ctx may not read and write add an access fault to
+ * t, which fake_access_faulted counts once the kernel is submitted. */
+FAKE_HIDDEN CUresult fake_access_kernel(struct fake_touches *t, CUdeviceptr p, size_t n,
+                                        const fake_ctx *ctx);
+FAKE_HIDDEN void fake_access_faulted(const char *name, const fake_stream *s,
+                                     const struct fake_touches *t);
+/* Whether kernels of context `by` may touch cuMemAlloc memory of context `owner`: same
+ * device, or peer access enabled from by to owner. */
+FAKE_HIDDEN bool fake_ctx_reaches(const fake_ctx *by, const fake_ctx *owner);
+FAKE_HIDDEN void fake_touches_free(struct fake_touches *t);
 
 #endif

@@ -4,9 +4,10 @@
  *
  * There is one kernel, fake_touch_kernel()'s: it touches the n bytes at p, where p is
  * *(CUdeviceptr *)kernelParams[0] and n is *(size_t *)kernelParams[1]. The bytes must lie
- * inside one live allocation (n = 0: it touches nothing and p is not looked at). Any other
- * CUfunction is an invalid handle. A graph launch accepts any non-NULL CUgraphExec and
- * touches nothing: the fake keeps no graphs. */
+ * inside one live allocation or one VMM reservation (n = 0: it touches nothing and p is not
+ * looked at); bytes the launching context's device may not touch are an access fault
+ * (fake_access.c). Any other CUfunction is an invalid handle. A graph launch accepts any
+ * non-NULL CUgraphExec and touches nothing: the fake keeps no graphs. */
 #include "fake_internal.h"
 
 /* The touch kernel's handle is this object's address: never a real function. */
@@ -34,20 +35,28 @@ static CUresult kernel_range(CUfunction f, void **params, struct fake_range *r)
         return CUDA_ERROR_INVALID_VALUE;
     r->p = *(const CUdeviceptr *)params[0];
     r->n = *(const size_t *)params[1];
-    return r->n ? fake_mem_span(r->p, r->n) : CUDA_SUCCESS;
+    r->write = true;
+    return CUDA_SUCCESS;
 }
 
-/* Submit one unit on stream h unless it is captured; its arguments are already checked. */
+/* Submit one unit on stream h unless it is captured; it touches r (NULL: nothing), which a
+ * context of h may have to reach. */
 static CUresult submit_on(enum fake_entry_id id, CUstream h, bool ptsz,
-                          const struct fake_range *r, int nr, CUhostFn fn, void *data)
+                          const struct fake_range *r, CUhostFn fn, void *data)
 {
     fake_stream *s;
     bool captured = false;
+    struct fake_touches t = {0};
     CUresult rc = fake_resolve_stream(h, ptsz, false, &s);
+    if (rc == CUDA_SUCCESS && r && r->n)
+        rc = fake_access_kernel(&t, r->p, r->n, s->ctx);
     if (rc == CUDA_SUCCESS)
         rc = fake_async_admit(s, &captured);
     if (rc == CUDA_SUCCESS && !captured)
-        rc = fake_submit(s, fake_entry_name(id), r, nr, fn, data);
+        rc = fake_submit(s, fake_entry_name(id), &t, fn, data);
+    if (rc == CUDA_SUCCESS && !captured)
+        fake_access_faulted(fake_entry_name(id), s, &t);
+    fake_touches_free(&t);
     return rc;
 }
 
@@ -56,12 +65,12 @@ static CUresult submit_on(enum fake_entry_id id, CUstream h, bool ptsz,
 static CUresult launch(enum fake_entry_id id, CUfunction f, const unsigned grid[3],
                        const unsigned block[3], CUstream h, bool ptsz, void **params)
 {
-    struct fake_range r = {0, 0};
+    struct fake_range r = {0, 0, false};
     CUresult rc = check_dims(grid, block);
     if (rc == CUDA_SUCCESS)
         rc = kernel_range(f, params, &r);
     if (rc == CUDA_SUCCESS)
-        rc = submit_on(id, h, ptsz, &r, 1, NULL, NULL);
+        rc = submit_on(id, h, ptsz, &r, NULL, NULL);
     return rc;
 }
 
@@ -128,7 +137,7 @@ static CUresult host_func(enum fake_entry_id id, CUstream h, CUhostFn fn, void *
 {
     if (!fn)
         return CUDA_ERROR_INVALID_VALUE;
-    return submit_on(id, h, ptsz, NULL, 0, fn, data);
+    return submit_on(id, h, ptsz, NULL, fn, data);
 }
 
 FAKE_API CUresult cuLaunchHostFunc(CUstream hStream, CUhostFn fn, void *userData)
@@ -147,7 +156,7 @@ static CUresult graph_launch(enum fake_entry_id id, CUgraphExec g, CUstream h, b
 {
     if (!g)
         return CUDA_ERROR_INVALID_VALUE;
-    return submit_on(id, h, ptsz, NULL, 0, NULL, NULL);
+    return submit_on(id, h, ptsz, NULL, NULL, NULL);
 }
 
 FAKE_API CUresult cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream)

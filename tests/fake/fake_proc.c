@@ -24,6 +24,8 @@ struct proc {
 #define P_V(base, since, old, new) {#base, since, FN(old), FN(new), NULL, NULL}
 #define P_V_PTDS(base) {#base, 3020, FN(base), FN(base##_v2), NULL, FN(base##_v2_ptds)}
 #define P_V2_PTSZ(base) {#base, 3020, NULL, FN(base##_v2), NULL, FN(base##_v2_ptsz)}
+/* Entry points that came with a CUDA version: older versions get "not found". */
+#define P_SINCE(base, since) {#base, since, NULL, FN(base), NULL, NULL}
 
 static const struct proc g_procs[] = {
     P(cuInit),
@@ -36,6 +38,7 @@ static const struct proc g_procs[] = {
     P(cuDeviceGetName),
     P_V(cuDeviceTotalMem, 3020, cuDeviceTotalMem, cuDeviceTotalMem_v2),
     P(cuDeviceGetAttribute),
+    P(cuDeviceCanAccessPeer),
     P(cuDevicePrimaryCtxRetain),
     P_V(cuDevicePrimaryCtxRelease, 11000, cuDevicePrimaryCtxRelease,
         cuDevicePrimaryCtxRelease_v2),
@@ -51,6 +54,8 @@ static const struct proc g_procs[] = {
     P(cuCtxGetDevice),
     P(cuCtxSynchronize),
     P(cuCtxGetApiVersion),
+    P(cuCtxEnablePeerAccess),
+    P(cuCtxDisablePeerAccess),
     P_V(cuMemAlloc, 3020, cuMemAlloc, cuMemAlloc_v2),
     P_V(cuMemFree, 3020, cuMemFree, cuMemFree_v2),
     P_V(cuMemGetInfo, 3020, cuMemGetInfo, cuMemGetInfo_v2),
@@ -87,6 +92,23 @@ static const struct proc g_procs[] = {
     P_V2_PTSZ(cuMemcpyHtoDAsync),
     P_V2_PTSZ(cuMemcpyDtoHAsync),
     P_V2_PTSZ(cuMemcpyDtoDAsync),
+    P_SINCE(cuMemGetAllocationGranularity, 10020),
+    P_SINCE(cuMemCreate, 10020),
+    P_SINCE(cuMemRelease, 10020),
+    P_SINCE(cuMemGetAllocationPropertiesFromHandle, 10020),
+    P_SINCE(cuMemRetainAllocationHandle, 11000),
+    P_SINCE(cuMemAddressReserve, 10020),
+    P_SINCE(cuMemAddressFree, 10020),
+    P_SINCE(cuMemMap, 10020),
+    P_SINCE(cuMemUnmap, 10020),
+    P_SINCE(cuMemSetAccess, 10020),
+    P_SINCE(cuMemGetAccess, 10020),
+    P_SINCE(cuPointerGetAttribute, 4000),
+    P_SINCE(cuPointerGetAttributes, 7000),
+    P_SINCE(cuIpcGetMemHandle, 4010),
+    {"cuIpcOpenMemHandle", 11000, FN(cuIpcOpenMemHandle), FN(cuIpcOpenMemHandle_v2), NULL,
+     NULL},
+    P_SINCE(cuIpcCloseMemHandle, 4010),
 };
 
 static void *resolve(const char *symbol, int version, cuuint64_t flags)
@@ -178,6 +200,9 @@ static const struct err g_errors[] = {
     E(CUDA_ERROR_ILLEGAL_ADDRESS, "an illegal memory access was encountered"),
     E(CUDA_ERROR_LAUNCH_FAILED, "unspecified launch failure"),
     E(CUDA_ERROR_CONTEXT_IS_DESTROYED, "context is destroyed"),
+    E(CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED, "peer access is already enabled"),
+    E(CUDA_ERROR_PEER_ACCESS_NOT_ENABLED, "peer access has not been enabled"),
+    E(CUDA_ERROR_TOO_MANY_PEERS, "peer mapping resources exhausted"),
     E(CUDA_ERROR_NOT_PERMITTED, "operation not permitted"),
     E(CUDA_ERROR_NOT_SUPPORTED, "operation not supported"),
     E(CUDA_ERROR_SYSTEM_NOT_READY, "system not yet initialized"),

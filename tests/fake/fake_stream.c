@@ -848,7 +848,7 @@ FAKE_API int fake_stream_launch(CUstream stream)
     int rc = fake_resolve_stream(stream, false, false, &s) == CUDA_SUCCESS ? 0 : -1;
     /* A launch into a capturing stream is recorded into the graph, not run. */
     if (rc == 0 && !capturing(s) &&
-        fake_submit(s, "fake_stream_launch", NULL, 0, NULL, NULL) != CUDA_SUCCESS)
+        fake_submit(s, "fake_stream_launch", NULL, NULL, NULL) != CUDA_SUCCESS)
         rc = -1;
     fake_unlock();
     return rc;

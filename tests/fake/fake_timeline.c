@@ -16,7 +16,10 @@
  * completion tick (start + ticks) is exact however rarely the timeline is evaluated.
  *
  * Races. When a unit is submitted, each pending unit that touches bytes it touches and is
- * not in its clock is a race: counted (fake_races) and reported on stderr. A synchronous
+ * not in its clock is a race: counted (fake_races) and reported on stderr. Bytes are the
+ * memory behind an address (struct fake_touch): for memory mapped with cuMemMap, the
+ * physical allocation and offset, so work through a new mapping of memory that work
+ * through an old one still uses is caught like work on the same address. A synchronous
  * copy or memset is a unit that completes before the call returns, followed by the host's
  * own access to the device bytes: every unit still pending that touches them is a race. For
  * such a call the two checks would find the same units, so only the host access is checked
@@ -28,9 +31,9 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define NEVER UINT64_MAX
-#define MAX_TOUCH 2
 
 struct fake_callback {
     CUhostFn fn;
@@ -42,7 +45,7 @@ struct fake_unit {
     uint64_t seq;            /* its number on its stream, from 1 */
     const char *name;        /* the entry point (or control call) that submitted it */
     struct fake_clock after; /* what it is ordered after; its stream predecessor included */
-    struct fake_range touch[MAX_TOUCH]; /* the device bytes it touches, none empty */
+    struct fake_touch *touch; /* the device bytes it touches, none empty */
     int ntouch;
     uint64_t ticks; /* completes this long after it could start; 0: only when told */
     uint64_t start; /* the tick it could start at, NEVER until then */
@@ -51,6 +54,7 @@ struct fake_unit {
 };
 
 atomic_long fake_race_count;
+atomic_long fake_unmap_fault_count;
 
 static _Atomic uint64_t g_ticks; /* entry point calls so far */
 /* Under the lock: */
@@ -183,6 +187,7 @@ static void unit_done(fake_stream *s)
         g_callbacks_tail = &u->cb->next;
     }
     fake_clock_free(&u->after);
+    free(u->touch);
     free(u);
     if (!s->units) {
         busy_remove(s);
@@ -380,75 +385,110 @@ void fake_stream_drain(const fake_stream *s)
 
 /* ---- the race check ------------------------------------------------------------------------ */
 
-static const struct fake_range *overlap(const struct fake_range *r, int nr, const fake_unit *u)
+/* Two touches of the same memory: same space, overlapping offsets. */
+static bool same_bytes(const struct fake_touch *a, const struct fake_touch *b)
+{
+    return a->space == b->space && a->at < b->at + b->n && b->at < a->at + a->n;
+}
+
+static const struct fake_touch *overlap(const struct fake_touch *r, int nr, const fake_unit *u)
 {
     for (int i = 0; i < nr; i++)
         for (int j = 0; j < u->ntouch; j++)
-            if (r[i].p < u->touch[j].p + u->touch[j].n && u->touch[j].p < r[i].p + r[i].n)
+            if (same_bytes(&r[i], &u->touch[j]))
                 return &r[i];
     return NULL;
 }
 
-static void report(const char *name, const fake_stream *ws, const struct fake_range *hit,
+static void report(const char *name, const fake_stream *ws, const struct fake_touch *hit,
                    const fake_stream *us, const fake_unit *u)
 {
     atomic_fetch_add(&fake_race_count, 1);
-    char where[64] = "on the host";
+    char where[64] = "on the host", memory[96] = "";
     if (ws)
         snprintf(where, sizeof where, "on stream %p", (const void *)ws);
+    if (hit->space)
+        snprintf(memory, sizeof memory, " (allocation 0x%llx at offset 0x%llx)",
+                 (unsigned long long)hit->space, (unsigned long long)hit->at);
     fprintf(stderr,
-            "fake cuda: race: %s %s touches [0x%llx,0x%llx) while %s on stream %p, not "
+            "fake cuda: race: %s %s touches [0x%llx,0x%llx)%s while %s on stream %p, not "
             "ordered before it, still uses it\n",
-            name, where, (unsigned long long)hit->p, (unsigned long long)(hit->p + hit->n),
-            u->name, (const void *)us);
+            name, where, (unsigned long long)hit->va, (unsigned long long)(hit->va + hit->n),
+            memory, u->name, (const void *)us);
 }
 
 /* Every pending unit touching the ranges that `after` does not order before them is a race;
  * ws NULL: the host touches them, ordered after nothing still pending. */
 static void race_check(const char *name, const fake_stream *ws, const struct fake_clock *after,
-                       const struct fake_range *r, int nr)
+                       const struct fake_touch *r, int nr)
 {
     if (nr == 0)
         return;
     for (const fake_stream *x = g_busy; x; x = x->busy_next) {
         uint64_t ordered = after ? clock_get(after, x) : 0;
         for (const fake_unit *u = x->units; u; u = u->next) {
-            const struct fake_range *hit = u->seq > ordered ? overlap(r, nr, u) : NULL;
+            const struct fake_touch *hit = u->seq > ordered ? overlap(r, nr, u) : NULL;
             if (hit)
                 report(name, ws, hit, x, u);
         }
     }
 }
 
+/* ---- the unmap check ------------------------------------------------------------------------ */
+
+void fake_unmap_check(uint64_t mapping, CUdeviceptr va, size_t n)
+{
+    for (const fake_stream *x = g_busy; x; x = x->busy_next) {
+        for (const fake_unit *u = x->units; u; u = u->next) {
+            for (int j = 0; j < u->ntouch; j++) {
+                if (u->touch[j].mapping != mapping)
+                    continue;
+                atomic_fetch_add(&fake_unmap_fault_count, 1);
+                fprintf(stderr,
+                        "fake cuda: unmap fault: cuMemUnmap of [0x%llx,0x%llx) while %s on "
+                        "stream %p still uses it\n",
+                        (unsigned long long)va, (unsigned long long)(va + n), u->name,
+                        (const void *)x);
+                break;
+            }
+        }
+    }
+}
+
 /* ---- submission ---------------------------------------------------------------------------- */
 
-static fake_unit *unit_new(const char *name, const struct fake_range *r, int nr, CUhostFn fn,
+static void unit_free(fake_unit *u)
+{
+    fake_clock_free(&u->after);
+    free(u->touch);
+    free(u->cb);
+    free(u);
+}
+
+static fake_unit *unit_new(const char *name, const struct fake_touches *t, CUhostFn fn,
                            void *data)
 {
     fake_unit *u = calloc(1, sizeof *u);
     if (!u)
         return NULL;
-    if (fn) {
-        if (!(u->cb = malloc(sizeof *u->cb))) {
-            free(u);
+    if (fn && !(u->cb = malloc(sizeof *u->cb))) {
+        unit_free(u);
+        return NULL;
+    }
+    if (fn)
+        *u->cb = (struct fake_callback){fn, data, NULL};
+    if (t && t->n) {
+        if (!(u->touch = malloc((size_t)t->n * sizeof *u->touch))) {
+            unit_free(u);
             return NULL;
         }
-        *u->cb = (struct fake_callback){fn, data, NULL};
+        memcpy(u->touch, t->v, (size_t)t->n * sizeof *u->touch);
+        u->ntouch = t->n;
     }
     u->name = name;
-    for (int i = 0; i < nr && u->ntouch < MAX_TOUCH; i++)
-        if (r[i].n)
-            u->touch[u->ntouch++] = r[i];
     u->ticks = g_work_ticks;
     u->start = NEVER;
     return u;
-}
-
-static void unit_free(fake_unit *u)
-{
-    fake_clock_free(&u->after);
-    free(u->cb);
-    free(u);
 }
 
 static void append(fake_stream *s, fake_unit *u)
@@ -462,10 +502,10 @@ static void append(fake_stream *s, fake_unit *u)
         busy_add(s);
 }
 
-CUresult fake_submit(fake_stream *s, const char *name, const struct fake_range *r, int nr,
+CUresult fake_submit(fake_stream *s, const char *name, const struct fake_touches *t,
                      CUhostFn fn, void *data)
 {
-    fake_unit *u = unit_new(name, r, nr, fn, data);
+    fake_unit *u = unit_new(name, t, fn, data);
     if (!u)
         return CUDA_ERROR_OUT_OF_MEMORY;
     /* The stream's clock becomes the unit's plus the unit itself. */
@@ -489,7 +529,7 @@ CUresult fake_submit(fake_stream *s, const char *name, const struct fake_range *
     return CUDA_SUCCESS;
 }
 
-CUresult fake_submit_sync(fake_stream *s, const char *name, const struct fake_range *r, int nr)
+CUresult fake_submit_sync(fake_stream *s, const char *name, const struct fake_touches *t)
 {
     struct fake_clock c = {0};
     CUresult rc = fake_stream_snapshot(s, &c);
@@ -498,7 +538,8 @@ CUresult fake_submit_sync(fake_stream *s, const char *name, const struct fake_ra
         /* The unit itself: numbered, and complete at once; s has nothing pending now. */
         s->submitted++;
         s->completed++;
-        race_check(name, NULL, NULL, r, nr);
+        if (t)
+            race_check(name, NULL, NULL, t->v, t->n);
         wake();
     }
     fake_clock_free(&c);
@@ -522,3 +563,5 @@ FAKE_API void fake_set_ignore_stream_waits(int on)
 }
 
 FAKE_API long fake_races(void) { return atomic_load(&fake_race_count); }
+
+FAKE_API long fake_unmap_faults(void) { return atomic_load(&fake_unmap_fault_count); }
