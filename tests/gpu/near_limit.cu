@@ -132,10 +132,19 @@ static int step(const char *name, size_t bytes, size_t free_before, uint32_t see
     return 0;
 }
 
-// free - margin, or 0 when free is not larger than the margin.
-static size_t near_size(size_t free_b, size_t margin)
+// A near-limit step: ask cudaMemGetInfo, then run step() with free - margin. The free memory
+// and the request go to *free_b and *req. Returns 0, or prints the failure and 1.
+static int near_step(const char *name, size_t margin, uint32_t seed, size_t *free_b, size_t *req)
 {
-    return free_b > margin ? free_b - margin : 0;
+    size_t total = 0;
+    CK(cudaMemGetInfo(free_b, &total));
+    if (*free_b <= margin) {
+        printf("NEAR_LIMIT FAIL step=%s: free_GiB=%.2f is not above the margin\n", name,
+               *free_b / kGiB);
+        return 1;
+    }
+    *req = *free_b - margin;
+    return step(name, *req, *free_b, seed);
 }
 
 int main(int argc, char **argv)
@@ -169,38 +178,17 @@ int main(int argc, char **argv)
            prop.name, total / kGiB, free0 / kGiB, margin >> 20, half / kGiB, big / kGiB);
     fflush(stdout);
 
-    int rc = 0;
-    size_t free1 = 0, free3 = 0, near = 0, again = 0;
-    if (step("half", half, free0, 1))
-        rc = 1;
+    // The steps in order; the first that fails ends the sequence.
+    size_t free1 = 0, free2 = 0, free3 = 0, near = 0, again = 0;
+    int rc = step("half", half, free0, 1);
+    if (!rc)
+        rc = near_step("near", margin, 2, &free1, &near);
     if (!rc) {
-        CK(cudaMemGetInfo(&free1, &total));
-        near = near_size(free1, margin);
-        if (!near) {
-            printf("NEAR_LIMIT FAIL step=near: free_GiB=%.2f is not above the margin\n",
-                   free1 / kGiB);
-            rc = 1;
-        } else if (step("near", near, free1, 2)) {
-            rc = 1;
-        }
+        CK(cudaMemGetInfo(&free2, &total));
+        rc = step("big", big, free2, 3);
     }
-    if (!rc) {
-        size_t f = 0;
-        CK(cudaMemGetInfo(&f, &total));
-        if (step("big", big, f, 3))
-            rc = 1;
-    }
-    if (!rc) {
-        CK(cudaMemGetInfo(&free3, &total));
-        again = near_size(free3, margin);
-        if (!again) {
-            printf("NEAR_LIMIT FAIL step=again: free_GiB=%.2f is not above the margin\n",
-                   free3 / kGiB);
-            rc = 1;
-        } else if (step("again", again, free3, 4)) {
-            rc = 1;
-        }
-    }
+    if (!rc)
+        rc = near_step("again", margin, 4, &free3, &again);
 
     size_t free_end = 0;
     if (cudaMemGetInfo(&free_end, &total) == cudaSuccess)
