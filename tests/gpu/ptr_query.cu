@@ -355,7 +355,7 @@ int main(int argc, char **argv)
     check_distinct(live);
 
     // (2) everything freed, other sizes.
-    g_phase = "phase2-free";
+    g_phase = "phase1-free";
     for (const Block &b : live)
         free_and_check(b);
     live.clear();
