@@ -764,19 +764,20 @@ static cs_block *new_block(cs_cache *c, cs_heap *h, uint64_t addr, uint64_t byte
 /* ---------------------------------------------------------------- moves
  *
  * A pooled heap holds at most a headroom over the program's peak (config.pool_headroom_permille
- * of the peak requested bytes): a miss that would hold more first moves idle memory. Idle
+ * of the peak bytes of its blocks in use): a miss that would hold more first moves idle memory. Idle
  * blocks whose fences completed leave their ranges, oldest first and large ones first (a
  * slab's slot frees memory only with its whole slab), until their bytes cover the excess;
  * the pool builds the block from their chunks and takes from the driver only the rest.
- * Nothing moves while a capture runs. Called with the lock held, returns with it held; returns the new bytes the
- * block still needs. */
+ * Nothing moves while a capture runs. Called with the lock held, returns with it held;
+ * returns the new bytes the block still needs. */
 static uint64_t move_for(cs_cache *c, cs_heap *h, uint64_t bytes)
 {
     uint64_t need = cs_pool_need(h->pool, bytes);
     device_state *d = &c->devices[h->device];
-    /* Within the headroom over the program's own peak, new memory keeps more blocks cached
-     * (more hits); beyond it, idle memory moves. */
-    uint64_t peak = cs_load(&d->peak_requested);
+    /* Within the headroom over the program's peak (its blocks' bytes: the rounding is not
+     * the cache's to save), new memory keeps more blocks cached (more hits); beyond it, idle
+     * memory moves. */
+    uint64_t peak = cs_load(&d->peak_in_use);
     uint64_t budget = peak + peak / 1000 * c->config.pool_headroom_permille;
     uint64_t after = held(d) + need;
     if (!need || after <= budget || (c->config.capturing && c->config.capturing()))
