@@ -84,6 +84,8 @@ static void assert_defaults(const cs_options *o)
     assert_int_equal(o->verbose, 0);
     assert_int_equal(o->reuse, 0);
     assert_false(o->sync_free);
+    assert_int_equal(o->backend, 0); /* pooled */
+    assert_int_equal(o->headroom, 0);
     assert_int_equal(o->trace_format, CS_TRACE_TEXT);
     assert_string_equal(o->trace_file, "");
     assert_string_equal(o->trace_filter, "memory");
@@ -97,12 +99,13 @@ static void test_table(void **state)
     static const char *const names[] = {"CACHESHIM_DISABLE", "CACHESHIM_CAP",
                                         "CACHESHIM_RELEASE_THRESHOLD", "CACHESHIM_STATS",
                                         "CACHESHIM_VERBOSE", "CACHESHIM_REUSE",
-                                        "CACHESHIM_SYNC_FREE", "CACHESHIM_TRACE_FORMAT",
+                                        "CACHESHIM_SYNC_FREE", "CACHESHIM_BACKEND",
+                                        "CACHESHIM_HEADROOM", "CACHESHIM_TRACE_FORMAT",
                                         "CACHESHIM_TRACE_FILE", "CACHESHIM_TRACE_FILTER"};
     size_t n = 0;
     const cs_option_desc *t = cs_option_table(&n);
     assert_non_null(t);
-    assert_int_equal(n, 10);
+    assert_int_equal(n, 12);
     assert_ptr_equal(cs_option_table(NULL), t);
     for (size_t i = 0; i < n; i++) {
         assert_string_equal(t[i].name, names[i]);
@@ -149,7 +152,7 @@ static void test_defaults_when_nothing_set(void **state)
     assert_int_equal(cs_options_load(&o, fake_getenv, collect, &r), 0);
     assert_int_equal(r.count, 0);
     assert_defaults(&o);
-    assert_int_equal(env.misses, 10); /* each variable asked for exactly once */
+    assert_int_equal(env.misses, 12); /* each variable asked for exactly once */
 
     memset(&o, 0xa5, sizeof o);
     assert_int_equal(cs_options_load(&o, NULL, collect, &r), 0);
@@ -171,7 +174,7 @@ static void test_each_variable_read_once(void **state)
     for (int i = 0; i < 5; i++)
         assert_int_equal(env.lookups[i], 1);
     assert_int_equal(env.lookups[5], 0);
-    assert_int_equal(env.misses, 5); /* REUSE, SYNC_FREE and the three TRACE_*, unset */
+    assert_int_equal(env.misses, 7); /* REUSE, SYNC_FREE, BACKEND, HEADROOM, TRACE_*: unset */
 }
 
 static void test_empty_is_unset(void **state)
