@@ -777,7 +777,8 @@ static uint64_t move_for(cs_cache *c, cs_heap *h, uint64_t bytes)
     /* Within the headroom over the program's own peak, new memory keeps more blocks cached
      * (more hits); beyond it, idle memory moves. */
     uint64_t peak = cs_load(&d->peak_requested);
-    uint64_t budget = peak + peak / 1000 * c->config.pool_headroom_permille;
+    uint64_t permille = c->config.pool_headroom_permille;
+    uint64_t budget = peak + peak / 1000 * permille + peak % 1000 * permille / 1000;
     uint64_t after = held(d) + need;
     if (!need || after <= budget || (c->config.capturing && c->config.capturing()))
         return need;
