@@ -453,6 +453,7 @@ static int build(cs_pool *p, uint64_t size, bool small, uint64_t max_new, range 
     p->counts.creates += (uint64_t)(r->nchunks - from_spare);
     p->counts.releases += (uint64_t)ntrade;
     if (rc != CS_BE_OK) {
+        p->counts.releases += (uint64_t)(r->nchunks - from_spare);  /* unbuild's */
         pthread_mutex_unlock(&p->lock);
         unbuild(p, r, r->va, mapped, from_spare);
         range_free(r);
@@ -469,6 +470,8 @@ static int build(cs_pool *p, uint64_t size, bool small, uint64_t max_new, range 
         pthread_mutex_lock(&p->lock);
     }
     if (!range_add(p, r)) {
+        p->counts.releases += (uint64_t)(r->nchunks - from_spare);  /* unbuild's */
+        p->counts.unmaps += (uint64_t)mapped;
         pthread_mutex_unlock(&p->lock);
         unbuild(p, r, r->va, mapped, from_spare);
         range_free(r);
