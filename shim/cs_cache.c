@@ -826,9 +826,8 @@ static cs_result alloc_miss(cs_cache *c, cs_heap *h, uint64_t size, uint64_t byt
                 return CS_OK;
             }
         }
-        if (attempt == 0)
-            d->st.misses++;
         if (!reserve_under_cap(c, d, h->device, need)) {
+            d->st.misses++;
             d->st.cap_refusals++;
             fill_failure(failure, c, h->device, size, true);
             pthread_mutex_unlock(&c->lock);
@@ -837,6 +836,8 @@ static cs_result alloc_miss(cs_cache *c, cs_heap *h, uint64_t size, uint64_t byt
         pthread_mutex_unlock(&c->lock);
         r = backend_take(c, h, bytes, need, &a, raw);
     }
+    /* A miss once it is the backend's (a wait at the cap on a retry above is a hit). */
+    d->st.misses++;
     if (r == CS_BE_OOM && !h->dead) {
         /* Out of memory. First a cached block that fits, once the GPU is done with it: no
          * memory changes hands. Then give idle memory back and retry. */

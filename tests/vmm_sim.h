@@ -49,6 +49,7 @@ typedef struct vmm_sim {
     int misuse, unsafe_unmaps;
     uint64_t completed;      /* every work epoch up to this one is done */
     uint64_t work_epoch_max; /* the newest epoch of any work recorded */
+    uint64_t issued;         /* the newest fence epoch the test's backend handed out */
     sim_set handles;         /* a = handle, b = size, c = va it is mapped at (0: none) */
     sim_set reserves;        /* a = va, b = size, c = mappings in it */
     sim_set maps;            /* a = va, b = size, c = handle */
@@ -163,6 +164,23 @@ static inline void sim_complete(vmm_sim *s, uint64_t epoch)
     pthread_mutex_lock(&s->lock);
     if (epoch > s->completed)
         s->completed = epoch;
+    pthread_mutex_unlock(&s->lock);
+}
+
+static inline uint64_t sim_completed(vmm_sim *s)
+{
+    pthread_mutex_lock(&s->lock);
+    uint64_t e = s->completed;
+    pthread_mutex_unlock(&s->lock);
+    return e;
+}
+
+/* The test's backend handed out fence epoch e (a sync completes it). */
+static inline void sim_issue(vmm_sim *s, uint64_t e)
+{
+    pthread_mutex_lock(&s->lock);
+    if (e > s->issued)
+        s->issued = e;
     pthread_mutex_unlock(&s->lock);
 }
 
@@ -300,7 +318,9 @@ static inline int sim_unmap(void *dev, uint64_t va, uint64_t size, int *raw)
             m->used = false;
             for (size_t i = 0; i < s->work.n; i++) {
                 sim_rec *w = &s->work.r[i];
-                if (w->used && w->a >= va && w->a < va + size && w->b > s->completed)
+                if (w->used && w->b <= s->completed)
+                    w->used = false;  /* done: no unmap can be early for it any more */
+                else if (w->used && w->a >= va && w->a < va + size)
                     s->unsafe_unmaps++;
             }
         }
@@ -313,8 +333,11 @@ static inline int sim_sync(void *dev, int *raw)
 {
     vmm_sim *s = dev;
     int rc = CS_BE_OK;
-    if (!sim_enter(s, SIM_SYNC, "S", &rc, raw) && s->work_epoch_max > s->completed)
-        s->completed = s->work_epoch_max;
+    if (!sim_enter(s, SIM_SYNC, "S", &rc, raw)) {
+        uint64_t all = s->work_epoch_max > s->issued ? s->work_epoch_max : s->issued;
+        if (all > s->completed)
+            s->completed = all;
+    }
     pthread_mutex_unlock(&s->lock);
     return rc;
 }
@@ -345,6 +368,16 @@ static inline size_t sim_live_maps(vmm_sim *s)
     size_t n = set_count(&s->maps);
     pthread_mutex_unlock(&s->lock);
     return n;
+}
+
+/* The handle mapped at va (0: none). */
+static inline uint64_t sim_handle_at(vmm_sim *s, uint64_t va)
+{
+    pthread_mutex_lock(&s->lock);
+    sim_rec *m = set_find(&s->maps, va);
+    uint64_t h = m ? m->c : 0;
+    pthread_mutex_unlock(&s->lock);
+    return h;
 }
 
 /* The size of the handle mapped at va (0: none). */
