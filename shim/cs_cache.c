@@ -247,9 +247,10 @@ static void spare_add(cs_cache *c, cs_heap *h, int64_t kept)
 }
 
 /* One block leaves: to the driver, or (keep, pooled heaps) to its pool's spare. Returns the
- * bytes given back to the driver. Without the lock. A heap is never freed before the cache,
- * so b->heap stays readable even when its context went meanwhile. */
-static uint64_t backend_free(cs_heap *h, cs_block *b, bool keep)
+ * bytes given back to the driver; *waited (may be NULL) is set when the host waited for the
+ * block's fence. Without the lock. A heap is never freed before the cache, so b->heap stays
+ * readable even when its context went meanwhile. */
+static uint64_t backend_free(cs_heap *h, cs_block *b, bool keep, bool *waited)
 {
     int raw;
     if (!h->pool) {
@@ -259,7 +260,12 @@ static uint64_t backend_free(cs_heap *h, cs_block *b, bool keep)
     if (h->dead)
         return b->size;  /* the context took its memory with it */
     /* Unmapping does not wait for the GPU: the fence first. */
-    bool done = cs_epoch_ready(h, b->epoch) || h->ops->wait(h->dev, b->epoch) == 0;
+    bool done = cs_epoch_ready(h, b->epoch);
+    if (!done) {
+        done = h->ops->wait(h->dev, b->epoch) == 0;
+        if (waited)
+            *waited = true;
+    }
     uint64_t released = 0;
     cs_pool_free(h->pool, b->addr, keep, done, &released, &raw);
     return released;
@@ -275,11 +281,14 @@ static uint64_t finish_releases(cs_cache *c, int device, cs_block *list, cs_rele
         cs_block *b = list;
         list = b->hash_next;
         cs_heap *h = b->heap;
-        uint64_t released = backend_free(h, b, why == CS_RELEASE_MOVE);
+        bool waited = false;
+        uint64_t released = backend_free(h, b, why == CS_RELEASE_MOVE, &waited);
         total += released;
         pthread_mutex_lock(&c->lock);
         device_state *d = &c->devices[device];
         d->pending_bytes -= b->size;
+        if (waited)
+            d->st.fence_waits++;
         if (!h->dead)
             spare_add(c, h, (int64_t)b->size - (int64_t)released);
         if (why == CS_RELEASE_MOVE)
@@ -866,7 +875,7 @@ static cs_result alloc_miss(cs_cache *c, cs_heap *h, uint64_t size, uint64_t byt
         d->pending_bytes += bytes;
         pthread_mutex_unlock(&c->lock);
         cs_block tmp = {.addr = a, .size = bytes, .heap = h, .epoch = 0};
-        uint64_t released = backend_free(h, &tmp, false);
+        uint64_t released = backend_free(h, &tmp, false, NULL);
         pthread_mutex_lock(&c->lock);
         d->pending_bytes -= bytes;
         if (!h->dead)
