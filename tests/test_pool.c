@@ -735,7 +735,7 @@ typedef struct {
 static struct {
     pthread_mutex_t lock;
     uint64_t base[POOL_THREADS * POOL_SLOTS], end[POOL_THREADS * POOL_SLOTS];
-    volatile bool stop;
+    bool stop;  /* atomic */
 } live = {PTHREAD_MUTEX_INITIALIZER, {0}, {0}, false};
 
 /* Records [a, a + n) as live in slot k: false if it overlaps another live block. */
@@ -801,7 +801,7 @@ static void *pool_worker(void *p)
 static void *pool_janitor(void *p)
 {
     fx *f = p;
-    while (!live.stop) {
+    while (!__atomic_load_n(&live.stop, __ATOMIC_ACQUIRE)) {
         int raw;
         cs_pool_trim(f->p, 3 * G);
         cs_pool_regrant(f->p, &raw);
@@ -816,7 +816,7 @@ static void test_threads(void **state)
     fx *f = *state;
     pthread_t t[POOL_THREADS], janitor;
     pool_worker_arg args[POOL_THREADS];
-    live.stop = false;
+    __atomic_store_n(&live.stop, false, __ATOMIC_RELEASE);
     assert_int_equal(pthread_create(&janitor, NULL, pool_janitor, f), 0);
     for (int i = 0; i < POOL_THREADS; i++) {
         args[i] = (pool_worker_arg){f, 77u + (unsigned)i, i, 0};
@@ -826,7 +826,7 @@ static void test_threads(void **state)
         pthread_join(t[i], NULL);
         assert_int_equal(args[i].bad, 0);
     }
-    live.stop = true;
+    __atomic_store_n(&live.stop, true, __ATOMIC_RELEASE);
     pthread_join(janitor, NULL);
     cs_pool_counts c = counts(f);
     assert_int_equal(c.slab_free, 0);
