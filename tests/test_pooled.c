@@ -675,6 +675,51 @@ static void test_serial_at_every_handout(void **state)
     assert_true(info.serial > last);
 }
 
+/* Peer access granted: every range of a pooled heap gets the access op again; a classic
+ * heap has nothing to do. A failure's raw code comes back. */
+static void test_regrant(void **state)
+{
+    fx *f = *state;
+    uint64_t a = must_alloc(f, 3 * MiB), s = must_alloc(f, 4 * KiB);
+    must_free(f, a);  /* idle: still mapped, granted too */
+    int calls = sim.calls[SIM_ACCESS], from = sim.naccess;
+    assert_int_equal(cs_cache_regrant(f->heap), 0);
+    assert_int_equal(sim.calls[SIM_ACCESS], calls + 2);
+    bool saw_a = false, saw_s = false;
+    for (int i = from; i < sim.naccess; i++) {
+        saw_a |= sim.access_va[i % 256] == a && sim.access_size[i % 256] == 4 * MiB;
+        saw_s |= sim.access_va[i % 256] <= s && s < sim.access_va[i % 256] + sim.access_size[i % 256];
+    }
+    assert_true(saw_a && saw_s);
+    sim_fail_in(&sim, SIM_ACCESS, 1, CS_BE_ERROR);
+    assert_int_equal(cs_cache_regrant(f->heap), 999);
+    cs_heap *h = cs_cache_add_heap(f->cache, (void *)0x2, 0, 80 * 1024 * MiB, &classic_ops, NULL, 0);
+    calls = sim.calls[SIM_ACCESS];
+    assert_int_equal(cs_cache_regrant(h), 0);
+    assert_int_equal(sim.calls[SIM_ACCESS], calls);
+}
+
+/* What a capped program sees of the device: the pool's spare is the program's to have, like
+ * idle blocks. */
+static int setup_cap16(void **state)
+{
+    return setup_config(state, (config){.cap = 16 * MiB, .reuse = CS_REUSE_COMPLETED});
+}
+
+static void test_mem_view_counts_spare(void **state)
+{
+    fx *f = *state;
+    uint64_t a = must_alloc(f, 6 * MiB);
+    must_free(f, a);
+    must_alloc(f, 2 * MiB);  /* a moves: 2 in use, 4 spare */
+    uint64_t free_b, total_b;
+    cs_cache_mem_view(f->cache, 0, 1 * MiB, 80 * 1024 * MiB, &free_b, &total_b);
+    assert_int_equal(total_b, 16 * MiB);
+    assert_int_equal(free_b, 5 * MiB);  /* the driver's 1 + the spare 4 */
+    cs_cache_mem_view(f->cache, 0, 100 * MiB, 80 * 1024 * MiB, &free_b, &total_b);
+    assert_int_equal(free_b, 14 * MiB);  /* the cap less what is in use */
+}
+
 /* ---------------------------------------------------------------- contexts */
 
 /* The context goes with all its memory: the heap's blocks and spare are forgotten without a
@@ -853,6 +898,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_serial_at_every_handout, setup, teardown),
         cmocka_unit_test_setup_teardown(test_serial_at_every_handout, setup_no_tc, teardown),
         cmocka_unit_test_setup_teardown(test_serial_at_every_handout, setup_ordered, teardown),
+        cmocka_unit_test_setup_teardown(test_regrant, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_mem_view_counts_spare, setup_cap16, teardown),
         cmocka_unit_test_setup_teardown(test_forget_heap_with_spare, setup, teardown),
         cmocka_unit_test_setup_teardown(test_stress, setup, teardown),
         cmocka_unit_test_setup_teardown(test_stress, setup_ordered, teardown),
