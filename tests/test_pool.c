@@ -98,6 +98,17 @@ static void assert_not_found(fx *f, uint64_t addr)
         fail_msg("0x%llx: found (base 0x%llx)", (unsigned long long)addr, (unsigned long long)b);
 }
 
+/* Inside a small range but in no slot (a slab's tail, a page no slab has): no slot is found
+ * there, whether the pool says it knows nothing of addr or that it is its memory in no slot
+ * (size 0). */
+static void assert_no_slot(fx *f, uint64_t addr)
+{
+    uint64_t b = 0, s = 0;
+    if (cs_pool_find(f->p, addr, &b, &s) && s != 0)
+        fail_msg("0x%llx: in a slot (base 0x%llx, size %llu)", (unsigned long long)addr,
+                 (unsigned long long)b, (unsigned long long)s);
+}
+
 /* Nothing left on the device, nothing misused, no work unmapped before it was done. */
 static void assert_clean(fx *f)
 {
@@ -336,8 +347,8 @@ static void test_slab_pages_reused_by_another_class(void **state)
     assert_int_equal(s8, va + page);
     for (int i = 0; i < 16; i++)
         assert_int_equal(give(f, s4[i], i % 2 == 0), 0);  /* keep or not: the range stays */
-    assert_not_found(f, va);  /* page 0 is free */
-    assert_not_found(f, va + 4 * KiB);
+    assert_no_slot(f, va);  /* page 0 is free */
+    assert_no_slot(f, va + 4 * KiB);
     uint64_t created;
     uint64_t s32 = take(f, 32 * KiB, &created, NULL);
     assert_int_equal(s32, va);
@@ -481,10 +492,10 @@ static void test_find(void **state)
     /* A slot not handed out is still a slot of the slab (the cache knows no block there). */
     assert_found(f, s + 20 * 3 * KiB + 5, s + 20 * 3 * KiB, 3 * KiB);
     /* The slab's tail (21 slots of 3 KiB in 64 KiB) and free pages are no slot. */
-    assert_not_found(f, s + 21 * 3 * KiB);
-    assert_not_found(f, s + page - 1);
-    assert_not_found(f, s + page);
-    assert_not_found(f, s + G - 1);
+    assert_no_slot(f, s + 21 * 3 * KiB);
+    assert_no_slot(f, s + page - 1);
+    assert_no_slot(f, s + page);
+    assert_no_slot(f, s + G - 1);
     assert_not_found(f, s + G);
     /* A freed block's range is gone. */
     give(f, big, false);
