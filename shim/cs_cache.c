@@ -247,9 +247,10 @@ static void spare_add(cs_cache *c, cs_heap *h, int64_t kept)
 }
 
 /* One block leaves: to the driver, or (keep, pooled heaps) to its pool's spare. Returns the
- * bytes given back to the driver. Without the lock. A heap is never freed before the cache,
- * so b->heap stays readable even when its context went meanwhile. */
-static uint64_t backend_free(cs_heap *h, cs_block *b, bool keep)
+ * bytes given back to the driver; *waited (may be NULL) is set when the host waited for the
+ * block's fence. Without the lock. A heap is never freed before the cache, so b->heap stays
+ * readable even when its context went meanwhile. */
+static uint64_t backend_free(cs_heap *h, cs_block *b, bool keep, bool *waited)
 {
     int raw;
     if (!h->pool) {
@@ -259,23 +260,35 @@ static uint64_t backend_free(cs_heap *h, cs_block *b, bool keep)
     if (h->dead)
         return b->size;  /* the context took its memory with it */
     /* Unmapping does not wait for the GPU: the fence first. */
-    bool done = cs_epoch_ready(h, b->epoch) || h->ops->wait(h->dev, b->epoch) == 0;
+    bool done = cs_epoch_ready(h, b->epoch);
+    if (!done) {
+        done = h->ops->wait(h->dev, b->epoch) == 0;
+        if (waited)
+            *waited = true;
+    }
     uint64_t released = 0;
     cs_pool_free(h->pool, b->addr, keep, done, &released, &raw);
     return released;
 }
 
-/* Called without the lock: let go of what defer_release detached. */
-static void finish_releases(cs_cache *c, int device, cs_block *list, cs_release_reason why)
+/* Called without the lock: let go of what defer_release detached. Returns the bytes given
+ * back to the driver (pooled heaps: what the pool released, which may be more or less than
+ * the blocks' bytes). */
+static uint64_t finish_releases(cs_cache *c, int device, cs_block *list, cs_release_reason why)
 {
+    uint64_t total = 0;
     while (list) {
         cs_block *b = list;
         list = b->hash_next;
         cs_heap *h = b->heap;
-        uint64_t released = backend_free(h, b, why == CS_RELEASE_MOVE);
+        bool waited = false;
+        uint64_t released = backend_free(h, b, why == CS_RELEASE_MOVE, &waited);
+        total += released;
         pthread_mutex_lock(&c->lock);
         device_state *d = &c->devices[device];
         d->pending_bytes -= b->size;
+        if (waited)
+            d->st.fence_waits++;
         if (!h->dead)
             spare_add(c, h, (int64_t)b->size - (int64_t)released);
         if (why == CS_RELEASE_MOVE)
@@ -289,6 +302,7 @@ static void finish_releases(cs_cache *c, int device, cs_block *list, cs_release_
         pthread_mutex_unlock(&c->lock);
         free(b);
     }
+    return total;
 }
 
 /* Give the pools' spare memory of a device back to the driver, up to `bytes`. Called with the
@@ -764,7 +778,7 @@ static cs_block *new_block(cs_cache *c, cs_heap *h, uint64_t addr, uint64_t byte
 /* ---------------------------------------------------------------- moves
  *
  * A pooled heap holds at most a headroom over the program's peak (config.pool_headroom_permille
- * of the peak bytes of its blocks in use): a miss that would hold more first moves idle memory. Idle
+ * of its peak requested bytes): a miss that would hold more first moves idle memory. Idle
  * blocks whose fences completed leave their ranges, oldest first and large ones first (a
  * slab's slot frees memory only with its whole slab), until their bytes cover the excess;
  * the pool builds the block from their chunks and takes from the driver only the rest.
@@ -774,11 +788,11 @@ static uint64_t move_for(cs_cache *c, cs_heap *h, uint64_t bytes)
 {
     uint64_t need = cs_pool_need(h->pool, bytes);
     device_state *d = &c->devices[h->device];
-    /* Within the headroom over the program's peak (its blocks' bytes: the rounding is not
-     * the cache's to save), new memory keeps more blocks cached (more hits); beyond it, idle
-     * memory moves. */
-    uint64_t peak = cs_load(&d->peak_in_use);
-    uint64_t budget = peak + peak / 1000 * c->config.pool_headroom_permille;
+    /* Within the headroom over the program's own peak, new memory keeps more blocks cached
+     * (more hits); beyond it, idle memory moves. */
+    uint64_t peak = cs_load(&d->peak_requested);
+    uint64_t permille = c->config.pool_headroom_permille;
+    uint64_t budget = peak + peak / 1000 * permille + peak % 1000 * permille / 1000;
     uint64_t after = held(d) + need;
     if (!need || after <= budget || (c->config.capturing && c->config.capturing()))
         return need;
@@ -826,9 +840,8 @@ static cs_result alloc_miss(cs_cache *c, cs_heap *h, uint64_t size, uint64_t byt
                 return CS_OK;
             }
         }
-        if (attempt == 0)
-            d->st.misses++;
         if (!reserve_under_cap(c, d, h->device, need)) {
+            d->st.misses++;
             d->st.cap_refusals++;
             fill_failure(failure, c, h->device, size, true);
             pthread_mutex_unlock(&c->lock);
@@ -837,6 +850,8 @@ static cs_result alloc_miss(cs_cache *c, cs_heap *h, uint64_t size, uint64_t byt
         pthread_mutex_unlock(&c->lock);
         r = backend_take(c, h, bytes, need, &a, raw);
     }
+    /* A miss once it is the backend's (a wait at the cap on a retry above is a hit). */
+    d->st.misses++;
     if (r == CS_BE_OOM && !h->dead) {
         /* Out of memory. First a cached block that fits, once the GPU is done with it: no
          * memory changes hands. Then give idle memory back and retry. */
@@ -860,7 +875,7 @@ static cs_result alloc_miss(cs_cache *c, cs_heap *h, uint64_t size, uint64_t byt
         d->pending_bytes += bytes;
         pthread_mutex_unlock(&c->lock);
         cs_block tmp = {.addr = a, .size = bytes, .heap = h, .epoch = 0};
-        uint64_t released = backend_free(h, &tmp, false);
+        uint64_t released = backend_free(h, &tmp, false, NULL);
         pthread_mutex_lock(&c->lock);
         d->pending_bytes -= bytes;
         if (!h->dead)
@@ -1052,9 +1067,11 @@ uint64_t cs_cache_trim(cs_cache *c)
         cs_block *list = NULL;
         pthread_mutex_lock(&c->lock);
         if (c->devices[i].present)
-            released += release_idle_to(c, i, true, 0, &list);  /* the threads' ready ones too */
+            release_idle_to(c, i, true, 0, &list);  /* the threads' ready ones too */
         pthread_mutex_unlock(&c->lock);
-        finish_releases(c, i, list, CS_RELEASE_TRIM);
+        /* What went back to the driver: a pooled block's slot may free a whole granule, or
+         * nothing while its slab holds other blocks. */
+        released += finish_releases(c, i, list, CS_RELEASE_TRIM);
         pthread_mutex_lock(&c->lock);
         if (c->devices[i].present)
             released += trim_spare(c, i, UINT64_MAX);

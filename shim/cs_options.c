@@ -64,7 +64,8 @@ static const cs_option_desc option_table[OPT_COUNT] = {
                      "(devices without virtual memory management get classic by themselves); "
                      "classic makes each block one cuMemAlloc, for programs that export "
                      "memory with cuIpcGetMemHandle."},
-    [OPT_HEADROOM] = {"CACHESHIM_HEADROOM", "int", "0", "a whole percentage from 0 to 1000",
+    [OPT_HEADROOM] = {"CACHESHIM_HEADROOM", "int", "0",
+                      "a whole number of percent from 0 to 1000, without the % sign",
                       "Pooled backend: how far memory held may exceed the program's own "
                       "peak, in percent, before a miss moves idle memory instead of taking "
                       "new memory. More keeps more blocks cached as they are (more hits, "

@@ -119,9 +119,14 @@ static void slab_free(slab *sl)
 
 static void range_free(range *r)
 {
-    for (int i = 0; r->small && i < PAGES; i++)
-        if (r->page_slab[i] && r->page_slab[i]->first == (uint32_t)i)
-            slab_free(r->page_slab[i]);
+    /* A slab covers pages [first, first + npages): freed at its first, its pages skipped. */
+    for (uint32_t i = 0; r->small && i < PAGES; i++) {
+        slab *sl = r->page_slab[i];
+        if (sl && sl->first == i) {
+            i += sl->npages - 1;
+            slab_free(sl);
+        }
+    }
     free(r->chunks);
     free(r);
 }
@@ -453,6 +458,7 @@ static int build(cs_pool *p, uint64_t size, bool small, uint64_t max_new, range 
     p->counts.creates += (uint64_t)(r->nchunks - from_spare);
     p->counts.releases += (uint64_t)ntrade;
     if (rc != CS_BE_OK) {
+        p->counts.releases += (uint64_t)(r->nchunks - from_spare);  /* unbuild's */
         pthread_mutex_unlock(&p->lock);
         unbuild(p, r, r->va, mapped, from_spare);
         range_free(r);
@@ -469,6 +475,8 @@ static int build(cs_pool *p, uint64_t size, bool small, uint64_t max_new, range 
         pthread_mutex_lock(&p->lock);
     }
     if (!range_add(p, r)) {
+        p->counts.releases += (uint64_t)(r->nchunks - from_spare);  /* unbuild's */
+        p->counts.unmaps += (uint64_t)mapped;
         pthread_mutex_unlock(&p->lock);
         unbuild(p, r, r->va, mapped, from_spare);
         range_free(r);

@@ -3,8 +3,9 @@
  * Each thread that uses a cache has a thread cache for it. Per heap, it keeps a few idle
  * blocks per size class; and it owns every block it handed out or holds idle (block->owner),
  * found by address in its own map. A same-thread free of such a block pushes it onto the
- * thread's idle list of its class; a same-thread allocation pops the oldest block of its class
- * (or a larger one up to twice the size, as the core does) that is ready by exactly the core's
+ * thread's idle list of its class; a same-thread allocation takes the oldest block that fits
+ * by the core's rule (cs_class_fits, cs_block_fits: its class, a small request also a larger
+ * class within an eighth, a large one only its exact size) that is ready by exactly the core's
  * test: epoch <= the heap's known-safe epoch, else backend reached(), else in ordered mode
  * order_after(). Neither takes the cache's lock or writes a line another thread writes: the
  * thread cache's own lock is contended only by a thread reclaiming from it, which holds the
@@ -102,6 +103,29 @@ static void list_push(tc_list *l, cs_block *b)
         l->head = b;
     l->tail = b;
     l->n++;
+}
+
+/* The oldest block of l that fits `bytes` (a large class holds blocks of several sizes), and
+ * the block before it (NULL when it is the head). At most TC_PER_CLASS to look at. */
+static cs_block *list_fit(const tc_list *l, const cs_heap *h, uint64_t bytes, cs_block **prev)
+{
+    *prev = NULL;
+    for (cs_block *b = l->head; b; *prev = b, b = b->cls_next)
+        if (cs_block_fits(h, b, bytes))
+            return b;
+    return NULL;
+}
+
+/* Takes b, found by list_fit with prev, out of l. */
+static cs_block *list_take(tc_list *l, cs_block *b, cs_block *prev)
+{
+    if (!prev)
+        return list_pop(l);
+    prev->cls_next = b->cls_next;
+    if (l->tail == b)
+        l->tail = prev;
+    l->n--;
+    return b;
 }
 
 static size_t map_index(const cs_tcache *tc, uint64_t addr)
@@ -332,24 +356,26 @@ static inline cs_tcache *tc_mine(cs_cache *c)
 
 /* ---------------------------------------------------------------- fast paths */
 
-/* The oldest ready block that fits, as the core's take_ready and take_ordered choose. Only
- * the oldest of a class is looked at: if it is of another size (large classes hold several
- * sizes), the locked core decides. */
+/* The oldest ready block that fits, as the core's take_ready and take_ordered choose: in a
+ * class of several sizes (large classes), the oldest of the request's size. The locked core
+ * never looks at this thread's own lists (cs_tc_steal skips them), so what fits here must be
+ * found here. */
 static cs_block *take(tc_slot *s, cs_heap *h, int cls, uint64_t size, uint64_t bytes)
 {
+    cs_block *prev;
     for (int k = cls; k < TC_CLASSES && cs_class_fits(h, k, cls, size); k++) {
-        cs_block *b = s->cls[k].head;
-        if (b && cs_block_fits(h, b, bytes) && cs_epoch_ready(h, b->epoch))
-            return list_pop(&s->cls[k]);
+        cs_block *b = list_fit(&s->cls[k], h, bytes, &prev);
+        if (b && cs_epoch_ready(h, b->epoch))
+            return list_take(&s->cls[k], b, prev);
     }
     if (!h->ordered)
         return NULL;
     for (int k = cls; k < TC_CLASSES && cs_class_fits(h, k, cls, size); k++) {
-        cs_block *b = s->cls[k].head;
-        if (b && cs_block_fits(h, b, bytes) && cs_class_deep_enough(h, b, TC_PER_CLASS) &&
+        cs_block *b = list_fit(&s->cls[k], h, bytes, &prev);
+        if (b && cs_class_deep_enough(h, b, TC_PER_CLASS) &&
             h->ops->order_after(h->dev, b->epoch) == 0) {
             s->ordered_hits++;
-            return list_pop(&s->cls[k]);
+            return list_take(&s->cls[k], b, prev);
         }
     }
     return NULL;
@@ -479,11 +505,11 @@ cs_block *cs_tc_steal(cs_cache *c, cs_heap *h, int cls, uint64_t size, uint64_t 
         pthread_mutex_lock(&tc->lock);
         tc_slot *s = slot_find(tc, h);
         for (int k = cls; s && k < TC_CLASSES && cs_class_fits(h, k, cls, size); k++) {
-            cs_block *b = s->cls[k].head;
-            if (b && cs_block_fits(h, b, bytes) && (ordered ? cs_class_deep_enough(h, b, TC_PER_CLASS) &&
+            cs_block *prev, *b = list_fit(&s->cls[k], h, bytes, &prev);
+            if (b && (ordered ? cs_class_deep_enough(h, b, TC_PER_CLASS) &&
                                     h->ops->order_after(h->dev, b->epoch) == 0
                               : cs_epoch_ready(h, b->epoch))) {
-                list_pop(&s->cls[k]);
+                list_take(&s->cls[k], b, prev);
                 release_block(c, tc, s, b);
                 pthread_mutex_unlock(&tc->lock);
                 return b;

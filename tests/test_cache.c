@@ -180,6 +180,10 @@ static int setup_ordered_cap(void **state)
     return setup_mode(state, 10 * MiB, CS_UNLIMITED, 1ull << 40, CS_REUSE_ORDERED);
 }
 
+/* A release threshold (here one no test reaches) turns the thread caches off: every block
+ * is in the locked core's lists. */
+static int setup_no_tc(void **state) { return setup_with(state, CS_UNLIMITED, 1ull << 50, 1ull << 40); }
+
 static int teardown(void **state)
 {
     fx *f = *state;
@@ -240,27 +244,87 @@ static void test_size_classes(void **state)
     assert_int_equal(cs_size_class(1ull << 60, &b), -1);
 }
 
-static void test_larger_block_reused_up_to_twice(void **state)
+/* The reuse rule. A small request (up to half the granularity) takes a block of its own class
+ * or of a larger class within an eighth of its size (511 bytes below 4 KiB), never a large
+ * block; a large request takes only a block of exactly its granules, even where a class
+ * holds several sizes. The same from the thread's own cache (setup) and from the locked core
+ * (setup_no_tc): whichever list holds the idle blocks. */
+static void test_reuse_small_within_an_eighth(void **state)
 {
     fx *f = *state;
-    uint64_t a = must_alloc(f, 4 * MiB);
-    cs_cache_free(f->cache, a);
-    uint64_t b = must_alloc(f, 1 * MiB);     /* 4x: too wasteful, a new block */
-    assert_true(b != a);
-    uint64_t c = must_alloc(f, 2 * MiB);     /* exactly 2x: the cached 4 MiB block */
-    assert_int_equal(c, a);
+    uint64_t k64 = must_alloc(f, 64 * 1024), k72 = must_alloc(f, 72 * 1024),
+             k76 = must_alloc(f, 76 * 1024);
+    cs_cache_free(f->cache, k76);
+    cs_cache_free(f->cache, k72);
+    cs_cache_free(f->cache, k64);
+    /* Its own class first, then 72 KiB (64 + 8), never 76 KiB. */
+    assert_int_equal(must_alloc(f, 64 * 1024), k64);
+    assert_int_equal(must_alloc(f, 64 * 1024), k72);
+    uint64_t fresh = must_alloc(f, 64 * 1024);
+    assert_true(fresh != k76);
     uint64_t req;
-    assert_int_equal(cs_cache_lookup(f->cache, c, &req), CS_BLOCK_IN_USE);
-    assert_int_equal(req, 2 * MiB);
-    cacheshim_stats s = stats(f);
-    assert_int_equal(s.bytes_in_use, 5 * MiB);
-    assert_int_equal(s.bytes_requested, 3 * MiB);
-    /* Small sizes too: 600 B may take a 1 KiB block, not a 2 KiB one. */
-    uint64_t k2 = must_alloc(f, 2048), k1 = must_alloc(f, 1024);
+    assert_int_equal(cs_cache_lookup(f->cache, k76, &req), CS_BLOCK_IDLE);
+    assert_int_equal(cs_cache_lookup(f->cache, k72, &req), CS_BLOCK_IN_USE);
+    assert_int_equal(req, 64 * 1024);
+    /* Exactly at the edge: 8 KiB (class 8192) takes 9216 (8192 + 1024), not 9728. */
+    uint64_t b9216 = must_alloc(f, 9216), b9728 = must_alloc(f, 9728);
+    cs_cache_free(f->cache, b9728);
+    cs_cache_free(f->cache, b9216);
+    assert_int_equal(must_alloc(f, 8192), b9216);
+    assert_true(must_alloc(f, 8192) != b9728);
+    /* Below 4 KiB the slack is 511 bytes: 600 B takes a 1 KiB block, never a 2 KiB or even a
+     * 1.5 KiB one (1000 B would cost 536 bytes more). */
+    uint64_t k2 = must_alloc(f, 2048), k15 = must_alloc(f, 1536), k1 = must_alloc(f, 1024);
     cs_cache_free(f->cache, k2);
+    cs_cache_free(f->cache, k15);
     cs_cache_free(f->cache, k1);
     assert_int_equal(must_alloc(f, 600), k1);
-    assert_true(must_alloc(f, 600) != k2);
+    uint64_t x = must_alloc(f, 1000);
+    assert_true(x != k15 && x != k2);
+    /* The largest small request never takes a large block: 1 MiB (half a granule) is a
+     * class of its own; a 2 MiB block is a granule. */
+    uint64_t g1 = must_alloc(f, 2 * MiB);
+    cs_cache_free(f->cache, g1);
+    assert_true(must_alloc(f, 1 * MiB) != g1);
+    cacheshim_stats s = stats(f);
+    assert_int_equal(s.hits, 4);
+    assert_int_equal(s.misses, s.requests - 4);
+}
+
+static void test_reuse_large_exact_granules(void **state)
+{
+    fx *f = *state;
+    /* Above 64 MiB a class spans 4 MiB: 66 and 68 MiB blocks share one. */
+    uint64_t b1, b2;
+    assert_int_equal(cs_size_class(66 * MiB, &b1), cs_size_class(68 * MiB, &b2));
+    uint64_t a68 = must_alloc(f, 68 * MiB), a66 = must_alloc(f, 66 * MiB);
+    cs_cache_free(f->cache, a68);
+    cs_cache_free(f->cache, a66);  /* the class: 68 MiB (oldest), then 66 MiB */
+    /* 65 MiB is 66 MiB of granules: the 66 MiB block behind the 68 MiB one. */
+    assert_int_equal(must_alloc(f, 65 * MiB), a66);
+    /* 66 MiB again: the 68 MiB block is of the class but not of the size. */
+    uint64_t n66 = must_alloc(f, 66 * MiB);
+    assert_true(n66 != a68);
+    /* 67 MiB rounds to 68 MiB: that block, its request remembered. */
+    assert_int_equal(must_alloc(f, 67 * MiB), a68);
+    uint64_t req;
+    assert_int_equal(cs_cache_lookup(f->cache, a68, &req), CS_BLOCK_IN_USE);
+    assert_int_equal(req, 67 * MiB);
+    /* Granules, not twice the size: a 4 MiB block serves 3 MiB and 2 MiB + 1 (both two
+     * granules), never 2 MiB (one) nor 5 MiB (three). */
+    uint64_t a4 = must_alloc(f, 4 * MiB);
+    cs_cache_free(f->cache, a4);
+    assert_true(must_alloc(f, 2 * MiB) != a4);
+    assert_int_equal(must_alloc(f, 3 * MiB), a4);
+    cs_cache_free(f->cache, a4);
+    assert_int_equal(must_alloc(f, 2 * MiB + 1), a4);
+    cs_cache_free(f->cache, a4);
+    assert_true(must_alloc(f, 5 * MiB) != a4);  /* 6 MiB of granules */
+    cacheshim_stats s = stats(f);
+    assert_int_equal(s.hits, 4);
+    assert_int_equal(s.driver_allocs, 6);
+    assert_int_equal(s.bytes_in_use, (66 + 66 + 68 + 2 + 6) * MiB);
+    assert_int_equal(s.bytes_requested, (65 + 66 + 67 + 2 + 5) * MiB);
 }
 
 static void test_hit_and_miss(void **state)
@@ -690,11 +754,32 @@ static int oom_free(void *dev, uint64_t addr, int *raw)
 static const cs_backend_ops oom_ops = {oom_alloc, oom_free, fb_fence, fb_reached, fb_wait,
                                        fb_order_after, fb_busy_streams, NULL};
 
+/* The OOM tests' heap: a granularity of 1 MiB, so that 3, 4 and 7 MiB are blocks of their
+ * own size and the device's 8 MiB fill up the way each test says. */
+#define OOM_GRAN (1 * MiB)
+
+static cs_heap *oom_heap(fx *f)
+{
+    cs_cache_forget_heap(f->cache, (void *)0x1);
+    return cs_cache_add_heap(f->cache, (void *)0x2, 0, 8 * MiB, &oom_ops, NULL, OOM_GRAN);
+}
+
+/* The bytes the cache asks the backend for (cs_block_bytes): a size class up to half the
+ * granularity, whole granules above. */
+static uint64_t block_bytes(uint64_t size, uint64_t gran)
+{
+    uint64_t b;
+    if (size <= gran / 2)
+        cs_size_class(size, &b);
+    else
+        b = (size + gran - 1) / gran * gran;
+    return b;
+}
+
 static uint64_t oom_must(fx *f, uint64_t size)
 {
-    uint64_t a = must_alloc(f, size), b;
-    cs_size_class(size, &b);
-    oom_sizes[(a - 0x100000000ull) / (64 * MiB)] = b;
+    uint64_t a = must_alloc(f, size);
+    oom_sizes[(a - 0x100000000ull) / (64 * MiB)] = block_bytes(size, OOM_GRAN);
     return a;
 }
 
@@ -702,8 +787,7 @@ static void test_oom_sequence(void **state)
 {
     fx *f = *state;
     oom_used = 0;
-    cs_cache_forget_heap(f->cache, (void *)0x1);
-    f->heap = cs_cache_add_heap(f->cache, (void *)0x2, 0, 8 * MiB, &oom_ops, NULL, 0);
+    f->heap = oom_heap(f);
     uint64_t a = oom_must(f, 3 * MiB), b = oom_must(f, 3 * MiB);
     cs_cache_free(f->cache, a);            /* ready once a fence is recorded and done */
     assert_int_equal(oom_must(f, 3 * MiB), a);
@@ -740,8 +824,7 @@ static void test_oom_step0_waits_for_fitting_block(void **state)
 {
     fx *f = *state;
     oom_used = 0;
-    cs_cache_forget_heap(f->cache, (void *)0x1);
-    f->heap = cs_cache_add_heap(f->cache, (void *)0x2, 0, 8 * MiB, &oom_ops, NULL, 0);
+    f->heap = oom_heap(f);
     uint64_t a = oom_must(f, 3 * MiB);
     oom_must(f, 4 * MiB);
     gpu_busy();
@@ -1197,15 +1280,14 @@ static void test_tc_oom_reclaims(void **state)
 {
     fx *f = *state;
     oom_used = 0;
-    cs_cache_forget_heap(f->cache, (void *)0x1);
-    f->heap = cs_cache_add_heap(f->cache, (void *)0x2, 0, 8 * MiB, &oom_ops, NULL, 0);
+    f->heap = oom_heap(f);
     agent a;
     agent_start(&a, f);
     blocks w = {.size = 3 * MiB, .n = 2};
     agent_run(&a, job_alloc, &w);
     assert_all_ok(&w);
     for (int i = 0; i < 2; i++)
-        oom_sizes[(w.addr[i] - 0x100000000ull) / (64 * MiB)] = 3 * MiB;
+        oom_sizes[(w.addr[i] - 0x100000000ull) / (64 * MiB)] = block_bytes(3 * MiB, OOM_GRAN);
     agent_run(&a, job_free, &w);  /* 6 of 8 MiB idle in the agent's cache */
     /* 4 MiB: the driver is out of memory; the agent's ready blocks go back, then it fits. */
     oom_must(f, 4 * MiB);
@@ -1482,7 +1564,10 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_size_classes),
         cmocka_unit_test_setup_teardown(test_hit_and_miss, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_larger_block_reused_up_to_twice, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_reuse_small_within_an_eighth, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_reuse_small_within_an_eighth, setup_no_tc, teardown),
+        cmocka_unit_test_setup_teardown(test_reuse_large_exact_granules, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_reuse_large_exact_granules, setup_no_tc, teardown),
         cmocka_unit_test_setup_teardown(test_block_not_reused_while_gpu_busy, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fence_covers_work_before_free_only, setup, teardown),
         cmocka_unit_test_setup_teardown(test_no_release_during_capture, setup, teardown),

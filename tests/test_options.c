@@ -84,6 +84,8 @@ static void assert_defaults(const cs_options *o)
     assert_int_equal(o->verbose, 0);
     assert_int_equal(o->reuse, 0);
     assert_false(o->sync_free);
+    assert_int_equal(o->backend, 0); /* pooled */
+    assert_int_equal(o->headroom, 0);
     assert_int_equal(o->trace_format, CS_TRACE_TEXT);
     assert_string_equal(o->trace_file, "");
     assert_string_equal(o->trace_filter, "memory");
@@ -97,12 +99,13 @@ static void test_table(void **state)
     static const char *const names[] = {"CACHESHIM_DISABLE", "CACHESHIM_CAP",
                                         "CACHESHIM_RELEASE_THRESHOLD", "CACHESHIM_STATS",
                                         "CACHESHIM_VERBOSE", "CACHESHIM_REUSE",
-                                        "CACHESHIM_SYNC_FREE", "CACHESHIM_TRACE_FORMAT",
+                                        "CACHESHIM_SYNC_FREE", "CACHESHIM_BACKEND",
+                                        "CACHESHIM_HEADROOM", "CACHESHIM_TRACE_FORMAT",
                                         "CACHESHIM_TRACE_FILE", "CACHESHIM_TRACE_FILTER"};
     size_t n = 0;
     const cs_option_desc *t = cs_option_table(&n);
     assert_non_null(t);
-    assert_int_equal(n, 10);
+    assert_int_equal(n, 12);
     assert_ptr_equal(cs_option_table(NULL), t);
     for (size_t i = 0; i < n; i++) {
         assert_string_equal(t[i].name, names[i]);
@@ -149,7 +152,7 @@ static void test_defaults_when_nothing_set(void **state)
     assert_int_equal(cs_options_load(&o, fake_getenv, collect, &r), 0);
     assert_int_equal(r.count, 0);
     assert_defaults(&o);
-    assert_int_equal(env.misses, 10); /* each variable asked for exactly once */
+    assert_int_equal(env.misses, 12); /* each variable asked for exactly once */
 
     memset(&o, 0xa5, sizeof o);
     assert_int_equal(cs_options_load(&o, NULL, collect, &r), 0);
@@ -171,7 +174,7 @@ static void test_each_variable_read_once(void **state)
     for (int i = 0; i < 5; i++)
         assert_int_equal(env.lookups[i], 1);
     assert_int_equal(env.lookups[5], 0);
-    assert_int_equal(env.misses, 5); /* REUSE, SYNC_FREE and the three TRACE_*, unset */
+    assert_int_equal(env.misses, 7); /* REUSE, SYNC_FREE, BACKEND, HEADROOM, TRACE_*: unset */
 }
 
 static void test_empty_is_unset(void **state)
@@ -276,6 +279,31 @@ static void test_good_ints(void **state)
         assert_int_equal(r.count, 0);
         if (o.verbose != cases[i].value)
             fail_msg("'%s' should read as %d, got %d", cases[i].text, cases[i].value, o.verbose);
+    }
+}
+
+/* The backend's words in any case, and the headroom's whole percent from 0 to 1000. */
+static void test_good_backend_and_headroom(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *backend, *headroom;
+        int b, h;
+    } cases[] = {
+        {"pooled", "0", 0, 0},     {"classic", "25", 1, 25}, {" Classic ", "1000", 1, 1000},
+        {"POOLED", "0010", 0, 10}, {"\tclassic", " 50 ", 1, 50}, {"Pooled", "999", 0, 999},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        env_clear();
+        env_set("CACHESHIM_BACKEND", cases[i].backend);
+        env_set("CACHESHIM_HEADROOM", cases[i].headroom);
+        reports r = {0};
+        cs_options o;
+        assert_int_equal(cs_options_load(&o, fake_getenv, collect, &r), 0);
+        assert_int_equal(r.count, 0);
+        if (o.backend != cases[i].b || o.headroom != cases[i].h)
+            fail_msg("'%s', '%s': got backend %d, headroom %d", cases[i].backend,
+                     cases[i].headroom, o.backend, o.headroom);
     }
 }
 
@@ -418,6 +446,10 @@ static void test_parse_size_bad_arguments(void **state)
 
 #define TAIL_FORMAT "is not valid: expected text, jsonl or perfetto; using the default (text)"
 #define TAIL_REUSE "is not valid: expected ordered or completed; using the default (ordered)"
+#define TAIL_BACKEND "is not valid: expected pooled or classic; using the default (pooled)"
+#define TAIL_HEADROOM                                                                      \
+    "is not valid: expected a whole number of percent from 0 to 1000, without the % sign; " \
+    "using the default (0)"
 #define TAIL_FILE                                                                            \
     "is not valid: expected stderr or a file path of at most 1023 bytes, %p standing for the " \
     "process id; using the default (stderr)"
@@ -513,6 +545,19 @@ static const struct {
     BAD("REUSE", "later", TAIL_REUSE),
     BAD("REUSE", "ordered,completed", TAIL_REUSE),
     BAD("SYNC_FREE", "sometimes", TAIL_BOOL),
+    BAD("BACKEND", "vmm", TAIL_BACKEND),
+    BAD("BACKEND", "cuMemAlloc", TAIL_BACKEND),
+    BAD("BACKEND", "pooled,classic", TAIL_BACKEND),
+    BAD("BACKEND", "pool", TAIL_BACKEND),
+    BAD("BACKEND", "   ", TAIL_BACKEND),
+    BAD("HEADROOM", "1001", TAIL_HEADROOM),
+    BAD("HEADROOM", "-1", TAIL_HEADROOM),
+    BAD("HEADROOM", "25%", TAIL_HEADROOM),
+    BAD("HEADROOM", "0.5", TAIL_HEADROOM),
+    BAD("HEADROOM", "1e2", TAIL_HEADROOM),
+    BAD("HEADROOM", "ten", TAIL_HEADROOM),
+    BAD("HEADROOM", "+5", TAIL_HEADROOM),
+    BAD("HEADROOM", "99999999999999999999", TAIL_HEADROOM),
     BAD("TRACE_FORMAT", "json", TAIL_FORMAT),
     BAD("TRACE_FORMAT", "chrome", TAIL_FORMAT),
     BAD("TRACE_FORMAT", "text,jsonl", TAIL_FORMAT),
@@ -627,6 +672,10 @@ static void test_option_parse(void **state)
     assert_true(o.disable);
     assert_int_equal(cs_option_parse(&o, "CACHESHIM_VERBOSE", "2"), 0);
     assert_int_equal(o.verbose, 2);
+    assert_int_equal(cs_option_parse(&o, "CACHESHIM_BACKEND", "classic"), 0);
+    assert_int_equal(o.backend, 1);
+    assert_int_equal(cs_option_parse(&o, "CACHESHIM_HEADROOM", "150"), 0);
+    assert_int_equal(o.headroom, 150);
     assert_int_equal(cs_option_parse(&o, "CACHESHIM_TRACE_FORMAT", "perfetto"), 0);
     assert_int_equal(o.trace_format, CS_TRACE_PERFETTO);
     assert_int_equal(cs_option_parse(&o, "CACHESHIM_TRACE_FILE", "t.%p.jsonl"), 0);
@@ -688,17 +737,19 @@ static void test_print_defaults(void **state)
     assert_int_equal(cs_options_load(&o, fake_getenv, NULL, NULL), 0);
     reports r = {0};
     cs_options_print(&o, collect, &r);
-    assert_int_equal(r.count, 10);
-    assert_string_equal(r.line[5], "cacheshim: CACHESHIM_REUSE = ordered (default)");
-    assert_string_equal(r.line[6], "cacheshim: CACHESHIM_SYNC_FREE = 0 (default)");
-    assert_string_equal(r.line[7], "cacheshim: CACHESHIM_TRACE_FORMAT = text (default)");
-    assert_string_equal(r.line[8], "cacheshim: CACHESHIM_TRACE_FILE = stderr (default)");
-    assert_string_equal(r.line[9], "cacheshim: CACHESHIM_TRACE_FILTER = memory (default)");
+    assert_int_equal(r.count, 12);
     assert_string_equal(r.line[0], "cacheshim: CACHESHIM_DISABLE = 0 (default)");
     assert_string_equal(r.line[1], "cacheshim: CACHESHIM_CAP = unlimited (default)");
     assert_string_equal(r.line[2], "cacheshim: CACHESHIM_RELEASE_THRESHOLD = unlimited (default)");
     assert_string_equal(r.line[3], "cacheshim: CACHESHIM_STATS = 0 (default)");
     assert_string_equal(r.line[4], "cacheshim: CACHESHIM_VERBOSE = 0 (default)");
+    assert_string_equal(r.line[5], "cacheshim: CACHESHIM_REUSE = ordered (default)");
+    assert_string_equal(r.line[6], "cacheshim: CACHESHIM_SYNC_FREE = 0 (default)");
+    assert_string_equal(r.line[7], "cacheshim: CACHESHIM_BACKEND = pooled (default)");
+    assert_string_equal(r.line[8], "cacheshim: CACHESHIM_HEADROOM = 0 (default)");
+    assert_string_equal(r.line[9], "cacheshim: CACHESHIM_TRACE_FORMAT = text (default)");
+    assert_string_equal(r.line[10], "cacheshim: CACHESHIM_TRACE_FILE = stderr (default)");
+    assert_string_equal(r.line[11], "cacheshim: CACHESHIM_TRACE_FILTER = memory (default)");
 }
 
 static void test_print_set(void **state)
@@ -711,6 +762,8 @@ static void test_print_set(void **state)
     env_set("CACHESHIM_VERBOSE", "2");
     env_set("CACHESHIM_REUSE", " Completed ");
     env_set("CACHESHIM_SYNC_FREE", "yes");
+    env_set("CACHESHIM_BACKEND", " Classic ");
+    env_set("CACHESHIM_HEADROOM", "025");
     env_set("CACHESHIM_TRACE_FORMAT", " Perfetto ");
     env_set("CACHESHIM_TRACE_FILE", " /tmp/trace.%p ");
     env_set("CACHESHIM_TRACE_FILTER", " cuMemAlloc* , cuLaunchKernel ");
@@ -718,23 +771,25 @@ static void test_print_set(void **state)
     assert_int_equal(cs_options_load(&o, fake_getenv, NULL, NULL), 0);
     reports r = {0};
     cs_options_print(&o, collect, &r);
-    assert_int_equal(r.count, 10);
-    assert_string_equal(r.line[5], "cacheshim: CACHESHIM_REUSE = completed (set)");
-    assert_string_equal(r.line[6], "cacheshim: CACHESHIM_SYNC_FREE = 1 (set)");
-    assert_string_equal(r.line[7], "cacheshim: CACHESHIM_TRACE_FORMAT = perfetto (set)");
-    assert_string_equal(r.line[8], "cacheshim: CACHESHIM_TRACE_FILE = /tmp/trace.%p (set)");
-    assert_string_equal(r.line[9],
-                        "cacheshim: CACHESHIM_TRACE_FILTER = cuMemAlloc*,cuLaunchKernel (set)");
+    assert_int_equal(r.count, 12);
     assert_string_equal(r.line[0], "cacheshim: CACHESHIM_DISABLE = 1 (set)");
     assert_string_equal(r.line[1], "cacheshim: CACHESHIM_CAP = 8 GiB (set)");
     assert_string_equal(r.line[2],
                         "cacheshim: CACHESHIM_RELEASE_THRESHOLD = 12.5% of device memory (set)");
     assert_string_equal(r.line[3], "cacheshim: CACHESHIM_STATS = 0 (default)");
     assert_string_equal(r.line[4], "cacheshim: CACHESHIM_VERBOSE = 2 (set)");
+    assert_string_equal(r.line[5], "cacheshim: CACHESHIM_REUSE = completed (set)");
+    assert_string_equal(r.line[6], "cacheshim: CACHESHIM_SYNC_FREE = 1 (set)");
+    assert_string_equal(r.line[7], "cacheshim: CACHESHIM_BACKEND = classic (set)");
+    assert_string_equal(r.line[8], "cacheshim: CACHESHIM_HEADROOM = 25 (set)");
+    assert_string_equal(r.line[9], "cacheshim: CACHESHIM_TRACE_FORMAT = perfetto (set)");
+    assert_string_equal(r.line[10], "cacheshim: CACHESHIM_TRACE_FILE = /tmp/trace.%p (set)");
+    assert_string_equal(r.line[11],
+                        "cacheshim: CACHESHIM_TRACE_FILTER = cuMemAlloc*,cuLaunchKernel (set)");
 
     cs_options_print(NULL, collect, &r); /* nothing, no crash */
     cs_options_print(&o, NULL, NULL);
-    assert_int_equal(r.count, 10);
+    assert_int_equal(r.count, 12);
 }
 
 /* ---- formatting ------------------------------------------------------------------------------- */
@@ -879,6 +934,7 @@ int main(void)
         cmocka_unit_test_setup(test_several_bad_values, setup),
         cmocka_unit_test_setup(test_good_bools, setup),
         cmocka_unit_test_setup(test_good_ints, setup),
+        cmocka_unit_test_setup(test_good_backend_and_headroom, setup),
         cmocka_unit_test_setup(test_good_sizes, setup),
         cmocka_unit_test_setup(test_good_percents, setup),
         cmocka_unit_test_setup(test_unlimited_words, setup),

@@ -49,28 +49,51 @@ def expect(replay, args, want):
 
 def part_exact(replay, data):
     t = lambda name: os.path.join(data, name)
+    classic = ["--backend", "classic"]
+    # Pooled (the default, 2 MiB granules): 1 MiB and 4 KiB are slots of one small range.
     basic = dict(events=8, allocs=3, frees=3, skipped_frees=1, failed_allocs=1,
-                 replay_failures=0, hits=1, misses=2, driver_allocs=2, driver_frees=0,
-                 peak_live=MiB, peak_reserved=MiB + 4096, releases=0, oom_recoveries=0,
-                 oom_failures=0, cap_refusals=0, fences=3, fence_queries=1)
+                 replay_failures=0, hits=1, misses=2, driver_allocs=1, driver_frees=0,
+                 peak_live=MiB, peak_reserved=2 * MiB, releases=0, oom_recoveries=0,
+                 oom_failures=0, cap_refusals=0, fences=3, fence_queries=1,
+                 backend="pooled", granularity=2 * MiB, moves=0, chunk_creates=1,
+                 chunk_releases=0, chunk_maps=1, chunk_unmaps=0)
     expect(replay, [t("basic.trace")], basic)
+    # Classic: a block of each, one cuMemAlloc each.
+    basic_classic = dict(basic, driver_allocs=2, peak_reserved=MiB + 4096, backend="classic",
+                         chunk_creates=0, chunk_maps=0)
+    expect(replay, classic + [t("basic.trace")], basic_classic)
     # The same as gzip, recognised by its magic bytes, whatever the name.
     with tempfile.TemporaryDirectory() as d:
         gz = os.path.join(d, "basic.data")
         with open(t("basic.trace"), "rb") as src, gzip.open(gz, "wb") as dst:
             shutil.copyfileobj(src, dst)
         expect(replay, [gz], basic)
-    # Driver time: (3 allocs x 45 + 3 frees x 31) - (2 x 45 + 3 x 0.36 + 1 x 0.30) us: every
-    # free of the trace follows work, so each records a fence.
-    expect(replay, [t("basic.trace")], dict(baseline_us=228.0, cached_us=91.38, saved_us=136.62))
-    expect(replay, ["--alloc-us", "10", "--free-us=1", "--fence-record-us", "0",
-                    "--fence-query-us", "0", t("basic.trace")],
+    # Driver time: 3 allocs x 45 + 3 frees x 31 = 228 us without the cache. Every free of the
+    # trace follows work, so each records a fence: 3 x 0.36, and 1 query x 0.30. Pooled: 1
+    # chunk created (12) and mapped (33); classic: 2 cuMemAlloc (2 x 45).
+    expect(replay, [t("basic.trace")], dict(baseline_us=228.0, cached_us=46.38, saved_us=181.62))
+    expect(replay, classic + [t("basic.trace")],
+           dict(baseline_us=228.0, cached_us=91.38, saved_us=136.62))
+    expect(replay, classic + ["--alloc-us", "10", "--free-us=1", "--fence-record-us", "0",
+                              "--fence-query-us", "0", t("basic.trace")],
            dict(baseline_us=33.0, cached_us=20.0, saved_us=13.0))
+    # The pooled costs have options of their own; --alloc-us is then only the baseline's.
+    expect(replay, ["--alloc-us", "10", "--free-us=1", "--fence-record-us", "0",
+                    "--fence-query-us", "0", "--create-us", "2", "--map-us=3", t("basic.trace")],
+           dict(baseline_us=33.0, cached_us=5.0, saved_us=28.0))
     # The GPU 100 us behind: the fence recorded at 20 ns has not completed by 30 ns. Ordered
-    # reuse hands the block out all the same; completed reuse takes a new one.
+    # reuse hands the block out all the same; completed reuse takes a new one (classic: a
+    # cuMemAlloc; pooled: the second 1 MiB slab of the same granule, no new memory). Pooled,
+    # the two 1 MiB slabs then fill the granule, so 4 KiB takes a second one: both 1 MiB
+    # blocks are still busy, nothing can move.
     expect(replay, ["--gpu-lag-us", "100", t("basic.trace")],
-           dict(hits=1, misses=2, driver_allocs=2, peak_reserved=MiB + 4096, fences=3))
+           dict(hits=1, misses=2, driver_allocs=1, peak_reserved=2 * MiB, fences=3))
     expect(replay, ["--gpu-lag-us", "100", "--reuse", "completed", t("basic.trace")],
+           dict(hits=0, misses=3, driver_allocs=2, peak_reserved=4 * MiB, fences=3,
+                chunk_creates=2, moves=0))
+    expect(replay, classic + ["--gpu-lag-us", "100", t("basic.trace")],
+           dict(hits=1, misses=2, driver_allocs=2, peak_reserved=MiB + 4096, fences=3))
+    expect(replay, classic + ["--gpu-lag-us", "100", "--reuse", "completed", t("basic.trace")],
            dict(hits=0, misses=3, driver_allocs=3, peak_reserved=2 * MiB + 4096, fences=3))
     # Lag 0.011 us = 11 ns: the fence recorded at 20 ns is queried at 30 ns (not yet); with
     # 10 ns it completes at 30 ns, just in time.
@@ -79,22 +102,90 @@ def part_exact(replay, data):
            dict(hits=0, misses=3))
     expect(replay, ["--gpu-lag-us", "0.01", "--reuse", "completed", t("basic.trace")],
            dict(hits=1, misses=2))
-    expect(replay, ["--threshold", "1M", t("threshold.trace")],
+    # Threshold: classic gives the oldest block back to the driver. Pooled: its slot goes
+    # back to the pool, the granule stays (the other 1 MiB slab is in use).
+    expect(replay, classic + ["--threshold", "1M", t("threshold.trace")],
            dict(hits=1, misses=2, driver_allocs=2, driver_frees=1, releases=1,
                 peak_live=2 * MiB, peak_reserved=2 * MiB))
+    expect(replay, ["--threshold", "1M", t("threshold.trace")],
+           dict(hits=1, misses=2, driver_allocs=1, driver_frees=0, releases=0,
+                peak_live=2 * MiB, peak_reserved=2 * MiB, chunk_creates=1, chunk_unmaps=0,
+                fence_queries=2))
+    # 1 MiB granules: each block a granule, the oldest's chunk unmapped and released.
+    expect(replay, ["--granularity", "1M", "--threshold", "1M", t("threshold.trace")],
+           dict(granularity=MiB, hits=1, misses=2, driver_allocs=2, driver_frees=1,
+                releases=1, peak_reserved=2 * MiB, chunk_creates=2, chunk_maps=2,
+                chunk_unmaps=1, chunk_releases=1, moves=0))
     # A percentage of --device-size: 1/80 of 80 MiB = 1 MiB, the same run.
-    expect(replay, ["--device-size", "80M", "--threshold", "1.25%", t("threshold.trace")],
+    expect(replay, classic + ["--device-size", "80M", "--threshold", "1.25%",
+                              t("threshold.trace")],
            dict(threshold=MiB, releases=1, driver_frees=1))
     expect(replay, [t("threshold.trace")], dict(releases=0, driver_frees=0, peak_reserved=2 * MiB))
-    expect(replay, ["--device-size", "2M", t("oom.trace")],
-           dict(hits=0, misses=3, driver_allocs=4, driver_frees=1, releases=1,
+    expect(replay, classic + [t("threshold.trace")],
+           dict(releases=0, driver_frees=0, peak_reserved=2 * MiB))
+    # Out of memory: classic recovers by giving the idle block back (the refused call is no
+    # driver allocation); pooled moves the idle block's chunk to the small range instead.
+    expect(replay, classic + ["--device-size", "2M", t("oom.trace")],
+           dict(hits=0, misses=3, driver_allocs=2, driver_frees=1, releases=1,
                 oom_recoveries=1, oom_failures=1, replay_failures=1, dropped_frees=1,
                 peak_live=2 * MiB, peak_reserved=2 * MiB, fences=2))
-    expect(replay, [t("oom.trace")], dict(oom_recoveries=0, oom_failures=0, driver_allocs=3))
+    expect(replay, ["--device-size", "2M", t("oom.trace")],
+           dict(hits=0, misses=3, driver_allocs=1, driver_frees=0, releases=0,
+                oom_recoveries=0, oom_failures=1, replay_failures=1, dropped_frees=1,
+                peak_live=2 * MiB, peak_reserved=2 * MiB, fences=2, moves=1,
+                chunk_creates=1, chunk_releases=0, chunk_maps=2, chunk_unmaps=1,
+                cached_us=99.02))
+    expect(replay, classic + [t("oom.trace")],
+           dict(oom_recoveries=0, oom_failures=0, driver_allocs=3))
+    expect(replay, [t("oom.trace")],
+           dict(oom_recoveries=0, oom_failures=0, driver_allocs=2, moves=1, chunk_creates=2))
+    # The cap: see the trace's comment for both backends.
+    expect(replay, classic + ["--cap", "3M", t("cap.trace")],
+           dict(events=9, allocs=5, frees=4, hits=0, misses=5, driver_allocs=3,
+                driver_frees=1, releases=1, cap_refusals=2, replay_failures=2,
+                dropped_frees=1, peak_live=3 * MiB, peak_reserved=3 * MiB, cap=3 * MiB,
+                fences=3))
     expect(replay, ["--cap", "3M", t("cap.trace")],
-           dict(events=9, allocs=5, frees=4, hits=1, misses=4, driver_allocs=3,
-                driver_frees=2, releases=2, cap_refusals=1, replay_failures=1,
-                peak_live=3 * MiB, peak_reserved=3 * MiB, cap=3 * MiB))
+           dict(events=9, allocs=5, frees=4, hits=0, misses=5, driver_allocs=1,
+                driver_frees=1, releases=1, cap_refusals=4, replay_failures=4,
+                dropped_frees=3, peak_live=2 * MiB, peak_reserved=2 * MiB, cap=3 * MiB,
+                fences=1, moves=1, chunk_creates=1, chunk_releases=1, chunk_maps=1,
+                chunk_unmaps=1))
+    # The headroom (see the trace): moves at 0 and 49 %, none at exactly 50 % or more.
+    moved = dict(hits=0, misses=3, driver_allocs=3, driver_frees=1, moves=2,
+                 chunk_creates=3, chunk_releases=1, chunk_maps=4, chunk_unmaps=2,
+                 peak_live=4 * MiB, peak_reserved=4 * MiB, releases=0)
+    kept = dict(hits=1, misses=2, driver_allocs=2, driver_frees=0, moves=0, chunk_creates=2,
+                chunk_releases=0, chunk_maps=2, chunk_unmaps=0, peak_live=4 * MiB,
+                peak_reserved=6 * MiB, releases=0)
+    expect(replay, [t("headroom.trace")], moved)
+    expect(replay, ["--headroom", "0", t("headroom.trace")], moved)
+    expect(replay, ["--headroom", "49", t("headroom.trace")], moved)
+    expect(replay, ["--headroom", "50", t("headroom.trace")], kept)
+    expect(replay, ["--headroom=1000", t("headroom.trace")], kept)
+    expect(replay, classic + ["--headroom", "0", t("headroom.trace")],
+           dict(hits=1, misses=2, driver_allocs=2, driver_frees=0, moves=0, chunk_creates=0,
+                peak_reserved=6 * MiB))
+    # Slabs: nine 256 KiB blocks and 1 MiB in two granules (see the trace).
+    expect(replay, [t("slab.trace")],
+           dict(hits=0, misses=10, driver_allocs=2, chunk_creates=2, chunk_maps=2, moves=0,
+                peak_live=9 * 256 * 1024, peak_reserved=4 * MiB))
+    expect(replay, classic + [t("slab.trace")],
+           dict(hits=0, misses=10, driver_allocs=10, peak_live=9 * 256 * 1024,
+                peak_reserved=9 * 256 * 1024 + MiB))
+    # The text report: the pooled line for pooled runs only, and the share served without
+    # new memory.
+    p = run(replay, "--headroom", "0", t("headroom.trace"))
+    check("text: backend", ", backend pooled\n" in p.stdout, True)
+    check("text: pooled line", "  pooled              2 moves, 3 chunks created, 1 released, "
+          "4 mapped, 2 unmapped\n" in p.stdout, True)
+    check("text: driver allocs", "  driver allocs       3  (allocations that took new memory: "
+          "0.00 % served without)\n" in p.stdout, True)
+    p = run(replay, *classic, t("headroom.trace"))
+    check("text classic: backend", ", backend classic\n" in p.stdout, True)
+    check("text classic: no pooled line", "  pooled " in p.stdout, False)
+    check("text classic: driver allocs", "  driver allocs       2  (allocations that took new "
+          "memory: 33.33 % served without)\n" in p.stdout, True)
     # Options and usage.
     p = run(replay, "--version")
     check("--version", (p.returncode, p.stdout.startswith("cacheshim-replay ")), (0, True))
@@ -102,7 +193,10 @@ def part_exact(replay, data):
     check("--help", (p.returncode, "--sweep" in p.stdout), (0, True))
     for bad in (["--cap", "lots", t("basic.trace")], ["--frob", t("basic.trace")], [],
                 ["--device-size", "50%", t("basic.trace")], ["--gpu-lag-us", "-1", t("basic.trace")],
-                ["--reuse", "soon", t("basic.trace")],
+                ["--reuse", "soon", t("basic.trace")], ["--backend", "vmm", t("basic.trace")],
+                ["--headroom", "1001", t("basic.trace")], ["--headroom", "12.5", t("basic.trace")],
+                ["--headroom", "25%", t("basic.trace")], ["--granularity", "3M", t("basic.trace")],
+                ["--granularity", "2K", t("basic.trace")], ["--map-us", "-1", t("basic.trace")],
                 [os.path.join(data, "no-such.trace")], ["--cap"]):
         p = run(replay, *bad)
         check(f"{bad}: exit", p.returncode, 2)
@@ -181,6 +275,35 @@ def part_sweep(replay, data):
         check("cap 2M refusals", r["cap_refusals"] > 0, True)
 
 
+# The replay of the recorded traces is deterministic (the real cache on the simulated
+# device): these are its numbers, per backend. Classic is cross-checked against the real shim
+# on the fake driver by tests/run_replay.sh (the same hits and driver allocations); pooled too,
+# where moves are few (with moves, the real shim's frees share fence epochs and blocks come
+# back from the thread caches in class order, so which idle block moves first can differ).
+SHARED = {
+    "resnet.trace.gz": {
+        (): dict(hits=4608, misses=2045, driver_allocs=259, driver_frees=92, moves=1726,
+                 peak_reserved=1155530752, chunk_creates=372, chunk_releases=92,
+                 chunk_maps=7601, chunk_unmaps=7340),
+        ("--backend", "classic"): dict(hits=6209, misses=444, driver_allocs=444, driver_frees=0,
+                                       moves=0, peak_reserved=3534678016, chunk_creates=0),
+        ("--headroom", "25"): dict(hits=5177, misses=1476, driver_allocs=285, driver_frees=66,
+                                   moves=1141, peak_reserved=1323302912, chunk_creates=373,
+                                   chunk_releases=66, chunk_maps=5717, chunk_unmaps=5419),
+    },
+    "cupy.trace.gz": {
+        (): dict(hits=1072, misses=333, driver_allocs=24, driver_frees=5, moves=303,
+                 peak_reserved=134217728, chunk_creates=27, chunk_releases=5, chunk_maps=380,
+                 chunk_unmaps=358),
+        ("--backend", "classic"): dict(hits=1372, misses=33, driver_allocs=33, driver_frees=0,
+                                       moves=0, peak_reserved=144532480, chunk_creates=0),
+        ("--headroom", "25"): dict(hits=1369, misses=36, driver_allocs=15, driver_frees=0,
+                                   moves=3, peak_reserved=146800640, chunk_creates=16,
+                                   chunk_releases=0, chunk_maps=19, chunk_unmaps=3),
+    },
+}
+
+
 def part_shared(replay, traces):
     files = {"resnet.trace.gz": (6653, 6520, 1010.7), "cupy.trace.gz": (1405, 1410, 119.0)}
     present = [f for f in files if os.path.exists(os.path.join(traces, f))]
@@ -189,24 +312,61 @@ def part_shared(replay, traces):
         sys.exit(77)
     for name in present:
         allocs, free_lines, peak_mib = files[name]
-        runs = replay_json(replay, os.path.join(traces, name))
-        if not runs:
-            continue
-        r = runs[0]
-        print(name, json.dumps(r))
-        # The numbers of shared/traces/README.md.
-        check(f"{name}: allocs", r["allocs"], allocs)
-        check(f"{name}: free lines", r["frees"] + r["skipped_frees"], free_lines)
-        check(f"{name}: peak live MiB", round(r["peak_live"] / MiB, 1), peak_mib)
-        check(f"{name}: requests", r["hits"] + r["misses"], allocs)
-        check(f"{name}: hit rate >= 0.9", r["hit_rate"] >= 0.9, True)
-        check(f"{name}: no failures", (r["replay_failures"], r["oom_failures"]), (0, 0))
-        check(f"{name}: saves time", r["saved_us"] > 0, True)
-        # A tight cap costs hits and never lets reserved exceed it.
-        cap = r["peak_live"] * 5 // 4
-        c = replay_json(replay, "--cap", str(cap), os.path.join(traces, name))[0]
-        check(f"{name}: capped reserved <= cap", c["peak_reserved"] <= cap, True)
-        check(f"{name}: capped hit rate <= uncapped", c["hit_rate"] <= r["hit_rate"], True)
+        path = os.path.join(traces, name)
+        runs = {}
+        for args, want in SHARED[name].items():
+            got = replay_json(replay, *args, path)
+            if not got:
+                continue
+            r = runs[args] = got[0]
+            what = f"{name} {' '.join(args) or 'pooled'}"
+            print(what, json.dumps(r))
+            for k, v in want.items():
+                check(f"{what}: {k}", r[k], v)
+            # The numbers of shared/traces/README.md.
+            check(f"{what}: allocs", r["allocs"], allocs)
+            check(f"{what}: free lines", r["frees"] + r["skipped_frees"], free_lines)
+            check(f"{what}: peak live MiB", round(r["peak_live"] / MiB, 1), peak_mib)
+            check(f"{what}: requests", r["hits"] + r["misses"], allocs)
+            check(f"{what}: no failures", (r["replay_failures"], r["oom_failures"]), (0, 0))
+            check(f"{what}: saves time", r["saved_us"] > 0, True)
+            # Every miss of classic is a driver allocation; pooled takes new memory for few.
+            if "classic" in args:
+                check(f"{what}: misses = driver allocs", r["misses"], r["driver_allocs"])
+                check(f"{what}: hit rate >= 0.9", r["hit_rate"] >= 0.9, True)
+            else:
+                check(f"{what}: served without new memory >= 0.95",
+                      r["driver_allocs"] <= allocs // 20, True)
+                check(f"{what}: chunks mapped >= created",
+                      r["chunk_maps"] >= r["chunk_creates"], True)
+                check(f"{what}: chunks alive >= mapped",
+                      r["chunk_creates"] - r["chunk_releases"] >= r["chunk_maps"] - r["chunk_unmaps"],
+                      True)
+        pooled, classic, roomy = runs.get(()), runs.get(("--backend", "classic")), \
+            runs.get(("--headroom", "25"))
+        if pooled and classic and roomy:
+            # Pooled holds within 10 % of the program's peak; headroom trades memory for hits
+            # and mappings.
+            check(f"{name}: pooled reserved/live <= 1.1", pooled["reserved_over_live"] <= 1.1, True)
+            check(f"{name}: pooled holds less than classic",
+                  pooled["peak_reserved"] < classic["peak_reserved"], True)
+            check(f"{name}: headroom 25: more hits", roomy["hit_rate"] > pooled["hit_rate"], True)
+            check(f"{name}: headroom 25: fewer maps", roomy["chunk_maps"] < pooled["chunk_maps"], True)
+            check(f"{name}: headroom 25: more held",
+                  roomy["peak_reserved"] > pooled["peak_reserved"], True)
+            check(f"{name}: headroom 25: within 25 % (and rounding)",
+                  roomy["reserved_over_live"] <= 1.25 * pooled["reserved_over_live"], True)
+        # A tight cap costs hits and never lets reserved exceed it, with either backend.
+        for args in ((), ("--backend", "classic")):
+            r = runs.get(args)
+            if not r:
+                continue
+            cap = r["peak_live"] * 5 // 4
+            c = replay_json(replay, *args, "--cap", str(cap), path)[0]
+            what = f"{name} {' '.join(args) or 'pooled'} capped"
+            check(f"{what}: reserved <= cap", c["peak_reserved"] <= cap, True)
+            check(f"{what}: hit rate <= uncapped", c["hit_rate"] <= r["hit_rate"], True)
+            check(f"{what}: no failures", (c["replay_failures"], c["oom_failures"]), (0, 0))
 
 
 def jsonl_record(name, lib, frm, ns, args, out, result):

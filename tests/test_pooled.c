@@ -1,0 +1,934 @@
+/* Unit tests of the cache core over a pooled heap: blocks backed by the physical pool
+ * (shim/cs_pool.c) on the simulated device of vmm_sim.h, fences from a fake backend whose
+ * GPU completes work only when the test says so. What the cache says it holds (in use plus
+ * cached, the pool's spare included) is checked against what the device holds; every unmap
+ * is checked against the work still running on the memory. */
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "cs_cache.h"
+#include "vmm_sim.h"
+
+#define KiB (1024ull)
+#define MiB (1024ull * 1024)
+
+/* ---------------------------------------------------------------- fake backend
+ *
+ * One stream. work_on(addr) issues work on addr: the next fence takes a new epoch, which
+ * completes only when the test says so (gpu_idle), a wait, or a sync of the device. The
+ * epochs' completion lives in the simulated device, so that its unmaps can be checked. */
+
+static vmm_sim sim;
+
+static struct {
+    bool dirty;
+    uint64_t epoch;
+    int fences, waits, orders;
+    bool capturing, fail_order;
+    uint64_t next_addr;  /* the classic heap's allocations */
+    int allocs, frees;
+} be;
+
+/* Work and fences under one lock, so that the epoch work is recorded with is exactly the one
+ * whose fence covers it. */
+static pthread_mutex_t be_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static uint64_t fb_fence(void *dev)
+{
+    (void)dev;
+    pthread_mutex_lock(&be_lock);
+    if (be.dirty) {
+        be.dirty = false;
+        be.fences++;
+        sim_issue(&sim, ++be.epoch);
+    }
+    uint64_t e = be.epoch;
+    pthread_mutex_unlock(&be_lock);
+    return e;
+}
+
+static int fb_reached(void *dev, uint64_t epoch)
+{
+    (void)dev;
+    return epoch <= sim_completed(&sim);
+}
+
+static int fb_wait(void *dev, uint64_t epoch)
+{
+    (void)dev;
+    __atomic_add_fetch(&be.waits, 1, __ATOMIC_RELAXED);
+    sim_complete(&sim, epoch);
+    return 0;
+}
+
+static int fb_order_after(void *dev, uint64_t epoch)
+{
+    (void)dev;
+    (void)epoch;
+    __atomic_add_fetch(&be.orders, 1, __ATOMIC_RELAXED);
+    return __atomic_load_n(&be.fail_order, __ATOMIC_RELAXED) ? -1 : 0;
+}
+
+static bool fb_capturing(void) { return __atomic_load_n(&be.capturing, __ATOMIC_RELAXED); }
+
+/* The classic backend, for the heaps without a pool. */
+static int fb_alloc(void *dev, uint64_t size, uint64_t *addr, int *raw)
+{
+    (void)dev;
+    (void)raw;
+    __atomic_add_fetch(&be.allocs, 1, __ATOMIC_RELAXED);
+    *addr = __atomic_fetch_add(&be.next_addr, (size + MiB - 1) / MiB * MiB + MiB, __ATOMIC_RELAXED);
+    return CS_BE_OK;
+}
+
+static int fb_free(void *dev, uint64_t addr, int *raw)
+{
+    (void)dev;
+    (void)addr;
+    (void)raw;
+    __atomic_add_fetch(&be.frees, 1, __ATOMIC_RELAXED);
+    return CS_BE_OK;
+}
+
+static const cs_backend_ops pooled_ops = {fb_alloc, fb_free, fb_fence, fb_reached, fb_wait,
+                                          fb_order_after, NULL, &sim_vmm_ops};
+static const cs_backend_ops classic_ops = {fb_alloc, fb_free, fb_fence, fb_reached, fb_wait,
+                                           fb_order_after, NULL, NULL};
+
+/* Work is issued on addr (its next fence covers it) / everything issued so far completes. */
+static void work_on(uint64_t addr)
+{
+    pthread_mutex_lock(&be_lock);
+    be.dirty = true;
+    sim_work(&sim, addr, be.epoch + 1);
+    pthread_mutex_unlock(&be_lock);
+}
+
+static void gpu_idle(void) { sim_complete(&sim, fb_fence(NULL)); }
+
+/* ---------------------------------------------------------------- fixtures */
+
+static uint64_t cap_limit, threshold_limit;
+static uint64_t cap_for(void *a, uint64_t t) { (void)a; (void)t; return cap_limit; }
+static uint64_t thr_for(void *a, uint64_t t) { (void)a; (void)t; return threshold_limit; }
+static int released_count, moved_count;
+static void on_release(void *a, int d, uint64_t addr, uint64_t s, cs_release_reason why)
+{
+    (void)a; (void)d; (void)addr; (void)s;
+    released_count++;
+    moved_count += why == CS_RELEASE_MOVE;
+}
+
+typedef struct {
+    cs_cache *cache;
+    cs_heap *heap;
+} fx;
+
+typedef struct {
+    uint64_t cap, threshold, device;
+    unsigned headroom_permille;
+    cs_reuse_mode reuse;
+} config;
+
+static int setup_config(void **state, config k)
+{
+    memset(&be, 0, sizeof be);
+    be.next_addr = 0x100000000ull;
+    sim_init(&sim, k.device ? k.device : 1ull << 40);
+    cap_limit = k.cap ? k.cap : CS_UNLIMITED;
+    threshold_limit = k.threshold ? k.threshold : CS_UNLIMITED;
+    released_count = moved_count = 0;
+    cs_cache_config cfg = {cap_for, thr_for, NULL, on_release, NULL, k.reuse, fb_capturing,
+                           k.headroom_permille};
+    fx *f = calloc(1, sizeof *f);
+    f->cache = cs_cache_create(&cfg);
+    f->heap = cs_cache_add_heap(f->cache, (void *)0x1, 0, 80 * 1024 * MiB, &pooled_ops, &sim, 0);
+    assert_non_null(f->heap);
+    assert_true(cs_cache_heap_pooled(f->heap));
+    assert_ptr_equal(cs_cache_heap_dev(f->heap), &sim);
+    *state = f;
+    return 0;
+}
+
+static int setup(void **state) { return setup_config(state, (config){.reuse = CS_REUSE_COMPLETED}); }
+static int setup_ordered(void **state) { return setup_config(state, (config){0}); }
+/* A release threshold no test reaches: no thread caches, every block in the core's lists. */
+static int setup_no_tc(void **state)
+{
+    return setup_config(state, (config){.threshold = 1ull << 50, .reuse = CS_REUSE_COMPLETED});
+}
+
+static int teardown(void **state)
+{
+    fx *f = *state;
+    cs_cache_forget_heap(f->cache, (void *)0x1);
+    cs_cache_forget_heap(f->cache, (void *)0x2);
+    cs_cache_destroy(f->cache);
+    sim_destroy(&sim);
+    free(f);
+    return 0;
+}
+
+static uint64_t must_alloc_on(fx *f, cs_heap *h, uint64_t size)
+{
+    uint64_t a = 0;
+    int raw = 0;
+    cs_result r = cs_cache_alloc(f->cache, h, size, &a, &raw, NULL);
+    if (r != CS_OK)
+        fail_msg("alloc of %llu: result %d, raw %d", (unsigned long long)size, r, raw);
+    assert_true(a != 0);
+    return a;
+}
+
+static uint64_t must_alloc(fx *f, uint64_t size) { return must_alloc_on(f, f->heap, size); }
+
+static void must_free(fx *f, uint64_t a) { assert_int_equal(cs_cache_free(f->cache, a), CS_OK); }
+
+static cacheshim_stats stats(fx *f)
+{
+    cacheshim_stats s;
+    assert_true(cs_cache_stats(f->cache, 0, &s));
+    return s;
+}
+
+/* What the cache says it holds is what the device holds: blocks in use, idle blocks, and the
+ * pool's memory outside blocks (free chunks, free slots). */
+static void assert_exact(fx *f)
+{
+    cacheshim_stats s = stats(f);
+    if (s.bytes_in_use + s.bytes_cached != sim.used)
+        fail_msg("in use %llu + cached %llu != the device's %llu",
+                 (unsigned long long)s.bytes_in_use, (unsigned long long)s.bytes_cached,
+                 (unsigned long long)sim.used);
+    assert_int_equal(sim.misuse, 0);
+    assert_int_equal(sim.unsafe_unmaps, 0);
+}
+
+/* addr is in no block the program holds: unknown to the cache, or (a pooled heap's memory in
+ * no block: a free slot, a page no slab has) idle, with nothing requested. */
+static void assert_not_held(fx *f, uint64_t addr);
+
+static cs_block_state find(fx *f, uint64_t addr, cs_block_info *info)
+{
+    memset(info, 0xa5, sizeof *info);
+    return cs_cache_find(f->cache, addr, info);
+}
+
+static void assert_not_held(fx *f, uint64_t addr)
+{
+    cs_block_info info;
+    cs_block_state st = find(f, addr, &info);
+    if (st == CS_BLOCK_IN_USE || (st == CS_BLOCK_IDLE && info.requested != 0))
+        fail_msg("0x%llx: state %d, requested %llu", (unsigned long long)addr, st,
+                 (unsigned long long)info.requested);
+}
+
+/* ---------------------------------------------------------------- hits */
+
+/* A block reused as it is costs no driver call at all: large or small, on the thread cache's
+ * path or the core's, ready or ordered after its work. */
+static void test_hit_never_maps(void **state)
+{
+    fx *f = *state;
+    uint64_t a = must_alloc(f, 5 * MiB), s = must_alloc(f, 4 * KiB);
+    work_on(a);
+    must_free(f, a);
+    must_free(f, s);
+    gpu_idle();
+    int calls[SIM_OPS];
+    memcpy(calls, sim.calls, sizeof calls);
+    for (int i = 0; i < 100; i++) {
+        assert_int_equal(must_alloc(f, 5 * MiB), a);
+        assert_int_equal(must_alloc(f, 4000), s);
+        work_on(a);
+        must_free(f, a);
+        must_free(f, s);
+        gpu_idle();
+    }
+    assert_memory_equal(calls, sim.calls, sizeof calls);
+    cacheshim_stats st = stats(f);
+    assert_int_equal(st.hits, 200);
+    assert_int_equal(st.moves, 0);
+    assert_int_equal(st.driver_allocs, 2);
+    assert_exact(f);
+}
+
+static void test_ordered_hit_never_maps(void **state)
+{
+    fx *f = *state;
+    uint64_t a = must_alloc(f, 5 * MiB);
+    work_on(a);
+    must_free(f, a);  /* busy: handed out again after order_after, never mapped anew */
+    int maps = sim.calls[SIM_MAP], creates = sim.calls[SIM_CREATE];
+    for (int i = 0; i < 100; i++) {
+        assert_int_equal(must_alloc(f, 5 * MiB), a);
+        work_on(a);
+        must_free(f, a);
+    }
+    assert_int_equal(sim.calls[SIM_MAP], maps);
+    assert_int_equal(sim.calls[SIM_CREATE], creates);
+    assert_int_equal(sim.calls[SIM_UNMAP], 0);
+    assert_int_equal(be.orders, 100);
+    assert_int_equal(stats(f).ordered_hits, 100);
+}
+
+/* ---------------------------------------------------------------- moves */
+
+/* headroom.trace's sequence: 4 MiB, 2 MiB, 4 MiB, each freed first. With headroom 0 the
+ * misses move idle memory; at 50 % nothing moves (6 MiB held is exactly 1.5 x the peak). */
+static void headroom_run(fx *f)
+{
+    must_free(f, must_alloc(f, 4 * MiB));
+    must_free(f, must_alloc(f, 2 * MiB));
+    must_free(f, must_alloc(f, 4 * MiB));
+}
+
+static void test_moves_beyond_headroom_only(void **state)
+{
+    (void)state;
+    static const struct {
+        unsigned permille;
+        uint64_t moves, hits, creates, releases, peak;
+    } cases[] = {
+        {0, 2, 0, 3, 1, 4 * MiB},   {490, 2, 0, 3, 1, 4 * MiB}, {499, 2, 0, 3, 1, 4 * MiB},
+        {500, 0, 1, 2, 0, 6 * MiB}, {10000, 0, 1, 2, 0, 6 * MiB},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        fx *f;
+        setup_config((void **)&f, (config){.headroom_permille = cases[i].permille,
+                                           .reuse = CS_REUSE_COMPLETED});
+        headroom_run(f);
+        cacheshim_stats s = stats(f);
+        if (s.moves != cases[i].moves || s.hits != cases[i].hits)
+            fail_msg("headroom %u permille: %llu moves, %llu hits", cases[i].permille,
+                     (unsigned long long)s.moves, (unsigned long long)s.hits);
+        assert_int_equal(sim.calls[SIM_CREATE], cases[i].creates);
+        assert_int_equal(sim.calls[SIM_RELEASE], cases[i].releases);
+        assert_int_equal(s.driver_frees, cases[i].releases);  /* the trade */
+        assert_int_equal(s.peak_reserved, cases[i].peak);
+        assert_int_equal(s.releases, 0);  /* a trade is no release of a block */
+        assert_int_equal(moved_count, 0);  /* moves give nothing back: no release hook */
+        assert_exact(f);
+        teardown((void **)&f);
+    }
+}
+
+/* The moved memory makes the new block: no chunk created, the very chunk mapped anew; the
+ * rest of it stays as spare, counted as cached and held. */
+static void test_move_builds_from_moved_chunks(void **state)
+{
+    fx *f = *state;
+    uint64_t a = must_alloc(f, 6 * MiB);  /* chunks of 4 and 2 MiB */
+    uint64_t four = sim_handle_at(&sim, a);
+    assert_int_equal(sim_mapped_at(&sim, a), 4 * MiB);
+    must_free(f, a);
+    int creates = sim.calls[SIM_CREATE];
+    uint64_t b = must_alloc(f, 4 * MiB);  /* 6 + 4 > the peak of 6: a moves */
+    assert_int_equal(sim.calls[SIM_CREATE], creates);
+    assert_int_equal(sim_handle_at(&sim, b), four);
+    cacheshim_stats s = stats(f);
+    assert_int_equal(s.moves, 1);
+    assert_int_equal(s.misses, 2);
+    assert_int_equal(s.driver_allocs, 1);
+    assert_int_equal(s.driver_frees, 0);
+    assert_int_equal(s.bytes_in_use, 4 * MiB);
+    assert_int_equal(s.bytes_cached, 2 * MiB);  /* the 2 MiB chunk, spare */
+    assert_int_equal(s.peak_reserved, 6 * MiB);
+    cs_block_info info;
+    assert_int_equal(find(f, a, &info), CS_BLOCK_UNKNOWN);  /* a's range is gone */
+    assert_exact(f);
+    /* The spare serves the next block of its size, again without the driver. */
+    uint64_t c = must_alloc(f, 2 * MiB);
+    assert_int_equal(sim.calls[SIM_CREATE], creates);
+    assert_int_equal(stats(f).bytes_cached, 0);
+    assert_exact(f);
+    (void)c;
+}
+
+/* Oldest first, large ones before small ones (a slot frees memory only with its range), and
+ * only as many bytes as the excess. */
+static void test_move_order(void **state)
+{
+    fx *f = *state;
+    uint64_t s = must_alloc(f, 512 * KiB), a = must_alloc(f, 2 * MiB), b = must_alloc(f, 2 * MiB),
+             c = must_alloc(f, 2 * MiB);
+    must_free(f, s);  /* oldest, but small */
+    must_free(f, a);
+    must_free(f, b);
+    must_free(f, c);
+    /* Peak 6.5 MiB; 8.5 MiB held + 4 MiB new: the excess is 4 MiB, two blocks' worth. */
+    uint64_t d = must_alloc(f, 4 * MiB);
+    cs_block_info info;
+    assert_int_equal(find(f, s, &info), CS_BLOCK_IDLE);
+    assert_int_equal(find(f, a, &info), CS_BLOCK_UNKNOWN);
+    assert_int_equal(find(f, b, &info), CS_BLOCK_UNKNOWN);
+    assert_int_equal(find(f, c, &info), CS_BLOCK_IDLE);
+    assert_int_equal(stats(f).moves, 2);
+    assert_int_equal(sim.calls[SIM_CREATE], 4);  /* s's granule, a, b, c: none for d */
+    assert_exact(f);
+    (void)d;
+}
+
+/* A block whose work is not done never moves: new memory instead. */
+static void test_busy_block_does_not_move(void **state)
+{
+    fx *f = *state;
+    uint64_t a = must_alloc(f, 4 * MiB);
+    work_on(a);
+    must_free(f, a);
+    uint64_t b = must_alloc(f, 2 * MiB);
+    cs_block_info info;
+    assert_int_equal(find(f, a, &info), CS_BLOCK_IDLE);
+    assert_int_equal(stats(f).moves, 0);
+    assert_int_equal(sim.calls[SIM_UNMAP], 0);
+    assert_int_equal(be.waits, 0);
+    /* Once done, the next miss moves it. */
+    gpu_idle();
+    must_alloc(f, 2 * MiB);
+    assert_int_equal(find(f, a, &info), CS_BLOCK_UNKNOWN);
+    assert_int_equal(stats(f).moves, 1);
+    assert_exact(f);
+    (void)b;
+}
+
+/* While a stream capture runs nothing moves (an unmap could break it): new memory. */
+static void test_capture_blocks_moves(void **state)
+{
+    fx *f = *state;
+    uint64_t a = must_alloc(f, 6 * MiB);
+    must_free(f, a);
+    be.capturing = true;
+    must_alloc(f, 2 * MiB);
+    assert_int_equal(stats(f).moves, 0);
+    assert_int_equal(sim.calls[SIM_UNMAP], 0);
+    cs_block_info info;
+    assert_int_equal(find(f, a, &info), CS_BLOCK_IDLE);
+    be.capturing = false;
+    must_alloc(f, 2 * MiB);
+    assert_int_equal(stats(f).moves, 1);
+    assert_exact(f);
+}
+
+/* ---------------------------------------------------------------- limits */
+
+/* The cap bounds what the device holds, the pool's spare included: at the cap the spare goes
+ * first (no block loses its memory for it), then idle blocks, a busy one waited for before
+ * its memory is unmapped. */
+static int setup_cap7(void **state)
+{
+    return setup_config(state, (config){.cap = 7 * MiB, .reuse = CS_REUSE_COMPLETED});
+}
+
+static void test_cap_counts_spare(void **state)
+{
+    fx *f = *state;
+    uint64_t a = must_alloc(f, 6 * MiB);  /* 4 + 2 */
+    must_free(f, a);
+    uint64_t b = must_alloc(f, 2 * MiB);  /* a moves: b on its 2 MiB chunk, 4 MiB spare */
+    cacheshim_stats s = stats(f);
+    assert_int_equal(s.moves, 1);
+    assert_int_equal(s.bytes_cached, 4 * MiB);
+    assert_exact(f);
+    work_on(b);
+    must_free(f, b);  /* busy */
+    /* 6 MiB: the spare 4 MiB + 2 new would make 8 MiB with b: over the cap. The spare goes
+     * back first; b cannot move (busy) and is given back once its work is done. */
+    size_t mark = sim.nlog;
+    uint64_t c = must_alloc(f, 6 * MiB);
+    s = stats(f);
+    assert_int_equal(s.cap_refusals, 0);
+    assert_int_equal(s.releases, 2);
+    assert_int_equal(s.driver_frees, 2);
+    assert_int_equal(s.driver_allocs, 2);
+    assert_int_equal(s.bytes_in_use, 6 * MiB);
+    assert_int_equal(s.bytes_cached, 0);
+    assert_true(s.peak_reserved <= 7 * MiB);
+    assert_true(sim.peak_used <= 7 * MiB);
+    assert_int_equal(be.waits, 1);
+    assert_int_equal(s.fence_waits, 1);  /* the host waited for b's fence */
+    /* The spare chunk's release, then b's unmap and release, then c's chunks. */
+    assert_string_equal(sim_log_from(&sim, mark), "RUvRCCVMMA");
+    assert_exact(f);
+    (void)c;
+}
+
+/* A miss goes round again when the spare it counted on went meanwhile (CS_BE_SHORT): here the
+ * cap trims it. If, on the second round, a busy block of the size has become idle, the
+ * request waits for it: one request, one hit, no miss. (The block is freed from inside the
+ * driver call that releases the spare, while the cache's lock is not held.) */
+static struct {
+    fx *f;
+    uint64_t block;
+    bool armed;
+} free_in_release;
+
+static void free_during_release(vmm_sim *s, int op, void *arg)
+{
+    (void)s;
+    (void)arg;
+    if (op == SIM_RELEASE && free_in_release.armed) {
+        free_in_release.armed = false;
+        work_on(free_in_release.block);
+        must_free(free_in_release.f, free_in_release.block);
+    }
+}
+
+static int setup_cap13(void **state)
+{
+    return setup_config(state, (config){.cap = 13 * MiB, .reuse = CS_REUSE_COMPLETED});
+}
+
+static void test_wait_on_retry_is_one_hit(void **state)
+{
+    fx *f = *state;
+    uint64_t d = must_alloc(f, 6 * MiB), a = must_alloc(f, 6 * MiB);
+    must_free(f, a);
+    uint64_t b = must_alloc(f, 2 * MiB);  /* a moves: 4 MiB spare */
+    work_on(b);
+    must_free(f, b);  /* busy: 6 in use + 2 idle + 4 spare = 12 */
+    cacheshim_stats before = stats(f);
+    free_in_release.f = f;
+    free_in_release.block = d;
+    free_in_release.armed = true;
+    sim.hook = free_during_release;
+    /* 6 MiB: 4 from the spare + 2 new = 14 > 13. The spare is trimmed (d freed meanwhile),
+     * the pool now needs 6: short; the second round waits for d and hands it out. */
+    uint64_t x = must_alloc(f, 6 * MiB);
+    sim.hook = NULL;
+    assert_false(free_in_release.armed);
+    assert_int_equal(x, d);
+    cacheshim_stats s = stats(f);
+    assert_int_equal(s.requests - before.requests, 1);
+    assert_int_equal(s.hits - before.hits, 1);
+    assert_int_equal(s.misses - before.misses, 0);
+    assert_int_equal(s.fence_waits - before.fence_waits, 1);
+    assert_int_equal(s.requests, s.hits + s.misses);
+    assert_exact(f);
+}
+
+/* Out of memory on the device: the spare of every heap of the device goes back (here
+ * another context's), and the block is asked for again at the same size. */
+static void test_oom_trims_spare_and_retries(void **state)
+{
+    fx *f = *state;
+    cs_heap *h2 = cs_cache_add_heap(f->cache, (void *)0x2, 0, 8 * MiB, &pooled_ops, &sim, 0);
+    assert_non_null(h2);
+    sim.capacity = 8 * MiB;
+    uint64_t a = must_alloc(f, 6 * MiB);
+    must_free(f, a);
+    must_alloc(f, 2 * MiB);  /* a moves: 4 MiB spare in the first heap */
+    assert_int_equal(sim.used, 6 * MiB);
+    uint64_t c = must_alloc_on(f, h2, 4 * MiB);  /* 6 + 4 > 8: out of memory, then fits */
+    cacheshim_stats s = stats(f);
+    assert_int_equal(s.oom_recoveries, 1);
+    assert_int_equal(s.oom_failures, 0);
+    assert_int_equal(s.bytes_cached, 0);
+    assert_int_equal(s.bytes_in_use, 6 * MiB);
+    assert_int_equal(sim.calls[SIM_CREATE], 4);  /* 4, 2, the failed 4, the 4 */
+    assert_exact(f);
+    cs_block_info info;
+    assert_int_equal(find(f, c + 1, &info), CS_BLOCK_IN_USE);
+    assert_int_equal(info.size, 4 * MiB);
+}
+
+/* The second step of OOM recovery gives back busy blocks too: each waited for before its
+ * range is unmapped. */
+static void test_oom_waits_before_unmapping(void **state)
+{
+    fx *f = *state;
+    sim.capacity = 6 * MiB;
+    uint64_t a = must_alloc(f, 4 * MiB);
+    work_on(a);
+    must_free(f, a);  /* busy */
+    must_alloc(f, 2 * MiB);  /* a cannot move: 2 MiB new, the device is full */
+    uint64_t c = must_alloc(f, 2 * MiB);  /* out of memory; a is waited for, then goes */
+    cacheshim_stats s = stats(f);
+    assert_int_equal(s.oom_recoveries, 1);
+    assert_int_equal(s.releases, 1);
+    assert_int_equal(be.waits, 1);
+    assert_int_equal(s.fence_waits, 1);
+    assert_int_equal(sim.unsafe_unmaps, 0);
+    assert_exact(f);
+    (void)c;
+}
+
+/* The release threshold counts the spare and trims it before any idle block. */
+static int setup_threshold6(void **state)
+{
+    return setup_config(state, (config){.threshold = 6 * MiB, .reuse = CS_REUSE_COMPLETED});
+}
+
+static void test_threshold_trims_spare_first(void **state)
+{
+    fx *f = *state;
+    uint64_t x = must_alloc(f, 2 * MiB), a = must_alloc(f, 6 * MiB);
+    must_free(f, a);  /* 6 MiB idle: at the threshold */
+    uint64_t b = must_alloc(f, 2 * MiB);  /* a moves: 4 MiB spare */
+    must_free(f, b);  /* 2 idle + 4 spare: at the threshold */
+    int releases = sim.calls[SIM_RELEASE];
+    must_free(f, x);  /* 4 idle + 4 spare: the spare goes, both blocks stay */
+    assert_int_equal(sim.calls[SIM_RELEASE], releases + 1);
+    assert_int_equal(sim.calls[SIM_UNMAP], 2);  /* a's, when it moved */
+    cs_block_info info;
+    assert_int_equal(find(f, x, &info), CS_BLOCK_IDLE);
+    assert_int_equal(find(f, b, &info), CS_BLOCK_IDLE);
+    cacheshim_stats s = stats(f);
+    assert_int_equal(s.bytes_cached, 4 * MiB);
+    assert_int_equal(s.releases, 1);
+    assert_exact(f);
+}
+
+/* Trim gives back idle blocks whose work is done, then the spare; it says what the driver got
+ * back. A slot's memory goes back only with its range. */
+static void test_trim(void **state)
+{
+    fx *f = *state;
+    uint64_t a = must_alloc(f, 6 * MiB), s1 = must_alloc(f, 4 * KiB), s2 = must_alloc(f, 4 * KiB);
+    must_free(f, a);
+    must_free(f, s1);
+    assert_int_equal(cs_cache_trim(f->cache), 6 * MiB);  /* s1's slot stays: s2 holds its range */
+    cacheshim_stats s = stats(f);
+    assert_int_equal(s.bytes_in_use, 4 * KiB);
+    assert_int_equal(s.bytes_cached, 2 * MiB - 4 * KiB);  /* the granule's free slots */
+    assert_exact(f);
+    must_free(f, s2);
+    assert_int_equal(cs_cache_trim(f->cache), 2 * MiB);  /* the range with its last slot */
+    assert_int_equal(stats(f).bytes_cached, 0);
+    assert_int_equal(sim.used, 0);
+    assert_exact(f);
+}
+
+/* ---------------------------------------------------------------- pointer lookups */
+
+static void test_find_pooled(void **state)
+{
+    fx *f = *state;
+    uint64_t a = must_alloc(f, 3 * MiB + 5), s = must_alloc(f, 3000);
+    cs_block_info info;
+    assert_int_equal(find(f, a, &info), CS_BLOCK_IN_USE);
+    assert_int_equal(info.base, a);
+    assert_int_equal(info.requested, 3 * MiB + 5);
+    assert_int_equal(info.size, 4 * MiB);
+    assert_int_equal(info.device, 0);
+    assert_true(info.pooled);
+    uint64_t serial = info.serial;
+    assert_int_equal(find(f, a + 3 * MiB + 4, &info), CS_BLOCK_IN_USE);  /* interior */
+    assert_int_equal(info.base, a);
+    assert_int_equal(info.serial, serial);
+    assert_int_equal(find(f, a + 4 * MiB - 1, &info), CS_BLOCK_IN_USE);  /* past the request */
+    assert_int_equal(info.base, a);
+    assert_int_equal(find(f, a + 4 * MiB, &info), CS_BLOCK_UNKNOWN);
+    assert_int_equal(find(f, s + 2999, &info), CS_BLOCK_IN_USE);
+    assert_int_equal(info.base, s);
+    assert_int_equal(info.size, 3072);
+    assert_int_equal(info.requested, 3000);
+    assert_not_held(f, s + 3072);  /* a free slot */
+    assert_not_held(f, s + 100 * KiB);  /* free pages */
+    assert_int_equal(find(f, 0x1000, &info), CS_BLOCK_UNKNOWN);
+    must_free(f, a);
+    assert_int_equal(find(f, a + 100, &info), CS_BLOCK_IDLE);
+    assert_int_equal(info.base, a);
+    assert_int_equal(info.requested, 0);
+    assert_true(info.pooled);
+}
+
+static void test_find_classic(void **state)
+{
+    fx *f = *state;
+    cs_heap *h = cs_cache_add_heap(f->cache, (void *)0x2, 1, 80 * 1024 * MiB, &classic_ops, NULL, 0);
+    assert_false(cs_cache_heap_pooled(h));
+    uint64_t a = must_alloc_on(f, h, 3 * MiB + 5);
+    cs_block_info info;
+    assert_int_equal(find(f, a, &info), CS_BLOCK_IN_USE);
+    assert_int_equal(info.base, a);
+    assert_int_equal(info.requested, 3 * MiB + 5);
+    assert_int_equal(info.size, 4 * MiB);
+    assert_int_equal(info.device, 1);
+    assert_false(info.pooled);
+    /* Inside a classic block: the driver knows the allocation, the caller asks it. */
+    assert_int_equal(find(f, a + 1, &info), CS_BLOCK_UNKNOWN);
+    assert_int_equal(cs_cache_free(f->cache, a), CS_OK);
+    assert_int_equal(find(f, a, &info), CS_BLOCK_IDLE);
+    assert_int_equal(info.requested, 0);
+    assert_int_equal(find(f, 0x12345000, &info), CS_BLOCK_UNKNOWN);
+    assert_int_equal(sim.calls[SIM_CREATE], 0);
+}
+
+/* Every hand-out of a block gets a number of its own (buffer ids): the thread cache's path,
+ * the core's, an ordered hit. */
+static void test_serial_at_every_handout(void **state)
+{
+    fx *f = *state;
+    uint64_t last = 0;
+    cs_block_info info;
+    uint64_t a = must_alloc(f, 4 * MiB);
+    for (int i = 0; i < 5; i++) {
+        assert_int_equal(find(f, a, &info), CS_BLOCK_IN_USE);
+        assert_true(info.serial > last);
+        last = info.serial;
+        if (i == 3)
+            work_on(a);  /* the next reuse is ordered (or, completed, a new block) */
+        must_free(f, a);
+        uint64_t again = must_alloc(f, 4 * MiB);
+        if (again != a) {
+            gpu_idle();
+            must_free(f, again);
+            assert_int_equal(find(f, again, &info), CS_BLOCK_IDLE);
+            assert_int_equal(must_alloc(f, 4 * MiB), a);
+        }
+    }
+    assert_int_equal(find(f, a, &info), CS_BLOCK_IN_USE);
+    assert_true(info.serial > last);
+}
+
+/* Peer access granted: every range of a pooled heap gets the access op again; a classic
+ * heap has nothing to do. A failure's raw code comes back. */
+static void test_regrant(void **state)
+{
+    fx *f = *state;
+    uint64_t a = must_alloc(f, 3 * MiB), s = must_alloc(f, 4 * KiB);
+    must_free(f, a);  /* idle: still mapped, granted too */
+    int calls = sim.calls[SIM_ACCESS], from = sim.naccess;
+    assert_int_equal(cs_cache_regrant(f->heap), 0);
+    assert_int_equal(sim.calls[SIM_ACCESS], calls + 2);
+    bool saw_a = false, saw_s = false;
+    for (int i = from; i < sim.naccess; i++) {
+        saw_a |= sim.access_va[i % 256] == a && sim.access_size[i % 256] == 4 * MiB;
+        saw_s |= sim.access_va[i % 256] <= s && s < sim.access_va[i % 256] + sim.access_size[i % 256];
+    }
+    assert_true(saw_a && saw_s);
+    sim_fail_in(&sim, SIM_ACCESS, 1, CS_BE_ERROR);
+    assert_int_equal(cs_cache_regrant(f->heap), 999);
+    cs_heap *h = cs_cache_add_heap(f->cache, (void *)0x2, 0, 80 * 1024 * MiB, &classic_ops, NULL, 0);
+    calls = sim.calls[SIM_ACCESS];
+    assert_int_equal(cs_cache_regrant(h), 0);
+    assert_int_equal(sim.calls[SIM_ACCESS], calls);
+}
+
+/* What a capped program sees of the device: the pool's spare is the program's to have, like
+ * idle blocks. */
+static int setup_cap16(void **state)
+{
+    return setup_config(state, (config){.cap = 16 * MiB, .reuse = CS_REUSE_COMPLETED});
+}
+
+static void test_mem_view_counts_spare(void **state)
+{
+    fx *f = *state;
+    uint64_t a = must_alloc(f, 6 * MiB);
+    must_free(f, a);
+    must_alloc(f, 2 * MiB);  /* a moves: 2 in use, 4 spare */
+    uint64_t free_b, total_b;
+    cs_cache_mem_view(f->cache, 0, 1 * MiB, 80 * 1024 * MiB, &free_b, &total_b);
+    assert_int_equal(total_b, 16 * MiB);
+    assert_int_equal(free_b, 5 * MiB);  /* the driver's 1 + the spare 4 */
+    cs_cache_mem_view(f->cache, 0, 100 * MiB, 80 * 1024 * MiB, &free_b, &total_b);
+    assert_int_equal(free_b, 14 * MiB);  /* the cap less what is in use */
+}
+
+/* ---------------------------------------------------------------- contexts */
+
+/* The context goes: the heap's blocks and spare are forgotten, nothing is asked of the driver
+ * for them afterwards; a new context works as before. */
+static void test_forget_heap_with_spare(void **state)
+{
+    fx *f = *state;
+    uint64_t s = must_alloc(f, 4 * KiB);
+    must_alloc(f, 8 * KiB);
+    uint64_t a = must_alloc(f, 6 * MiB);
+    must_free(f, a);
+    uint64_t b = must_alloc(f, 2 * MiB);  /* a moves: a 4 MiB chunk spare */
+    must_free(f, s);
+    cacheshim_stats st = stats(f);
+    assert_true(st.bytes_cached > 4 * MiB);  /* spare chunk, free slots, an idle slot */
+    int calls[SIM_OPS];
+    memcpy(calls, sim.calls, sizeof calls);
+    size_t handles = sim_live_handles(&sim);
+    cs_cache_forget_heap(f->cache, (void *)0x1);
+    /* Nothing is made or waited for on a context that is gone. Its pool's memory went with
+     * it, or (virtual memory outlives its context) is given back whole: never in part. */
+    static const int none[] = {SIM_CREATE, SIM_RESERVE, SIM_MAP, SIM_ACCESS, SIM_SYNC};
+    for (size_t i = 0; i < sizeof none / sizeof none[0]; i++)
+        assert_int_equal(sim.calls[none[i]], calls[none[i]]);
+    size_t live = sim_live_handles(&sim);
+    assert_true(live == handles ||
+                (live == 0 && sim_live_reserves(&sim) == 0 && sim_live_maps(&sim) == 0));
+    assert_int_equal(sim.misuse, 0);
+    memcpy(calls, sim.calls, sizeof calls);
+    st = stats(f);
+    assert_int_equal(st.bytes_in_use, 0);
+    assert_int_equal(st.bytes_cached, 0);
+    assert_int_equal(cs_cache_free(f->cache, b), CS_FOREIGN);
+    cs_block_info info;
+    assert_int_equal(find(f, b, &info), CS_BLOCK_UNKNOWN);
+    assert_int_equal(cs_cache_trim(f->cache), 0);
+    assert_memory_equal(calls, sim.calls, sizeof calls);
+    /* A new context on the device (the old memory went with the old context). */
+    sim_destroy(&sim);
+    sim_init(&sim, 1ull << 40);
+    f->heap = cs_cache_add_heap(f->cache, (void *)0x1, 0, 80 * 1024 * MiB, &pooled_ops, &sim, 0);
+    uint64_t c = must_alloc(f, 2 * MiB);
+    must_free(f, c);
+    assert_int_equal(must_alloc(f, 2 * MiB), c);
+    assert_exact(f);
+}
+
+/* ---------------------------------------------------------------- threads
+ *
+ * Threads allocate into shared slots and free what they find there (mostly other threads'
+ * blocks), issue work on their blocks now and then, let the GPU catch up, trim, and read the
+ * statistics. At the end everything goes back: the device holds nothing, nothing was misused,
+ * no memory was unmapped while work on it could still run. */
+
+enum { STRESS_THREADS = 8, STRESS_SLOTS = 64, STRESS_OPS = 10000 };
+
+typedef struct {
+    fx *f;
+    uint64_t *slots;
+    unsigned seed;
+    long allocs, frees, bad, over_cap;
+} stress_arg;
+
+static void *stress_worker(void *p)
+{
+    stress_arg *a = p;
+    static const uint64_t sizes[] = {512, 4096, 70000, 1 * MiB, 1 * MiB + 1, 3 * MiB, 6 * MiB};
+    for (int i = 0; i < STRESS_OPS; i++) {
+        unsigned r = (unsigned)rand_r(&a->seed);
+        uint64_t *slot = &a->slots[r % STRESS_SLOTS];
+        uint64_t old = __atomic_exchange_n(slot, 0, __ATOMIC_ACQ_REL);
+        if (old) {
+            if ((r >> 20) % 4 == 0)
+                work_on(old + 100);
+            a->bad += cs_cache_free(a->f->cache, old) != CS_OK;
+            a->frees++;
+        } else {
+            uint64_t x;
+            int raw;
+            if (cs_cache_alloc(a->f->cache, a->f->heap, sizes[(r >> 8) % 7], &x, &raw, NULL) ==
+                CS_OK) {
+                a->allocs++;
+                uint64_t prev = __atomic_exchange_n(slot, x, __ATOMIC_ACQ_REL);
+                if (prev) {
+                    a->bad += cs_cache_free(a->f->cache, prev) != CS_OK;
+                    a->frees++;
+                }
+            }
+        }
+        switch ((r >> 16) % 64) {
+        case 1: gpu_idle(); break;
+        case 2: cs_cache_trim(a->f->cache); break;
+        case 3: {
+            cacheshim_stats s;
+            cs_cache_stats(a->f->cache, 0, &s);
+            a->over_cap += cap_limit != CS_UNLIMITED && s.bytes_in_use + s.bytes_cached > cap_limit;
+            cs_block_info info;
+            cs_cache_find(a->f->cache, __atomic_load_n(slot, __ATOMIC_ACQUIRE) + 10, &info);
+            break;
+        }
+        default: break;
+        }
+    }
+    return NULL;
+}
+
+static void test_stress(void **state)
+{
+    fx *f = *state;
+    uint64_t slots[STRESS_SLOTS] = {0};
+    stress_arg args[STRESS_THREADS];
+    pthread_t t[STRESS_THREADS];
+    for (int i = 0; i < STRESS_THREADS; i++) {
+        args[i] = (stress_arg){.f = f, .slots = slots, .seed = 99u + (unsigned)i};
+        assert_int_equal(pthread_create(&t[i], NULL, stress_worker, &args[i]), 0);
+    }
+    long allocs = 0, frees = 0;
+    for (int i = 0; i < STRESS_THREADS; i++) {
+        pthread_join(t[i], NULL);
+        assert_int_equal(args[i].bad, 0);
+        assert_int_equal(args[i].over_cap, 0);
+        allocs += args[i].allocs;
+        frees += args[i].frees;
+    }
+    for (int k = 0; k < STRESS_SLOTS; k++)
+        if (slots[k]) {
+            must_free(f, slots[k]);
+            frees++;
+        }
+    assert_int_equal(frees, allocs);
+    cacheshim_stats s = stats(f);
+    assert_int_equal(s.requests, s.hits + s.misses);
+    assert_int_equal(s.requests - s.cap_refusals - s.oom_failures, (uint64_t)allocs);
+    assert_int_equal(s.bytes_in_use, 0);
+    assert_int_equal(s.bytes_requested, 0);
+    assert_exact(f);
+    if (cap_limit != CS_UNLIMITED) {
+        assert_true(s.peak_reserved <= cap_limit);
+        assert_true(sim.peak_used <= cap_limit);
+    }
+    gpu_idle();
+    cs_cache_trim(f->cache);
+    s = stats(f);
+    assert_int_equal(s.bytes_cached, 0);
+    assert_int_equal(sim_live_handles(&sim), 0);
+    assert_int_equal(sim_live_reserves(&sim), 0);
+    assert_int_equal(sim_live_maps(&sim), 0);
+    assert_int_equal(sim.misuse, 0);
+    assert_int_equal(sim.unsafe_unmaps, 0);
+}
+
+static int setup_stress_headroom(void **state)
+{
+    return setup_config(state, (config){.headroom_permille = 250});
+}
+static int setup_stress_cap(void **state)
+{
+    return setup_config(state, (config){.cap = 48 * MiB, .reuse = CS_REUSE_COMPLETED});
+}
+static int setup_stress_ordered_cap(void **state)
+{
+    return setup_config(state, (config){.cap = 48 * MiB});
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_hit_never_maps, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_hit_never_maps, setup_no_tc, teardown),
+        cmocka_unit_test_setup_teardown(test_ordered_hit_never_maps, setup_ordered, teardown),
+        cmocka_unit_test(test_moves_beyond_headroom_only),
+        cmocka_unit_test_setup_teardown(test_move_builds_from_moved_chunks, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_move_order, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_move_order, setup_no_tc, teardown),
+        cmocka_unit_test_setup_teardown(test_busy_block_does_not_move, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_busy_block_does_not_move, setup_ordered, teardown),
+        cmocka_unit_test_setup_teardown(test_capture_blocks_moves, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_cap_counts_spare, setup_cap7, teardown),
+        cmocka_unit_test_setup_teardown(test_wait_on_retry_is_one_hit, setup_cap13, teardown),
+        cmocka_unit_test_setup_teardown(test_oom_trims_spare_and_retries, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_oom_waits_before_unmapping, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_threshold_trims_spare_first, setup_threshold6, teardown),
+        cmocka_unit_test_setup_teardown(test_trim, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_find_pooled, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_find_classic, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_serial_at_every_handout, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_serial_at_every_handout, setup_no_tc, teardown),
+        cmocka_unit_test_setup_teardown(test_serial_at_every_handout, setup_ordered, teardown),
+        cmocka_unit_test_setup_teardown(test_regrant, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_mem_view_counts_spare, setup_cap16, teardown),
+        cmocka_unit_test_setup_teardown(test_forget_heap_with_spare, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_stress, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_stress, setup_ordered, teardown),
+        cmocka_unit_test_setup_teardown(test_stress, setup_stress_headroom, teardown),
+        cmocka_unit_test_setup_teardown(test_stress, setup_stress_cap, teardown),
+        cmocka_unit_test_setup_teardown(test_stress, setup_stress_ordered_cap, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
