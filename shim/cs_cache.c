@@ -265,14 +265,18 @@ static uint64_t backend_free(cs_heap *h, cs_block *b, bool keep)
     return released;
 }
 
-/* Called without the lock: let go of what defer_release detached. */
-static void finish_releases(cs_cache *c, int device, cs_block *list, cs_release_reason why)
+/* Called without the lock: let go of what defer_release detached. Returns the bytes given
+ * back to the driver (pooled heaps: what the pool released, which may be more or less than
+ * the blocks' bytes). */
+static uint64_t finish_releases(cs_cache *c, int device, cs_block *list, cs_release_reason why)
 {
+    uint64_t total = 0;
     while (list) {
         cs_block *b = list;
         list = b->hash_next;
         cs_heap *h = b->heap;
         uint64_t released = backend_free(h, b, why == CS_RELEASE_MOVE);
+        total += released;
         pthread_mutex_lock(&c->lock);
         device_state *d = &c->devices[device];
         d->pending_bytes -= b->size;
@@ -289,6 +293,7 @@ static void finish_releases(cs_cache *c, int device, cs_block *list, cs_release_
         pthread_mutex_unlock(&c->lock);
         free(b);
     }
+    return total;
 }
 
 /* Give the pools' spare memory of a device back to the driver, up to `bytes`. Called with the
@@ -1051,9 +1056,11 @@ uint64_t cs_cache_trim(cs_cache *c)
         cs_block *list = NULL;
         pthread_mutex_lock(&c->lock);
         if (c->devices[i].present)
-            released += release_idle_to(c, i, true, 0, &list);  /* the threads' ready ones too */
+            release_idle_to(c, i, true, 0, &list);  /* the threads' ready ones too */
         pthread_mutex_unlock(&c->lock);
-        finish_releases(c, i, list, CS_RELEASE_TRIM);
+        /* What went back to the driver: a pooled block's slot may free a whole granule, or
+         * nothing while its slab holds other blocks. */
+        released += finish_releases(c, i, list, CS_RELEASE_TRIM);
         pthread_mutex_lock(&c->lock);
         if (c->devices[i].present)
             released += trim_spare(c, i, UINT64_MAX);
