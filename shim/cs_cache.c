@@ -1013,6 +1013,7 @@ cs_block_state cs_cache_find(cs_cache *c, uint64_t addr, cs_block_info *out)
         out->requested = st == CS_BLOCK_IN_USE ? requested : 0;
         out->serial = __atomic_load_n(&b->serial, __ATOMIC_RELAXED);
         out->device = b->heap->device;
+        out->key = b->heap->key;
         out->pooled = b->heap->pool != NULL;
     }
     pthread_mutex_unlock(&c->lock);

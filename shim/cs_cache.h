@@ -130,6 +130,7 @@ typedef struct cs_block_info {
     uint64_t size;       /* the block's bytes */
     uint64_t serial;     /* a number of its own for each time it was handed out */
     int device;
+    const void *key;     /* its heap's key (the shim's: the context it was allocated in) */
     bool pooled;         /* in a pooled heap: the driver's answers are about the pool's ranges */
 } cs_block_info;
 /* The block containing addr (any byte of it), if the cache knows one there. */
