@@ -133,7 +133,8 @@ typedef struct cs_block_info {
     const void *key;     /* its heap's key (the shim's: the context it was allocated in) */
     bool pooled;         /* in a pooled heap: the driver's answers are about the pool's ranges */
 } cs_block_info;
-/* The block containing addr (any byte of it), if the cache knows one there. */
+/* The block containing addr (any byte of it), if the cache knows one there; CS_BLOCK_IDLE also
+ * for a pooled heap's memory that is in no block (nothing the program holds). */
 cs_block_state cs_cache_find(cs_cache *cache, uint64_t addr, cs_block_info *out);
 
 /* What a capped program should see of the device, given the driver's own numbers. */

@@ -697,10 +697,12 @@ bool cs_pool_find(cs_pool *p, uint64_t addr, uint64_t *base, uint64_t *size)
     if (r && r->small) {
         slab *sl = r->page_slab[(addr - r->va) / p->page];
         uint64_t start = sl ? r->va + (uint64_t)sl->first * p->page : 0;
-        found = sl && addr < start + (uint64_t)sl->nslots * sl->slot;
-        if (found) {
+        if (sl && addr < start + (uint64_t)sl->nslots * sl->slot) {
             *base = start + (addr - start) / sl->slot * sl->slot;
             *size = sl->slot;
+        } else {
+            *base = addr;  /* mapped, in no slot */
+            *size = 0;
         }
     } else if (r) {
         *base = r->va;

@@ -75,7 +75,8 @@ uint64_t cs_pool_need(cs_pool *p, uint64_t bytes);
  * released. */
 uint64_t cs_pool_trim(cs_pool *p, uint64_t bytes);
 /* The block that contains addr: its base and its slot size (the range's size for a large
- * block). False if addr is in none of the pool's ranges. */
+ * block); size 0 where addr is in a small range but in no slot (a slab's tail, a page no
+ * slab has). False if addr is in none of the pool's ranges. */
 bool cs_pool_find(cs_pool *p, uint64_t addr, uint64_t *base, uint64_t *size);
 /* The devices allowed to use the heap's memory changed (peer access): every range gets the
  * access op again, and ranges being built meanwhile get it once more before they are handed
