@@ -119,9 +119,14 @@ static void slab_free(slab *sl)
 
 static void range_free(range *r)
 {
-    for (int i = 0; r->small && i < PAGES; i++)
-        if (r->page_slab[i] && r->page_slab[i]->first == (uint32_t)i)
-            slab_free(r->page_slab[i]);
+    /* A slab covers pages [first, first + npages): freed at its first, its pages skipped. */
+    for (uint32_t i = 0; r->small && i < PAGES; i++) {
+        slab *sl = r->page_slab[i];
+        if (sl && sl->first == i) {
+            i += sl->npages - 1;
+            slab_free(sl);
+        }
+    }
     free(r->chunks);
     free(r);
 }
