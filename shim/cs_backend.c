@@ -251,6 +251,11 @@ void *cs_backend_for(CUcontext ctx, CUdevice device)
     return b;
 }
 
+void cs_backend_drop(void *dev)
+{
+    free(dev);  /* the streams it points to are the context's, kept */
+}
+
 bool cs_backend_grant_peer(void *dev, CUdevice peer)
 {
     backend_dev *b = dev;

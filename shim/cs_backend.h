@@ -19,6 +19,8 @@ uint64_t cs_backend_granularity(CUdevice device);
 /* The backend state of a context (its `dev` for the cache), made on first use; NULL if out
  * of host memory. */
 void *cs_backend_for(CUcontext ctx, CUdevice device);
+/* State from cs_backend_for that no heap took (another thread made the context's heap first). */
+void cs_backend_drop(void *dev);
 
 /* Pooled memory of this context is to be reachable from device `peer` from now on (its
  * mappings must then be granted again: cs_cache_regrant). True when that is new. */

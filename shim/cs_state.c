@@ -168,8 +168,13 @@ cs_heap *cs_shim_heap_of(const cs_driver *d, CUcontext ctx)
     void *be = cs_backend_for(ctx, dev);
     if (!be)
         return NULL;
-    return cs_cache_add_heap(shim.cache, ctx, (int)dev, total,
-                             gran ? &cs_cuda_pooled_ops : &cs_cuda_ops, be, gran);
+    h = cs_cache_add_heap(shim.cache, ctx, (int)dev, total,
+                          gran ? &cs_cuda_pooled_ops : &cs_cuda_ops, be, gran);
+    /* Threads that meet a new context at once each make a backend state; one heap is made,
+     * with the first one's. */
+    if (!h || cs_cache_heap_dev(h) != be)
+        cs_backend_drop(be);
+    return h;
 }
 
 cs_heap *cs_shim_current_heap(const cs_driver *d, CUcontext *ctx_out)
