@@ -526,7 +526,6 @@ void cs_cache_forget_heap(cs_cache *c, const void *key)
                 free(b);
             }
         }
-        /* Its pool's memory went with the context. */
         d->spare_bytes -= h->spare_bytes;
         h->spare_bytes = 0;
         /* Kept: a thread that dropped the lock around a driver call may still hold it. */
@@ -535,6 +534,15 @@ void cs_cache_forget_heap(cs_cache *c, const void *key)
         c->dead_heaps = h;
     }
     pthread_mutex_unlock(&c->lock);
+    /* A classic heap's memory went with the context; a pooled heap's is virtual memory, which
+     * belongs to no context: it goes back now, blocks in use included (their context is gone).
+     * (A thread still building a range for this heap leaves that one behind.) */
+    if (h && h->pool && cs_pool_release_all(h->pool)) {
+        pthread_mutex_lock(&c->lock);
+        c->devices[h->device].st.driver_frees++;
+        c->devices[h->device].st.releases++;
+        pthread_mutex_unlock(&c->lock);
+    }
 }
 
 

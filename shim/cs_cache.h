@@ -112,7 +112,8 @@ bool cs_cache_heap_pooled(const cs_heap *heap);
 /* The devices allowed to use a pooled heap's memory changed: grant every mapping again
  * (cs_pool_regrant). 0, or the raw driver code of the first failure. */
 int cs_cache_regrant(cs_heap *heap);
-/* The context is gone with all its memory: forget its blocks without driver calls. */
+/* The context is gone with all its memory: forget its blocks without driver calls, except
+ * that a pooled heap's memory (virtual memory, which outlives the context) is given back. */
 void cs_cache_forget_heap(cs_cache *cache, const void *key);
 
 
