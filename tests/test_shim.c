@@ -289,6 +289,46 @@ static void test_context_destroy_forgets_blocks(void **state)
     assert_int_equal(fake_calls_after_teardown(), 0);
 }
 
+/* The device memory of a context that is gone is given back, cached or in use, as the driver
+ * gives back a context's cuMemAlloc memory: classic, the driver does it; pooled, the shim
+ * must, since virtual memory belongs to no context and outlives it. Context after context,
+ * nothing accumulates. */
+static void test_context_gone_gives_memory_back(void **state)
+{
+    (void)state;
+    CUdevice dev;
+    cuDeviceGet(&dev, 0);
+    uint64_t used = fake_device_used(0);
+    long chunks = fake_vmm_allocations(), reservations = fake_vmm_reservations();
+    for (int round = 0; round < 3; round++) {
+        CUcontext ctx;
+        assert_int_equal(cuCtxCreate(&ctx, NULL, 0, dev), CUDA_SUCCESS);
+        CUdeviceptr idle = must_alloc(16 * MiB), busy = must_alloc(8 * MiB);
+        CUdeviceptr small = must_alloc(5000);
+        must_free(idle);
+        launch(NULL, busy, 8 * MiB);  /* work the context's end waits for */
+        assert_true(fake_device_used(0) > used);
+        (void)small;  /* in use when the context goes, as busy */
+        assert_int_equal(cuCtxDestroy(ctx), CUDA_SUCCESS);
+        assert_int_equal(fake_device_used(0), used);
+        assert_int_equal(fake_vmm_allocations(), chunks);
+        assert_int_equal(fake_vmm_reservations(), reservations);
+        assert_int_equal(fake_unmap_faults(), 0);
+    }
+    /* The primary context too. */
+    CUdeviceptr held = must_alloc(6 * MiB);
+    must_free(must_alloc(10 * MiB));
+    (void)held;
+    assert_int_equal(cuDevicePrimaryCtxReset(dev), CUDA_SUCCESS);
+    assert_int_equal(fake_device_used(0), 0);
+    assert_int_equal(fake_vmm_allocations(), 0);
+    assert_int_equal(fake_vmm_reservations(), 0);
+    assert_int_equal(cuDevicePrimaryCtxRetain(&primary, dev), CUDA_SUCCESS);
+    assert_int_equal(cuCtxSetCurrent(primary), CUDA_SUCCESS);
+    must_free(must_alloc(6 * MiB));  /* the cache works on */
+    assert_int_equal(fake_calls_after_teardown(), 0);
+}
+
 static void test_primary_reset_forgets_blocks(void **state)
 {
     (void)state;
@@ -927,7 +967,8 @@ int main(int argc, char **argv)
     const struct CMUnitTest frees[] = {T(test_foreign_double_null_frees), T(test_address_range_is_honest),
                                        T(test_mem_get_info_uncapped)};
     const struct CMUnitTest contexts[] = {T(test_context_destroy_forgets_blocks),
-                                          T(test_primary_reset_forgets_blocks)};
+                                          T(test_primary_reset_forgets_blocks),
+                                          T(test_context_gone_gives_memory_back)};
     const struct CMUnitTest failures[] = {T(test_driver_errors_pass_through),
                                           T(test_failure_half_way_rolls_back)};
     const struct CMUnitTest process[] = {T(test_fork_child_is_usable), T(test_exit_with_cached_blocks),
