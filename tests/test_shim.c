@@ -929,16 +929,16 @@ static void test_no_vmm_says_classic(void **state)
     assert_null(getenv("CACHESHIM_BACKEND"));
     assert_false(shim_pooled());
     int vmm = 1;
-    assert_int_equal(cuDeviceGetAttribute(&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
-                                          0),
-                     CUDA_SUCCESS);
+    assert_int_equal(
+        cuDeviceGetAttribute(&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, 0),
+        CUDA_SUCCESS);
     assert_int_equal(vmm, 0);
     char err[8192];
     const char *env[] = {"CACHESHIM_VERBOSE", "1", NULL};
     assert_int_equal(run_self("exit-cached", env, err, sizeof err), 0);
     assert_non_null(strstr(err, "cacheshim: CACHESHIM_BACKEND = pooled (default)\n"));
-    assert_non_null(
-        strstr(err, "cacheshim: device 0 has no virtual memory management: classic backend there\n"));
+    assert_non_null(strstr(err, "cacheshim: device 0 has no virtual memory management: "
+                                "classic backend there\n"));
     /* Only the classic backend's calls: the VMM ones were never tried. */
     fake_reset_counters();
     must_free(must_alloc(7 * MiB + 3));
@@ -962,7 +962,8 @@ int main(int argc, char **argv)
     if (!strcmp(group, "oom-report"))
         return oom_report();
 
-    const struct CMUnitTest paths[] = {T(test_backend_as_configured), T(test_direct_binding_is_cached), T(test_dlsym_path_gets_wrapper),
+    const struct CMUnitTest paths[] = {T(test_backend_as_configured),
+                                       T(test_direct_binding_is_cached), T(test_dlsym_path_gets_wrapper),
                                        T(test_get_proc_address_paths), T(test_dlsym_rtld_next_semantics)};
     const struct CMUnitTest frees[] = {T(test_foreign_double_null_frees), T(test_address_range_is_honest),
                                        T(test_mem_get_info_uncapped)};
@@ -981,7 +982,8 @@ int main(int argc, char **argv)
     const struct CMUnitTest oom[] = {T(test_oom_recovery), T(test_oom_recovery_with_busy_blocks)};
     const struct CMUnitTest disabled[] = {T(test_disabled_passes_everything)};
     const struct CMUnitTest race[] = {T(test_threads_race_first_call)};
-    const struct CMUnitTest no_vmm[] = {T(test_backend_as_configured), T(test_direct_binding_is_cached),
+    const struct CMUnitTest no_vmm[] = {T(test_backend_as_configured),
+                                        T(test_direct_binding_is_cached),
                                         T(test_no_vmm_says_classic)};
 
 #define GROUP(name, tests, with_setup) \
