@@ -104,9 +104,24 @@ static int vmm_create(void *dev, uint64_t size, uint64_t *handle, int *raw)
     return be_code(r, raw);
 }
 
+/* Unmapping, freeing a reservation and releasing a chunk take no context in the driver: once
+ * the context is gone they run without it, to give its pool's memory back (virtual memory
+ * outlives the context it was made in). */
+#define VMM_CALL_ANY(b, raw, call)                               \
+    do {                                                         \
+        bool pushed_ = false;                                    \
+        bool in_ = !cs_streams_dead((b)->streams) &&             \
+                   cs_ctx_enter((b)->ctx, &pushed_);             \
+        CUresult r_ = (call);                                    \
+        if (in_)                                                 \
+            cs_ctx_leave(pushed_);                               \
+        return be_code(r_, raw);                                 \
+    } while (0)
+
 static int vmm_release(void *dev, uint64_t handle, int *raw)
 {
-    VMM_CALL((backend_dev *)dev, raw, drv()->cuMemRelease((CUmemGenericAllocationHandle)handle));
+    VMM_CALL_ANY((backend_dev *)dev, raw,
+                 drv()->cuMemRelease((CUmemGenericAllocationHandle)handle));
 }
 
 static int vmm_reserve(void *dev, uint64_t size, uint64_t *va, int *raw)
@@ -127,7 +142,8 @@ static int vmm_reserve(void *dev, uint64_t size, uint64_t *va, int *raw)
 
 static int vmm_unreserve(void *dev, uint64_t va, uint64_t size, int *raw)
 {
-    VMM_CALL((backend_dev *)dev, raw, drv()->cuMemAddressFree((CUdeviceptr)va, (size_t)size));
+    VMM_CALL_ANY((backend_dev *)dev, raw,
+                 drv()->cuMemAddressFree((CUdeviceptr)va, (size_t)size));
 }
 
 static int vmm_map(void *dev, uint64_t va, uint64_t size, uint64_t handle, int *raw)
@@ -156,7 +172,7 @@ static int vmm_access(void *dev, uint64_t va, uint64_t size, int *raw)
 
 static int vmm_unmap(void *dev, uint64_t va, uint64_t size, int *raw)
 {
-    VMM_CALL((backend_dev *)dev, raw, drv()->cuMemUnmap((CUdeviceptr)va, (size_t)size));
+    VMM_CALL_ANY((backend_dev *)dev, raw, drv()->cuMemUnmap((CUdeviceptr)va, (size_t)size));
 }
 
 static int vmm_sync(void *dev, int *raw)

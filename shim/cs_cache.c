@@ -535,7 +535,6 @@ void cs_cache_forget_heap(cs_cache *c, const void *key)
                 free(b);
             }
         }
-        /* Its pool's memory went with the context. */
         d->spare_bytes -= h->spare_bytes;
         h->spare_bytes = 0;
         /* Kept: a thread that dropped the lock around a driver call may still hold it. */
@@ -544,6 +543,15 @@ void cs_cache_forget_heap(cs_cache *c, const void *key)
         c->dead_heaps = h;
     }
     pthread_mutex_unlock(&c->lock);
+    /* A classic heap's memory went with the context; a pooled heap's is virtual memory, which
+     * belongs to no context: it goes back now, blocks in use included (their context is gone).
+     * (A thread still building a range for this heap leaves that one behind.) */
+    if (h && h->pool && cs_pool_release_all(h->pool)) {
+        pthread_mutex_lock(&c->lock);
+        c->devices[h->device].st.driver_frees++;
+        c->devices[h->device].st.releases++;
+        pthread_mutex_unlock(&c->lock);
+    }
 }
 
 
@@ -1001,15 +1009,18 @@ cs_block_state cs_cache_lookup(cs_cache *c, uint64_t addr, uint64_t *requested)
 
 /* The block that contains addr, in use or idle: its base is addr itself, or (pooled heaps) found
  * through the pool's ranges; a classic block's interior pointers are the caller's to map to
- * its base (the driver knows the allocation). */
+ * its base (the driver knows the allocation). Memory of a pool in no block (a free slot, a
+ * slab's tail, a page no slab has) is mapped, but the program holds nothing there: idle. */
 cs_block_state cs_cache_find(cs_cache *c, uint64_t addr, cs_block_info *out)
 {
     pthread_mutex_lock(&c->lock);
     cs_block *b = registry_find(c, addr);
-    for (cs_heap *h = c->heaps; !b && h; h = h->next) {
+    cs_heap *in_pool = NULL;  /* its pool holds addr in no block */
+    for (cs_heap *h = c->heaps; !b && !in_pool && h; h = h->next) {
         uint64_t base, size;
-        if (h->pool && cs_pool_find(h->pool, addr, &base, &size))
-            b = registry_find(c, base);
+        if (h->pool && cs_pool_find(h->pool, addr, &base, &size) &&
+            !(size && (b = registry_find(c, base))))
+            in_pool = h;
     }
     cs_block_state st = CS_BLOCK_UNKNOWN;
     if (b) {
@@ -1024,7 +1035,12 @@ cs_block_state cs_cache_find(cs_cache *c, uint64_t addr, cs_block_info *out)
         out->requested = st == CS_BLOCK_IN_USE ? requested : 0;
         out->serial = __atomic_load_n(&b->serial, __ATOMIC_RELAXED);
         out->device = b->heap->device;
+        out->key = b->heap->key;
         out->pooled = b->heap->pool != NULL;
+    } else if (in_pool) {
+        *out = (cs_block_info){.base = addr, .device = in_pool->device, .key = in_pool->key,
+                               .pooled = true};
+        st = CS_BLOCK_IDLE;
     }
     pthread_mutex_unlock(&c->lock);
     return st;

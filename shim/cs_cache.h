@@ -112,7 +112,8 @@ bool cs_cache_heap_pooled(const cs_heap *heap);
 /* The devices allowed to use a pooled heap's memory changed: grant every mapping again
  * (cs_pool_regrant). 0, or the raw driver code of the first failure. */
 int cs_cache_regrant(cs_heap *heap);
-/* The context is gone with all its memory: forget its blocks without driver calls. */
+/* The context is gone with all its memory: forget its blocks without driver calls, except
+ * that a pooled heap's memory (virtual memory, which outlives the context) is given back. */
 void cs_cache_forget_heap(cs_cache *cache, const void *key);
 
 
@@ -130,9 +131,11 @@ typedef struct cs_block_info {
     uint64_t size;       /* the block's bytes */
     uint64_t serial;     /* a number of its own for each time it was handed out */
     int device;
+    const void *key;     /* its heap's key (the shim's: the context it was allocated in) */
     bool pooled;         /* in a pooled heap: the driver's answers are about the pool's ranges */
 } cs_block_info;
-/* The block containing addr (any byte of it), if the cache knows one there. */
+/* The block containing addr (any byte of it), if the cache knows one there; CS_BLOCK_IDLE also
+ * for a pooled heap's memory that is in no block (nothing the program holds). */
 cs_block_state cs_cache_find(cs_cache *cache, uint64_t addr, cs_block_info *out);
 
 /* What a capped program should see of the device, given the driver's own numbers. */

@@ -59,6 +59,11 @@ static bool block_attribute(CUpointer_attribute a, void *data, const cs_block_in
 {
     uint64_t v;
     switch (a) {
+    case CU_POINTER_ATTRIBUTE_CONTEXT:
+        /* The context it was allocated in, as for cuMemAlloc memory (the driver answers NULL
+         * for virtual memory, which no context owns). */
+        v = (uint64_t)(uintptr_t)info->key;
+        break;
     case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
     case CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR:
         v = info->base;
@@ -74,7 +79,7 @@ static bool block_attribute(CUpointer_attribute a, void *data, const cs_block_in
     default:
         return false;
     }
-    memcpy(data, &v, sizeof v);  /* each of these is 8 bytes: CUdeviceptr, size_t, ull */
+    memcpy(data, &v, sizeof v);  /* each of these is 8 bytes: a pointer, size_t, ull */
     return true;
 }
 

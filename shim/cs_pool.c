@@ -697,6 +697,53 @@ uint64_t cs_pool_trim(cs_pool *p, uint64_t bytes)
     }
 }
 
+uint64_t cs_pool_release_all(cs_pool *p)
+{
+    pthread_mutex_lock(&p->lock);
+    range **ranges = p->ranges;
+    size_t nranges = p->nranges;
+    handle_stack spare[MAX_EXP];
+    memcpy(spare, p->spare, sizeof spare);
+    memset(p->spare, 0, sizeof p->spare);
+    p->ranges = NULL;
+    p->nranges = p->cap_ranges = 0;
+    p->small_free = NULL;
+    for (size_t i = 0; i < p->nclasses; i++)
+        p->classes[i].head = NULL;  /* the slabs go with their ranges */
+    p->counts.spare = p->counts.slab_free = 0;
+    pthread_mutex_unlock(&p->lock);
+    uint64_t released = 0, unmaps = 0, releases = 0;
+    int ignored;
+    for (size_t i = 0; i < nranges; i++) {
+        range *r = ranges[i];
+        uint64_t va = r->va;
+        for (int k = 0; k < r->nchunks; k++) {
+            unmaps += p->ops->unmap(p->dev, va, r->chunks[k].size, &ignored) == CS_BE_OK;
+            va += r->chunks[k].size;
+        }
+        p->ops->unreserve(p->dev, r->va, r->size, &ignored);
+        for (int k = 0; k < r->nchunks; k++) {
+            p->ops->release(p->dev, r->chunks[k].handle, &ignored);
+            released += r->chunks[k].size;
+        }
+        releases += (uint64_t)r->nchunks;
+        range_free(r);
+    }
+    for (int e = 0; e < MAX_EXP; e++) {
+        for (size_t k = 0; k < spare[e].n; k++)
+            p->ops->release(p->dev, spare[e].h[k], &ignored);
+        released += (uint64_t)spare[e].n * (p->gran << e);
+        releases += spare[e].n;
+        free(spare[e].h);
+    }
+    free(ranges);
+    pthread_mutex_lock(&p->lock);
+    p->counts.unmaps += unmaps;
+    p->counts.releases += releases;
+    pthread_mutex_unlock(&p->lock);
+    return released;
+}
+
 bool cs_pool_find(cs_pool *p, uint64_t addr, uint64_t *base, uint64_t *size)
 {
     pthread_mutex_lock(&p->lock);
@@ -705,10 +752,12 @@ bool cs_pool_find(cs_pool *p, uint64_t addr, uint64_t *base, uint64_t *size)
     if (r && r->small) {
         slab *sl = r->page_slab[(addr - r->va) / p->page];
         uint64_t start = sl ? r->va + (uint64_t)sl->first * p->page : 0;
-        found = sl && addr < start + (uint64_t)sl->nslots * sl->slot;
-        if (found) {
+        if (sl && addr < start + (uint64_t)sl->nslots * sl->slot) {
             *base = start + (addr - start) / sl->slot * sl->slot;
             *size = sl->slot;
+        } else {
+            *base = addr;  /* mapped, in no slot */
+            *size = 0;
         }
     } else if (r) {
         *base = r->va;

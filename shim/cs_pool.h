@@ -74,8 +74,13 @@ uint64_t cs_pool_need(cs_pool *p, uint64_t bytes);
 /* Give spare chunks back to the driver until `bytes` are released or none is left: bytes
  * released. */
 uint64_t cs_pool_trim(cs_pool *p, uint64_t bytes);
+/* The context the pool's memory was made in is gone, with its work, but virtual memory
+ * belongs to no context: unmap every range, free its reservation and release every chunk,
+ * mapped or spare. The pool is then empty. Bytes released. */
+uint64_t cs_pool_release_all(cs_pool *p);
 /* The block that contains addr: its base and its slot size (the range's size for a large
- * block). False if addr is in none of the pool's ranges. */
+ * block); size 0 where addr is in a small range but in no slot (a slab's tail, a page no
+ * slab has). False if addr is in none of the pool's ranges. */
 bool cs_pool_find(cs_pool *p, uint64_t addr, uint64_t *base, uint64_t *size);
 /* The devices allowed to use the heap's memory changed (peer access): every range gets the
  * access op again, and ranges being built meanwhile get it once more before they are handed

@@ -6,12 +6,52 @@
 
 #include <cuda.h>
 #include <dlfcn.h>
+#include <stdbool.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "cacheshim.h"
 #include "fake_control.h"
 
 #define MiB (1024ull * 1024)
+
+/* ---- the backend under test
+ * Each shim test program runs twice (tests/meson.build): as configured, pooled by default, and
+ * with CACHESHIM_BACKEND=classic. What depends on the backend is asked through these helpers,
+ * so one assertion states what both must do. The environment says which backend the shim is
+ * meant to run; test_backend_as_configured (test_shim.c) checks that it does. */
+
+/* Pooled: unless CACHESHIM_BACKEND=classic, or the fake driver offers no virtual memory
+ * management (FAKE_CUDA_NO_VMM=1, which gives classic by itself). */
+static inline bool shim_pooled(void)
+{
+    const char *b = getenv("CACHESHIM_BACKEND"), *novmm = getenv("FAKE_CUDA_NO_VMM");
+    return !(b && !strcmp(b, "classic")) && !(novmm && !strcmp(novmm, "1"));
+}
+
+/* The driver entry point through which the shim takes new memory for blocks (one call per
+ * block classic, per chunk pooled), and the one through which memory goes back. */
+static inline const char *driver_alloc_call(void)
+{
+    return shim_pooled() ? "cuMemCreate" : "cuMemAlloc_v2";
+}
+
+static inline const char *driver_free_call(void)
+{
+    return shim_pooled() ? "cuMemRelease" : "cuMemFree_v2";
+}
+
+/* Calls of those since the fake's counters were last reset. */
+static inline long driver_allocs(void)
+{
+    return fake_calls(driver_alloc_call());
+}
+
+static inline long driver_frees(void)
+{
+    return fake_calls(driver_free_call());
+}
 
 static inline CUcontext shim_test_primary(void)
 {
@@ -33,6 +73,14 @@ static inline cacheshim_stats shim_stats(int device)
     assert_non_null(fn);
     assert_int_equal(fn(device, &s, sizeof s), 0);
     return s;
+}
+
+/* cacheshim_trim(): idle memory whose work is done goes back to the driver. */
+static inline uint64_t shim_trim(void)
+{
+    uint64_t (*fn)(void) = (uint64_t (*)(void))dlsym(RTLD_DEFAULT, "cacheshim_trim");
+    assert_non_null(fn);
+    return fn();
 }
 
 static inline CUdeviceptr must_alloc(size_t size)

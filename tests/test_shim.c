@@ -65,14 +65,49 @@ static void *real_fn(const char *name)
 
 /* ================================================================ paths */
 
-static void test_direct_binding_is_cached(void **state)
+/* The shim runs the backend its environment asks for (shim_util.h): a pooled block is
+ * physical memory mapped into a range of its own (a reservation, its chunks mapped, access
+ * set once), a classic block one cuMemAlloc; never both. The driver tells them apart too. */
+static void test_backend_as_configured(void **state)
 {
     (void)state;
     fake_reset_counters();
+    CUdeviceptr p = must_alloc(5 * MiB + 1);  /* 6 MiB: three granules */
+    unsigned ipc = 2;
+    assert_int_equal(cuPointerGetAttribute(&ipc, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE,
+                                           p),
+                     CUDA_SUCCESS);
+    if (shim_pooled()) {
+        assert_int_equal(fake_calls("cuMemAlloc_v2"), 0);
+        assert_int_equal(fake_calls("cuMemCreate"), 2);  /* chunks of 4 and 2 MiB */
+        assert_int_equal(fake_calls("cuMemAddressReserve"), 1);
+        assert_int_equal(fake_calls("cuMemMap"), 2);
+        assert_int_equal(fake_calls("cuMemSetAccess"), 1);
+        assert_int_equal(fake_vmm_allocations(), 2);
+        assert_int_equal(fake_vmm_reservations(), 1);
+        assert_int_equal(ipc, 0);
+    } else {
+        assert_int_equal(fake_calls("cuMemAlloc_v2"), 1);
+        assert_int_equal(fake_calls("cuMemCreate"), 0);
+        assert_int_equal(fake_calls("cuMemAddressReserve"), 0);
+        assert_int_equal(fake_vmm_allocations(), 0);
+        assert_int_equal(ipc, 1);
+    }
+    assert_int_equal(fake_device_used(0), 6 * MiB);
+    must_free(p);
+}
+
+static void test_direct_binding_is_cached(void **state)
+{
+    (void)state;
+    shim_trim();  /* nothing cached: the first allocation takes new memory */
+    cacheshim_stats before = stats(0);
+    fake_reset_counters();
     for (int i = 0; i < 100; i++)
         must_free(must_alloc(1 * MiB));
-    assert_int_equal(fake_calls("cuMemAlloc_v2"), 1);
-    assert_int_equal(fake_calls("cuMemFree_v2"), 0);
+    assert_int_equal(driver_allocs(), 1);
+    assert_int_equal(driver_frees(), 0);
+    assert_int_equal(stats(0).hits - before.hits, 99);
 }
 
 static void test_dlsym_path_gets_wrapper(void **state)
@@ -89,7 +124,7 @@ static void test_dlsym_path_gets_wrapper(void **state)
         assert_int_equal(a(&p, 3000), CUDA_SUCCESS);
         assert_int_equal(f(p), CUDA_SUCCESS);
     }
-    assert_true(fake_calls("cuMemAlloc_v2") <= 1);
+    assert_true(driver_allocs() <= 1);
     /* Unwrapped names come back as the driver's own; work entry points as the shim's. */
     assert_ptr_equal(dlsym(libcuda, "cuStreamQuery"), real_fn("cuStreamQuery"));
     assert_ptr_equal(dlsym(libcuda, "cuMemsetD8_v2"), dlsym(RTLD_DEFAULT, "cuMemsetD8_v2"));
@@ -159,7 +194,7 @@ static void test_get_proc_address_paths(void **state)
         assert_int_equal(a(&d, 777), CUDA_SUCCESS);
         assert_int_equal(f(d), CUDA_SUCCESS);
     }
-    assert_true(fake_calls("cuMemAlloc_v2") <= 1);
+    assert_true(driver_allocs() <= 1);
 }
 
 static void test_dlsym_rtld_next_semantics(void **state)
@@ -254,6 +289,46 @@ static void test_context_destroy_forgets_blocks(void **state)
     assert_int_equal(fake_calls_after_teardown(), 0);
 }
 
+/* The device memory of a context that is gone is given back, cached or in use, as the driver
+ * gives back a context's cuMemAlloc memory: classic, the driver does it; pooled, the shim
+ * must, since virtual memory belongs to no context and outlives it. Context after context,
+ * nothing accumulates. */
+static void test_context_gone_gives_memory_back(void **state)
+{
+    (void)state;
+    CUdevice dev;
+    cuDeviceGet(&dev, 0);
+    uint64_t used = fake_device_used(0);
+    long chunks = fake_vmm_allocations(), reservations = fake_vmm_reservations();
+    for (int round = 0; round < 3; round++) {
+        CUcontext ctx;
+        assert_int_equal(cuCtxCreate(&ctx, NULL, 0, dev), CUDA_SUCCESS);
+        CUdeviceptr idle = must_alloc(16 * MiB), busy = must_alloc(8 * MiB);
+        CUdeviceptr small = must_alloc(5000);
+        must_free(idle);
+        launch(NULL, busy, 8 * MiB);  /* work the context's end waits for */
+        assert_true(fake_device_used(0) > used);
+        (void)small;  /* in use when the context goes, as busy */
+        assert_int_equal(cuCtxDestroy(ctx), CUDA_SUCCESS);
+        assert_int_equal(fake_device_used(0), used);
+        assert_int_equal(fake_vmm_allocations(), chunks);
+        assert_int_equal(fake_vmm_reservations(), reservations);
+        assert_int_equal(fake_unmap_faults(), 0);
+    }
+    /* The primary context too. */
+    CUdeviceptr held = must_alloc(6 * MiB);
+    must_free(must_alloc(10 * MiB));
+    (void)held;
+    assert_int_equal(cuDevicePrimaryCtxReset(dev), CUDA_SUCCESS);
+    assert_int_equal(fake_device_used(0), 0);
+    assert_int_equal(fake_vmm_allocations(), 0);
+    assert_int_equal(fake_vmm_reservations(), 0);
+    assert_int_equal(cuDevicePrimaryCtxRetain(&primary, dev), CUDA_SUCCESS);
+    assert_int_equal(cuCtxSetCurrent(primary), CUDA_SUCCESS);
+    must_free(must_alloc(6 * MiB));  /* the cache works on */
+    assert_int_equal(fake_calls_after_teardown(), 0);
+}
+
 static void test_primary_reset_forgets_blocks(void **state)
 {
     (void)state;
@@ -280,7 +355,7 @@ static void test_driver_errors_pass_through(void **state)
 {
     (void)state;
     CUdeviceptr p;
-    fake_fail_nth("cuMemAlloc_v2", 1, CUDA_ERROR_UNKNOWN);
+    fake_fail_nth(driver_alloc_call(), 1, CUDA_ERROR_UNKNOWN);
     assert_int_equal(cuMemAlloc(&p, 123 * MiB), CUDA_ERROR_UNKNOWN);
     /* No device for the context: the call goes to the driver unchanged. */
     fake_fail_nth("cuCtxGetCurrent", 1, CUDA_ERROR_INVALID_CONTEXT);
@@ -300,6 +375,64 @@ static void test_driver_errors_pass_through(void **state)
     assert_int_equal(cuLaunchKernel(fake_touch_kernel(), 1, 1, 1, 1, 1, 1, 0, NULL, params, NULL),
                      CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES);
     must_free(a);
+}
+
+/* A driver call failing half-way through a pooled block (a later chunk's cuMemCreate, the
+ * reservation, a mapping, the access) fails the allocation with the driver's code and takes
+ * back everything done before it: no chunk, reservation or mapping is left, and the cache
+ * works on. Classic: the one cuMemAlloc failing leaves nothing either. */
+static void test_failure_half_way_rolls_back(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *name;
+        long nth;
+        CUresult err;
+    } pooled_steps[] = {
+        {"cuMemCreate", 2, CUDA_ERROR_UNKNOWN},          /* the second of three chunks */
+        {"cuMemAddressReserve", 1, CUDA_ERROR_INVALID_VALUE},
+        {"cuMemMap", 3, CUDA_ERROR_NOT_PERMITTED},       /* the third of three */
+        {"cuMemSetAccess", 1, CUDA_ERROR_INVALID_DEVICE},
+    }, classic_steps[] = {
+        {"cuMemAlloc_v2", 1, CUDA_ERROR_UNKNOWN},
+    };
+    bool pooled = shim_pooled();
+    int n = pooled ? 4 : 1;
+    fake_retire_all();
+    shim_trim();  /* no idle memory: the block is all new memory */
+    for (int i = 0; i < n; i++) {
+        const char *name = pooled ? pooled_steps[i].name : classic_steps[i].name;
+        CUresult err = pooled ? pooled_steps[i].err : classic_steps[i].err;
+        uint64_t used = fake_device_used(0);
+        long allocs = fake_vmm_allocations(), reservations = fake_vmm_reservations();
+        long live = fake_live_allocations();
+        cacheshim_stats before = stats(0);
+        fake_reset_counters();
+        fake_fail_nth(name, pooled ? pooled_steps[i].nth : classic_steps[i].nth, err);
+        CUdeviceptr p = 0;
+        assert_int_equal(cuMemAlloc(&p, 13 * MiB), err);  /* 14 MiB: chunks of 8, 4, 2 */
+        assert_int_equal(fake_calls(name), pooled ? pooled_steps[i].nth : 1);
+        assert_int_equal(fake_device_used(0), used);
+        assert_int_equal(fake_vmm_allocations(), allocs);
+        assert_int_equal(fake_vmm_reservations(), reservations);
+        assert_int_equal(fake_live_allocations(), live);
+        /* Every mapping made was unmapped (the failed call mapped nothing). */
+        assert_int_equal(fake_calls("cuMemUnmap"),
+                         fake_calls("cuMemMap") - (!strcmp(name, "cuMemMap") ? 1 : 0));
+        cacheshim_stats after = stats(0);
+        assert_int_equal(after.bytes_in_use, before.bytes_in_use);
+        assert_int_equal(after.bytes_cached, before.bytes_cached);
+        /* The same request then succeeds and the memory works. */
+        p = must_alloc(13 * MiB);
+        assert_int_equal(cuMemsetD8(p, 0xa5, 13 * MiB), CUDA_SUCCESS);
+        must_free(p);
+        shim_trim();
+        assert_int_equal(fake_device_used(0), used);
+    }
+    if (!pooled) {
+        assert_int_equal(fake_calls("cuMemCreate"), 0);
+        assert_int_equal(fake_calls("cuMemMap"), 0);
+    }
 }
 
 /* ================================================================ cap, threshold, OOM */
@@ -384,8 +517,44 @@ static void test_threshold(void **state)
         must_free(p[i]);
     cacheshim_stats s = stats(0);
     assert_int_equal(s.bytes_cached, 2 * MiB);
-    assert_int_equal(fake_calls("cuMemFree_v2"), 2);
-    assert_int_equal(s.releases, 2);
+    if (shim_pooled()) {
+        /* 1 MiB blocks are the two slots of a one-granule slab: four of them, two slabs.
+         * The third free gives p0's slot up (its slab still holds p1: nothing goes back, the
+         * slot counts as cached); the fourth gives p1's up, which empties that slab (its
+         * granule goes back), then p2's (p3 keeps the second slab). Cached: p3 and the free
+         * slot beside it. */
+        assert_int_equal(fake_calls("cuMemRelease"), 1);
+        assert_int_equal(fake_calls("cuMemUnmap"), 1);
+        assert_int_equal(s.releases, 1);
+        assert_int_equal(fake_device_used(0), 2 * MiB);
+    } else {
+        assert_int_equal(fake_calls("cuMemFree_v2"), 2);
+        assert_int_equal(s.releases, 2);
+        assert_int_equal(fake_device_used(0), 2 * MiB);
+    }
+}
+
+/* Blocks of whole granules: each its own driver allocation or range, under both backends.
+ * Each free past the threshold gives the oldest idle block back. */
+static void test_threshold_large_blocks(void **state)
+{
+    (void)state;
+    shim_trim();  /* what test_threshold left cached */
+    assert_int_equal(fake_device_used(0), 0);
+    CUdeviceptr p[4];
+    for (int i = 0; i < 4; i++)
+        p[i] = must_alloc(2 * MiB);
+    cacheshim_stats before = stats(0);
+    fake_reset_counters();
+    for (int i = 0; i < 4; i++)
+        must_free(p[i]);
+    cacheshim_stats s = stats(0);
+    assert_int_equal(s.bytes_cached, 2 * MiB);
+    assert_int_equal(driver_frees(), 3);
+    assert_int_equal(s.releases - before.releases, 3);
+    assert_int_equal(fake_device_used(0), 2 * MiB);
+    assert_int_equal(must_alloc(2 * MiB), p[3]);  /* the newest stayed */
+    must_free(p[3]);
 }
 
 static void test_oom_recovery(void **state)
@@ -397,10 +566,24 @@ static void test_oom_recovery(void **state)
         p[i] = must_alloc(16 * MiB);
     for (int i = 0; i < 3; i++)
         must_free(p[i]);
+    fake_reset_counters();
     CUdeviceptr big = must_alloc(40 * MiB);
     cacheshim_stats s = stats(0);
-    assert_int_equal(s.oom_recoveries, 1);
-    assert_true(s.releases >= 2);
+    if (shim_pooled()) {
+        /* The idle blocks' memory moves to the new block before the driver is asked: two of
+         * the three 16 MiB chunks are mapped into it, the third goes back and 8 MiB are new.
+         * The driver is never out of memory. */
+        assert_int_equal(s.oom_recoveries, 0);
+        assert_int_equal(s.moves, 3);
+        assert_int_equal(fake_calls("cuMemCreate"), 1);
+        assert_int_equal(fake_calls("cuMemRelease"), 1);
+    } else {
+        /* The driver is out of memory: the idle blocks go back, and the retry succeeds. */
+        assert_int_equal(s.oom_recoveries, 1);
+        assert_true(s.releases >= 2);
+        assert_int_equal(fake_calls("cuMemAlloc_v2"), 2);
+    }
+    assert_int_equal(fake_device_used(0), 40 * MiB);
     /* What cannot fit fails with the driver's code, and the cache stays usable. */
     CUdeviceptr huge;
     assert_int_equal(cuMemAlloc(&huge, 40 * MiB), CUDA_ERROR_OUT_OF_MEMORY);
@@ -567,19 +750,40 @@ static void test_exit_with_cached_blocks(void **state)
     const char *env[] = {"CACHESHIM_STATS", "1", NULL};
     int status = run_self("exit-cached", env, err, sizeof err);
     assert_int_equal(status, 0);
-    /* 10 misses of 1..10 MiB, each freed, then a hit on the 1 MiB block. Saved: 11 requests
-     * + 10 frees - 10 driver allocations = 11 calls, 1 x 45 us + 10 x 31 us = 355 us. */
-    assert_string_equal(err,
-                        "cacheshim: statistics            device 0\n"
-                        "cacheshim:   requests                  11\n"
-                        "cacheshim:   hit rate                9.0%\n"
-                        "cacheshim:   peak in use         10.0 MiB\n"
-                        "cacheshim:   peak reserved       55.0 MiB\n"
-                        "cacheshim:   cached now          54.0 MiB\n"
-                        "cacheshim:   driver calls saved        11\n"
-                        "cacheshim:   est. time saved       355 us\n"
-                        "cacheshim:   OOM recoveries             0\n"
-                        "cacheshim:   cap refusals               0\n");
+    if (shim_pooled())
+        /* 1..10 MiB, each freed, then 1 MiB. Blocks: 1 MiB a slab slot (in a new granule),
+         * above that whole granules. 2, 3 (4 MiB), 5 (6), 7 (8) and 9 (10) miss; 4, 6, 8 and 10
+         * hit. Each miss holds more than the program's peak, so the idle block's memory moves
+         * to the new one and only one granule is new: 5 driver allocations. The last 1 MiB
+         * misses too (its slot moved away) and takes a granule of the moved 10 MiB: 8 MiB
+         * stay spare, and the free slot beside it. Saved: 11 requests - 5 driver allocations
+         * + 10 frees = 16 calls, 6 x 45 us + 10 x 31 us = 580 us. */
+        assert_string_equal(err,
+                            "cacheshim: statistics            device 0\n"
+                            "cacheshim:   requests                  11\n"
+                            "cacheshim:   hit rate               36.3%\n"
+                            "cacheshim:   peak in use         10.0 MiB\n"
+                            "cacheshim:   peak reserved       10.0 MiB\n"
+                            "cacheshim:   cached now          9.00 MiB\n"
+                            "cacheshim:   driver calls saved        16\n"
+                            "cacheshim:   est. time saved       580 us\n"
+                            "cacheshim:   OOM recoveries             0\n"
+                            "cacheshim:   cap refusals               0\n");
+    else
+        /* Blocks of 1, 2, 4, 4, 6, 6, 8, 8, 10 and 10 MiB: 6 misses, and 4, 6, 8, 10 and the last
+         * 1 MiB hit. Held: 1 + 2 + 4 + 6 + 8 + 10 = 31 MiB. Saved: 11 requests - 6 driver
+         * allocations + 10 frees = 15 calls, 5 x 45 us + 10 x 31 us = 535 us. */
+        assert_string_equal(err,
+                            "cacheshim: statistics            device 0\n"
+                            "cacheshim:   requests                  11\n"
+                            "cacheshim:   hit rate               45.4%\n"
+                            "cacheshim:   peak in use         10.0 MiB\n"
+                            "cacheshim:   peak reserved       31.0 MiB\n"
+                            "cacheshim:   cached now          30.0 MiB\n"
+                            "cacheshim:   driver calls saved        15\n"
+                            "cacheshim:   est. time saved       535 us\n"
+                            "cacheshim:   OOM recoveries             0\n"
+                            "cacheshim:   cap refusals               0\n");
 }
 
 static int exit_two_devices(void)
@@ -603,7 +807,7 @@ static int exit_two_devices(void)
     if (cuMemAlloc(&a, 6 * MiB) != CUDA_SUCCESS ||
         cuMemAlloc(&b, 4 * MiB) != CUDA_ERROR_OUT_OF_MEMORY ||  /* over CACHESHIM_CAP */
         cuMemFree(a) != CUDA_SUCCESS ||
-        cuMemAlloc(&b, 7 * MiB) != CUDA_SUCCESS ||  /* the idle 6 MiB go back first */
+        cuMemAlloc(&b, 7 * MiB) != CUDA_SUCCESS ||  /* 8 MiB: the idle 6 MiB make room */
         cuMemFree(b) != CUDA_SUCCESS)
         return 4;
     exit(0);
@@ -622,37 +826,49 @@ static void test_exit_table_two_devices_with_details(void **state)
                                 "device free "));
     const char *table = strstr(err, "cacheshim: statistics ");
     assert_non_null(table);
-    /* Device 0: 3 hits of 4, 7 calls saved (3 x 45 + 4 x 31 us). Device 1: the cap refused
-     * one request and one release made room for another: 3 requests + 2 frees - 2 driver
-     * allocations - 1 driver free = 2 calls (45 + 31 us). */
-    assert_string_equal(table,
-                        "cacheshim: statistics            device 0  device 1\n"
-                        "cacheshim:   requests                   4         3\n"
-                        "cacheshim:   hit rate               75.0%      0.0%\n"
-                        "cacheshim:   peak in use         1.00 MiB  7.00 MiB\n"
-                        "cacheshim:   peak reserved       1.00 MiB  7.00 MiB\n"
-                        "cacheshim:   cached now          1.00 MiB  7.00 MiB\n"
-                        "cacheshim:   driver calls saved         7         2\n"
-                        "cacheshim:   est. time saved       259 us   76.0 us\n"
-                        "cacheshim:   OOM recoveries             0         0\n"
-                        "cacheshim:   cap refusals               0         1\n"
-                        "cacheshim: details               device 0  device 1\n"
-                        "cacheshim:   hits                       3         0\n"
-                        "cacheshim:   ordered hits               0         0\n"
-                        "cacheshim:   misses                     1         3\n"
-                        "cacheshim:   frees                      4         2\n"
-                        "cacheshim:   in use now               0 B       0 B\n"
-                        "cacheshim:   peak requested      1.00 MiB  7.00 MiB\n"
-                        "cacheshim:   driver allocations         1         2\n"
-                        "cacheshim:   driver frees               0         1\n"
-                        "cacheshim:   releases                   0         1\n"
-                        "cacheshim:   fences                     0         0\n"
-                        "cacheshim:   fence waits                0         0\n"
-                        "cacheshim:   OOM failures               0         0\n"
-                        "cacheshim:   cap                 8.00 MiB  8.00 MiB\n"
-                        "cacheshim: foreign frees: 1 (pointers the shim did not hand out, passed "
-                        "to the driver)\n"
-                        "cacheshim: work calls seen: 0 (driver calls that put work on a stream)\n");
+    /* Device 0: 3 hits of 4, 7 calls saved (3 x 45 + 4 x 31 us); pooled, the 1 MiB block is
+     * a slot of a one-granule slab, which is what the device holds. Device 1: the 6 MiB block
+     * is in use, so the cap refuses 4 MiB more; the 7 MiB request is a block of 8 MiB (whole
+     * granules), which fits once the idle 6 MiB are out of the way. Classic: the 6 MiB go back
+     * to the driver: 3 requests + 2 frees - 2 driver allocations - 1 driver free = 2 calls
+     * (45 + 31 us). Pooled: the 6 MiB move into the new block, one granule is new, nothing
+     * goes back: 3 calls (45 + 2 x 31 us). */
+    const char *pooled_rows[] = {"2.00 MiB  8.00 MiB", "2.00 MiB  8.00 MiB", "7         3",
+                                 "259 us    107 us", "0         0", "0         0"};
+    const char *classic_rows[] = {"1.00 MiB  8.00 MiB", "1.00 MiB  8.00 MiB", "7         2",
+                                  "259 us   76.0 us", "0         1", "0         1"};
+    const char **row = shim_pooled() ? pooled_rows : classic_rows;
+    char want[4096];
+    snprintf(want, sizeof want,
+             "cacheshim: statistics            device 0  device 1\n"
+             "cacheshim:   requests                   4         3\n"
+             "cacheshim:   hit rate               75.0%%      0.0%%\n"
+             "cacheshim:   peak in use         1.00 MiB  8.00 MiB\n"
+             "cacheshim:   peak reserved       %s\n"
+             "cacheshim:   cached now          %s\n"
+             "cacheshim:   driver calls saved         %s\n"
+             "cacheshim:   est. time saved       %s\n"
+             "cacheshim:   OOM recoveries             0         0\n"
+             "cacheshim:   cap refusals               0         1\n"
+             "cacheshim: details               device 0  device 1\n"
+             "cacheshim:   hits                       3         0\n"
+             "cacheshim:   ordered hits               0         0\n"
+             "cacheshim:   misses                     1         3\n"
+             "cacheshim:   frees                      4         2\n"
+             "cacheshim:   in use now               0 B       0 B\n"
+             "cacheshim:   peak requested      1.00 MiB  7.00 MiB\n"
+             "cacheshim:   driver allocations         1         2\n"
+             "cacheshim:   driver frees               %s\n"
+             "cacheshim:   releases                   %s\n"
+             "cacheshim:   fences                     0         0\n"
+             "cacheshim:   fence waits                0         0\n"
+             "cacheshim:   OOM failures               0         0\n"
+             "cacheshim:   cap                 8.00 MiB  8.00 MiB\n"
+             "cacheshim: foreign frees: 1 (pointers the shim did not hand out, passed "
+             "to the driver)\n"
+             "cacheshim: work calls seen: 0 (driver calls that put work on a stream)\n",
+             row[0], row[1], row[2], row[3], row[4], row[5]);
+    assert_string_equal(table, want);
 }
 
 static int exit_nothing(void)
@@ -703,6 +919,33 @@ static int oom_report(void)
     return cuMemAlloc(&b, 64 * MiB) == CUDA_ERROR_OUT_OF_MEMORY ? 0 : 2;
 }
 
+/* ================================================================ no VMM */
+
+/* FAKE_CUDA_NO_VMM=1: the device offers no virtual memory management, and the shim, asked for
+ * nothing (pooled is the default), takes the classic backend there by itself, and says so. */
+static void test_no_vmm_says_classic(void **state)
+{
+    (void)state;
+    assert_null(getenv("CACHESHIM_BACKEND"));
+    assert_false(shim_pooled());
+    int vmm = 1;
+    assert_int_equal(
+        cuDeviceGetAttribute(&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, 0),
+        CUDA_SUCCESS);
+    assert_int_equal(vmm, 0);
+    char err[8192];
+    const char *env[] = {"CACHESHIM_VERBOSE", "1", NULL};
+    assert_int_equal(run_self("exit-cached", env, err, sizeof err), 0);
+    assert_non_null(strstr(err, "cacheshim: CACHESHIM_BACKEND = pooled (default)\n"));
+    assert_non_null(strstr(err, "cacheshim: device 0 has no virtual memory management: "
+                                "classic backend there\n"));
+    /* Only the classic backend's calls: the VMM ones were never tried. */
+    fake_reset_counters();
+    must_free(must_alloc(7 * MiB + 3));
+    assert_int_equal(fake_calls("cuMemAlloc_v2"), 1);
+    assert_int_equal(fake_calls("cuMemCreate"), 0);
+}
+
 /* ================================================================ groups */
 
 #define T(fn) cmocka_unit_test(fn)
@@ -719,23 +962,29 @@ int main(int argc, char **argv)
     if (!strcmp(group, "oom-report"))
         return oom_report();
 
-    const struct CMUnitTest paths[] = {T(test_direct_binding_is_cached), T(test_dlsym_path_gets_wrapper),
+    const struct CMUnitTest paths[] = {T(test_backend_as_configured),
+                                       T(test_direct_binding_is_cached), T(test_dlsym_path_gets_wrapper),
                                        T(test_get_proc_address_paths), T(test_dlsym_rtld_next_semantics)};
     const struct CMUnitTest frees[] = {T(test_foreign_double_null_frees), T(test_address_range_is_honest),
                                        T(test_mem_get_info_uncapped)};
     const struct CMUnitTest contexts[] = {T(test_context_destroy_forgets_blocks),
-                                          T(test_primary_reset_forgets_blocks)};
-    const struct CMUnitTest failures[] = {T(test_driver_errors_pass_through)};
+                                          T(test_primary_reset_forgets_blocks),
+                                          T(test_context_gone_gives_memory_back)};
+    const struct CMUnitTest failures[] = {T(test_driver_errors_pass_through),
+                                          T(test_failure_half_way_rolls_back)};
     const struct CMUnitTest process[] = {T(test_fork_child_is_usable), T(test_exit_with_cached_blocks),
                                          T(test_exit_table_two_devices_with_details),
                                          T(test_exit_nothing_allocated),
                                          T(test_bad_option_is_reported), T(test_oom_report_line)};
     const struct CMUnitTest cap[] = {T(test_cap), T(test_cap_takes_busy_block)};
     const struct CMUnitTest cap_percent[] = {T(test_cap_percent)};
-    const struct CMUnitTest threshold[] = {T(test_threshold)};
+    const struct CMUnitTest threshold[] = {T(test_threshold), T(test_threshold_large_blocks)};
     const struct CMUnitTest oom[] = {T(test_oom_recovery), T(test_oom_recovery_with_busy_blocks)};
     const struct CMUnitTest disabled[] = {T(test_disabled_passes_everything)};
     const struct CMUnitTest race[] = {T(test_threads_race_first_call)};
+    const struct CMUnitTest no_vmm[] = {T(test_backend_as_configured),
+                                        T(test_direct_binding_is_cached),
+                                        T(test_no_vmm_says_classic)};
 
 #define GROUP(name, tests, with_setup) \
     if (!strcmp(group, name)) \
@@ -752,6 +1001,7 @@ int main(int argc, char **argv)
     GROUP("oom", oom, 1)
     GROUP("disabled", disabled, 1)
     GROUP("race", race, 0)
+    GROUP("no-vmm", no_vmm, 1)
     fprintf(stderr, "test_shim: unknown group '%s'\n", group);
     return 2;
 }

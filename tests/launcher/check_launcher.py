@@ -16,6 +16,11 @@ import sys
 import tempfile
 
 CASE, LAUNCHER, PROG, FAKE_DIR, SHIM, AUDIT, MARKER, VERSION, LIBDIR_REL = sys.argv[1:10]
+# The cases that load the cache also run as CASE-classic, with CACHESHIM_BACKEND=classic in
+# the environment: the shim then takes memory with cuMemAlloc_v2, pooled (the default) with
+# cuMemCreate, a granule (2 MiB on the fake) at least.
+CLASSIC = CASE.endswith("-classic")
+DRIVER_ALLOC = "cuMemAlloc_v2" if CLASSIC else "cuMemCreate"
 WORK = tempfile.mkdtemp(prefix="cacheshim-launcher-")
 SHIM_REAL = os.path.realpath(SHIM)
 AUDIT_REAL = os.path.realpath(AUDIT)
@@ -42,6 +47,8 @@ def base_env(**extra):
     # preloaded (tests/audit/check_trace.py), so leaks are checked without the tracer only.
     env["ASAN_OPTIONS"] = "verify_asan_link_order=0"
     env.setdefault("GLIBC_TUNABLES", "glibc.rtld.optional_static_tls=16777216")
+    if CLASSIC:
+        env["CACHESHIM_BACKEND"] = "classic"
     env.update(extra)
     return env
 
@@ -159,15 +166,18 @@ def case_loaded():
     p = subprocess.run([PROG, "alloc", "10"], env=base_env(), stdout=subprocess.PIPE, text=True)
     check(p.returncode == 0, f"alone: exit {p.returncode}")
     check(field(p.stdout, "driver allocations") == "10", p.stdout)
+    check(field(p.stdout, "driver cuMemCreate") == "0", p.stdout)
     check(field(p.stdout, "shim") == "not loaded", p.stdout)
     check(field(p.stdout, "stats:") == "not loaded", p.stdout)
     check(field(p.stdout, "trim:") == "not loaded, released 0", p.stdout)
-    # with it: one driver allocation, nine hits, the cached MiB given back by the trim
+    # with it: one driver allocation, nine hits, the cached memory given back by the trim:
+    # the 1 MiB block, or pooled the granule its slab is on
     out, err = launch("run", PROG, "alloc", "10")
     check(field(out, "driver allocations") == "1", out)
+    check(field(out, "driver cuMemCreate") == ("0" if CLASSIC else "1"), out)
     check(field(out, "shim") == "loaded", out)
     check(field(out, "stats:") == "requests 10 hits 9", out)
-    check(field(out, "trim:") == "released 1048576", out)
+    check(field(out, "trim:") == ("released 1048576" if CLASSIC else "released 2097152"), out)
     check(err == "", f"stderr: {err!r}")
 
 
@@ -316,8 +326,11 @@ def case_trace_options():
                          f"report '{path}'\n"), f"notice: {err!r}")
     check("requests" in err.lower(), "--stats with --cache printed no statistics")
     ev = jsonl_events(os.path.join(WORK, path))
-    n = lambda lib: sum(e["name"] == "cuMemAlloc_v2" and e["lib"] == lib for e in ev)
-    check(n("shim") == 4 and n("driver") == 1, f"{n('shim')} shim, {n('driver')} driver allocations")
+    n = lambda name, lib: sum(e["name"] == name and e["lib"] == lib for e in ev)
+    shim, driver = n("cuMemAlloc_v2", "shim"), n(DRIVER_ALLOC, "driver")
+    check(shim == 4 and driver == 1, f"{shim} shim, {driver} driver allocations")
+    other = n("cuMemCreate" if CLASSIC else "cuMemAlloc_v2", "driver")
+    check(other == 0, f"{other} driver allocations of the other backend")
     # perfetto with every call: one JSON document
     out, err = launch("trace", "--format", "perfetto", "--filter", "all", "-o", "t.json", PROG,
                       "alloc", "2", env=env)
@@ -392,13 +405,15 @@ def case_trace_then_report():
     out, err = launch("report", "--html", "run.html", "run.jsonl")
     check(err == "", f"report wrote to stderr: {err!r}")
     # the program asked the shim 5 times; the shim went to the driver once (1 MiB, kept
-    # cached, released at exit)
+    # cached, given back by the program's trim; pooled, the granule of 2 MiB its slab is on)
     shim = report_row(out, "Calls by name", ("cuMemAlloc_v2", "shim"))
     check(shim[2:4] == ["5", "0"], f"shim row: {shim}")
-    driver = report_row(out, "Calls by name", ("cuMemAlloc_v2", "driver"))
+    driver = report_row(out, "Calls by name", (DRIVER_ALLOC, "driver"))
     check(driver[2:4] == ["1", "0"], f"driver row: {driver}")
     peak = report_row(out, "Bytes in use", ("driver",))
-    check(peak[1:4] == ["1.00", "MiB", "1048576"], f"driver peak: {peak}")
+    want = ["1.00", "MiB", "1048576"] if CLASSIC else ["2.00", "MiB", "2097152"]
+    check(peak[1:4] == want, f"driver peak: {peak}")
+    check(peak[5:7] == ["0", "B"], f"driver at end: {peak}")
     peak = report_row(out, "Bytes in use", ("shim",))
     check(peak[1:4] == ["1.00", "MiB", "1048576"], f"shim peak: {peak}")
     with open(os.path.join(WORK, "run.html")) as f:
@@ -442,10 +457,11 @@ CASES = {name[5:].replace("_", "-"): fn for name, fn in globals().items()
          if name.startswith("case_")}
 
 if __name__ == "__main__":
-    if CASE not in CASES:
+    name = CASE[:-len("-classic")] if CLASSIC else CASE
+    if name not in CASES:
         fail(f"unknown case; known: {', '.join(CASES)}")
     try:
-        CASES[CASE]()
+        CASES[name]()
     finally:
         shutil.rmtree(WORK, ignore_errors=True)
     print(f"ok {CASE}")

@@ -4,7 +4,10 @@
  *     launch_prog args CODE [ARG...]   print each ARG as [ARG] on its own line, exit CODE
  *     launch_prog alloc N              N pairs of 1 MiB cuMemAlloc/cuMemFree on the (fake)
  *                                      driver, then the pid, the driver's own count of
- *                                      allocations, the shim's statistics and a trim
+ *                                      allocations (cuMemAlloc_v2 and cuMemCreate calls:
+ *                                      the shim's pooled backend takes memory with the
+ *                                      latter), and of cuMemCreate alone, the shim's
+ *                                      statistics and a trim
  *     launch_prog env                  the variables the launcher sets, and whether the
  *                                      library in launch_marker.c is loaded
  *     launch_prog signal               kill itself with SIGTERM */
@@ -40,7 +43,8 @@ static void alloc(int n)
         CHECK(cuMemFree(p) == CUDA_SUCCESS);
     }
     printf("pid %d\n", (int)getpid());
-    printf("driver allocations %ld\n", fake_calls("cuMemAlloc_v2"));
+    printf("driver allocations %ld\n", fake_calls("cuMemAlloc_v2") + fake_calls("cuMemCreate"));
+    printf("driver cuMemCreate %ld\n", fake_calls("cuMemCreate"));
     printf("shim %s\n", cacheshim_loaded() ? "loaded" : "not loaded");
 
     cacheshim_stats st;
