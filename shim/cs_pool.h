@@ -6,10 +6,11 @@
  * A range is a virtual reservation with chunks mapped end to end. A large block is a range of
  * its own. Small blocks (up to half the granularity) live in small ranges of one granule cut
  * into 32 pages; a slab is a run of pages (the shortest whose unused tail is at most an eighth
- * of it) cut into equal slots of one size class, and a range whose pages are
- * all free again goes as a large block would. A chunk is one physical allocation of the granularity times a power of two; a range
- * is built from spare chunks first (largest first), then new ones (its size in binary), so a
- * range has few chunks and a mapping costs little. Chunks leave a range only when the cache
+ * of it) cut into equal slots of one size class, and a small range whose pages are all free
+ * again goes as a large block would. A chunk is one physical allocation of the granularity
+ * times a power of two; a range is built from spare chunks first (largest first), then new
+ * ones (its size in binary), so a range has few chunks and a mapping costs little. Chunks
+ * leave a range only when the cache
  * says the work on it is done: unmapping does not wait for the GPU. */
 #ifndef CS_POOL_H
 #define CS_POOL_H
