@@ -10,8 +10,8 @@
  * again goes as a large block would. A chunk is one physical allocation of the granularity
  * times a power of two; a range is built from spare chunks first (largest first), then new
  * ones (its size in binary), so a range has few chunks and a mapping costs little. Chunks
- * leave a range only when the cache
- * says the work on it is done: unmapping does not wait for the GPU. */
+ * leave a range only when the cache says the work on it is done: unmapping does not wait for
+ * the GPU. */
 #ifndef CS_POOL_H
 #define CS_POOL_H
 
