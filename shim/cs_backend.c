@@ -200,26 +200,18 @@ static int be_order_after(void *dev, uint64_t epoch)
 }
 static int be_busy_streams(void *dev) { return cs_streams_busy(((backend_dev *)dev)->streams); }
 
-const cs_backend_ops cs_cuda_ops = {
-    .alloc = be_alloc,
-    .free = be_free,
-    .fence = be_fence,
-    .reached = be_reached,
-    .wait = be_wait,
-    .order_after = be_order_after,
-    .busy_streams = be_busy_streams,
-};
+/* The two backends differ only in where blocks get their memory. */
+#define CUDA_OPS                         \
+    .alloc = be_alloc,                   \
+    .free = be_free,                     \
+    .fence = be_fence,                   \
+    .reached = be_reached,               \
+    .wait = be_wait,                     \
+    .order_after = be_order_after,       \
+    .busy_streams = be_busy_streams
 
-const cs_backend_ops cs_cuda_pooled_ops = {
-    .alloc = be_alloc,
-    .free = be_free,
-    .fence = be_fence,
-    .reached = be_reached,
-    .wait = be_wait,
-    .order_after = be_order_after,
-    .busy_streams = be_busy_streams,
-    .vmm = &cuda_vmm,
-};
+const cs_backend_ops cs_cuda_ops = {CUDA_OPS, .vmm = NULL};
+const cs_backend_ops cs_cuda_pooled_ops = {CUDA_OPS, .vmm = &cuda_vmm};
 
 /* ---------------------------------------------------------------- set-up */
 
