@@ -281,16 +281,27 @@ static uint64_t finish_releases(cs_cache *c, int device, cs_block *list, cs_rele
         cs_block *b = list;
         list = b->hash_next;
         cs_heap *h = b->heap;
+        device_state *d = &c->devices[device];
+        /* A pooled block's memory is the pool's spare from the moment the pool may hand it
+         * to another thread's block: counted so before, never after (held stays exact). */
+        bool spare_first = h->pool != NULL;
+        if (spare_first) {
+            pthread_mutex_lock(&c->lock);
+            d->pending_bytes -= b->size;
+            if (!h->dead)
+                spare_add(c, h, (int64_t)b->size);
+            pthread_mutex_unlock(&c->lock);
+        }
         bool waited = false;
         uint64_t released = backend_free(h, b, why == CS_RELEASE_MOVE, &waited);
         total += released;
         pthread_mutex_lock(&c->lock);
-        device_state *d = &c->devices[device];
-        d->pending_bytes -= b->size;
+        if (!spare_first)
+            d->pending_bytes -= b->size;
         if (waited)
             d->st.fence_waits++;
         if (!h->dead)
-            spare_add(c, h, (int64_t)b->size - (int64_t)released);
+            spare_add(c, h, (spare_first ? 0 : (int64_t)b->size) - (int64_t)released);
         if (why == CS_RELEASE_MOVE)
             d->st.moves++;
         if (released) {
@@ -303,6 +314,19 @@ static uint64_t finish_releases(cs_cache *c, int device, cs_block *list, cs_rele
         free(b);
     }
     return total;
+}
+
+/* The pools' spare chunks of a device: what trim_spare can give back. Lock held. */
+static uint64_t trimmable_spare(cs_cache *c, int device)
+{
+    uint64_t n = 0;
+    for (cs_heap *h = c->heaps; h; h = h->next)
+        if (h->device == device && h->pool && !h->dead && h->spare_bytes) {
+            cs_pool_counts k;
+            cs_pool_counts_get(h->pool, &k);
+            n += k.spare;
+        }
+    return n;
 }
 
 /* Give the pools' spare memory of a device back to the driver, up to `bytes`. Called with the
@@ -743,6 +767,13 @@ static bool reserve_under_cap(cs_cache *c, device_state *d, int device, uint64_t
     return true;
 }
 
+/* The most new memory a block of `bytes` can take from the driver: a small pooled block may
+ * need a whole new small range (one granule). */
+static uint64_t most_new(const cs_heap *h, uint64_t bytes)
+{
+    return h->pool && bytes <= h->slab_max ? h->gran : bytes;
+}
+
 /* The driver is out of memory: give idle memory back and retry at the same size, first the
  * blocks the GPU is done with, then all (their fences waited for). With the lock held; it is
  * dropped meanwhile. */
@@ -757,10 +788,11 @@ static int recover_oom(cs_cache *c, cs_heap *h, uint64_t bytes, uint64_t *addr, 
         finish_releases(c, h->device, released, CS_RELEASE_OOM);
         pthread_mutex_lock(&c->lock);
         n += trim_spare(c, h->device, UINT64_MAX);
-        if (n == 0 || !reserve_under_cap(c, d, h->device, bytes))
+        uint64_t most = most_new(h, bytes);
+        if (n == 0 || !reserve_under_cap(c, d, h->device, most))
             continue;
         pthread_mutex_unlock(&c->lock);
-        if ((r = backend_take(c, h, bytes, bytes, addr, raw)) == CS_BE_OK)
+        if ((r = backend_take(c, h, bytes, most, addr, raw)) == CS_BE_OK)
             d->st.oom_recoveries++;
     }
     return r;
@@ -838,7 +870,7 @@ static cs_result alloc_miss(cs_cache *c, cs_heap *h, uint64_t size, uint64_t byt
     for (int attempt = 0; r == CS_BE_SHORT; attempt++) {
         /* The pool's spare may go to another thread meanwhile (CS_BE_SHORT): after a few
          * tries, reserve the whole block. */
-        uint64_t need = h->pool && attempt < 3 ? move_for(c, h, bytes) : bytes;
+        uint64_t need = h->pool && attempt < 3 ? move_for(c, h, bytes) : most_new(h, bytes);
         /* At the cap, a busy block worth waiting for beats a refusal (the threads' too). */
         if (d->cap != CS_UNLIMITED && held(d) + need > d->cap) {
             cs_tc_reclaim(c, h->device, false);
@@ -974,14 +1006,16 @@ cs_result cs_cache_free(cs_cache *c, uint64_t addr)
     idle_push(h, b);
     cs_block *released = NULL;
     int device = h->device;
-    if (d->idle_bytes + d->spare_bytes > d->threshold) {
+    /* Spare chunks count, free slots of slabs in use do not: nothing can give them back. */
+    uint64_t spare = trimmable_spare(c, device);
+    if (d->idle_bytes + spare > d->threshold) {
         /* Spare memory first, then the blocks the GPU is done with: giving back a busy one
          * waits for it. */
-        uint64_t over = d->idle_bytes + d->spare_bytes - d->threshold;
-        if (d->spare_bytes)
-            trim_spare(c, device, over);
-        if (d->idle_bytes + d->spare_bytes > d->threshold) {
-            uint64_t target = d->spare_bytes < d->threshold ? d->threshold - d->spare_bytes : 0;
+        if (spare)
+            trim_spare(c, device, d->idle_bytes + spare - d->threshold);
+        spare = trimmable_spare(c, device);
+        if (d->idle_bytes + spare > d->threshold) {
+            uint64_t target = spare < d->threshold ? d->threshold - spare : 0;
             release_idle_to(c, device, true, target, &released);
             release_idle_to(c, device, false, target, &released);
         }

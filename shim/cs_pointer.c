@@ -197,7 +197,8 @@ CS_EXPORT CUresult cuCtxEnablePeerAccess(CUcontext peerContext, unsigned int Fla
     CUresult r = d->cuCtxEnablePeerAccess(peerContext, Flags);
     cs_shim *s = cs_shim_get();
     CUdevice me;
-    if (r != CUDA_SUCCESS || s->disabled || !s->cache || d->cuCtxGetDevice(&me) != CUDA_SUCCESS)
+    if (r != CUDA_SUCCESS || s->disabled || !s->cache || !d->cuCtxGetDevice ||
+        d->cuCtxGetDevice(&me) != CUDA_SUCCESS)
         return r;
     cs_heap *h = cs_shim_heap_of(d, peerContext);
     if (h && cs_cache_heap_pooled(h) && cs_backend_grant_peer(cs_cache_heap_dev(h), me)) {

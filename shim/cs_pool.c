@@ -624,7 +624,7 @@ int cs_pool_free(cs_pool *p, uint64_t addr, bool keep, bool done, uint64_t *rele
     if (small) {
         slab *sl = r->page_slab[(addr - r->va) / p->page];
         uint64_t off = sl ? addr - r->va - (uint64_t)sl->first * p->page : 1;
-        if (!sl || off % sl->slot) {
+        if (!sl || off % sl->slot || off / sl->slot >= sl->nslots) {
             pthread_mutex_unlock(&p->lock);
             *raw = INVALID_VALUE;
             return CS_BE_ERROR;

@@ -559,6 +559,26 @@ static void test_oom_waits_before_unmapping(void **state)
     (void)c;
 }
 
+/* A small block that needs a new small range (a whole granule) recovers from out of memory
+ * like a large one: the reservation covers the granule, not just the slot (it once stayed
+ * short for ever and failed with an error where the raw driver would have served it). */
+static void test_oom_small_block_after_large(void **state)
+{
+    fx *f = *state;
+    sim.capacity = 4 * MiB;
+    uint64_t a = must_alloc(f, 4 * MiB);
+    work_on(a);
+    must_free(f, a);  /* busy: it cannot move, the device is full */
+    uint64_t s4 = must_alloc(f, 4 * KiB);
+    cacheshim_stats s = stats(f);
+    assert_int_equal(s.oom_recoveries, 1);
+    assert_int_equal(s.oom_failures, 0);
+    assert_int_equal(sim.unsafe_unmaps, 0);
+    assert_int_equal(sim.used, 2 * MiB);
+    must_free(f, s4);
+    assert_exact(f);
+}
+
 /* The release threshold counts the spare and trims it before any idle block. */
 static int setup_threshold6(void **state)
 {
@@ -914,6 +934,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_wait_on_retry_is_one_hit, setup_cap13, teardown),
         cmocka_unit_test_setup_teardown(test_oom_trims_spare_and_retries, setup, teardown),
         cmocka_unit_test_setup_teardown(test_oom_waits_before_unmapping, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_oom_small_block_after_large, setup, teardown),
         cmocka_unit_test_setup_teardown(test_threshold_trims_spare_first, setup_threshold6, teardown),
         cmocka_unit_test_setup_teardown(test_trim, setup, teardown),
         cmocka_unit_test_setup_teardown(test_find_pooled, setup, teardown),
