@@ -63,6 +63,8 @@ struct cs_pool {
     slab_class *classes;       /* slot sizes met so far */
     size_t nclasses, cap_classes;
     uint64_t access_gen;       /* bumped when the allowed devices change */
+    bool dead;                 /* its context is gone (cs_pool_release_all): what a thread
+                                  builds or frees meanwhile goes straight back */
     cs_pool_counts counts;
 };
 
@@ -372,7 +374,7 @@ static void unbuild(cs_pool *p, range *r, uint64_t va, int mapped, int from_spar
 
 /* A range of `size` bytes mapped and accessible, registered. See cs_pool_alloc for the
  * out-parameters. */
-static int build(cs_pool *p, uint64_t size, bool small, uint64_t max_new, range **out,
+static int build(cs_pool *p, uint64_t size, bool small, uint64_t max_new, uint64_t *va_out,
                  uint64_t *created, uint64_t *released, int *raw)
 {
     *created = *released = 0;
@@ -474,6 +476,17 @@ static int build(cs_pool *p, uint64_t size, bool small, uint64_t max_new, range 
         p->ops->access(p->dev, r->va, size, &ignored);
         pthread_mutex_lock(&p->lock);
     }
+    if (p->dead) {
+        /* The context went while this range was built: all of it goes back at once (the
+         * spare it came from is gone too). */
+        p->counts.releases += (uint64_t)r->nchunks;
+        p->counts.unmaps += (uint64_t)mapped;
+        pthread_mutex_unlock(&p->lock);
+        unbuild(p, r, r->va, mapped, 0);
+        range_free(r);
+        *raw = 709;  /* CUDA_ERROR_CONTEXT_IS_DESTROYED */
+        return CS_BE_ERROR;
+    }
     if (!range_add(p, r)) {
         p->counts.releases += (uint64_t)(r->nchunks - from_spare);  /* unbuild's */
         p->counts.unmaps += (uint64_t)mapped;
@@ -483,9 +496,14 @@ static int build(cs_pool *p, uint64_t size, bool small, uint64_t max_new, range 
         *raw = 2;
         return CS_BE_OOM;
     }
+    if (small) {
+        p->counts.slab_free += p->gran;
+        small_add(p, r);
+    }
+    /* Once the lock is dropped r may go (cs_pool_release_all): only its address leaves. */
+    *va_out = r->va;
     pthread_mutex_unlock(&p->lock);
     *created = made;
-    *out = r;
     return CS_BE_OK;
 }
 
@@ -524,11 +542,11 @@ int cs_pool_alloc(cs_pool *p, uint64_t bytes, uint64_t max_new, uint64_t *addr,
                   uint64_t *created, uint64_t *released, int *raw)
 {
     *created = *released = 0;
-    range *r;
+    uint64_t va;
     if (bytes > cs_pool_slab_max(p->gran)) {
-        int rc = build(p, round_up(bytes, p->gran), false, max_new, &r, created, released, raw);
+        int rc = build(p, round_up(bytes, p->gran), false, max_new, &va, created, released, raw);
         if (rc == CS_BE_OK)
-            *addr = r->va;
+            *addr = va;
         return rc;
     }
     /* A slot of a slab, else a new small range (one granule) for it. */
@@ -542,14 +560,18 @@ int cs_pool_alloc(cs_pool *p, uint64_t bytes, uint64_t max_new, uint64_t *addr,
         *raw = 2;  /* CUDA_ERROR_OUT_OF_MEMORY: the host's */
         return CS_BE_OOM;
     }
-    int rc = build(p, p->gran, true, max_new, &r, created, released, raw);
+    int rc = build(p, p->gran, true, max_new, &va, created, released, raw);
     if (rc != CS_BE_OK)
         return rc;
     pthread_mutex_lock(&p->lock);
-    p->counts.slab_free += p->gran;
-    small_add(p, r);
-    /* Another thread may have made room meanwhile: any slot will do. */
-    ok = slot_take(p, bytes, addr, &no_mem);
+    /* Another thread may have made room meanwhile: any slot will do. Unless the context went
+     * meanwhile, and the new range with it. */
+    ok = !p->dead && slot_take(p, bytes, addr, &no_mem);
+    if (p->dead) {
+        pthread_mutex_unlock(&p->lock);
+        *raw = 709;  /* CUDA_ERROR_CONTEXT_IS_DESTROYED */
+        return CS_BE_ERROR;
+    }
     pthread_mutex_unlock(&p->lock);
     if (!ok) {
         *raw = 2;
@@ -578,7 +600,7 @@ static int unbuild_range(cs_pool *p, range *r, bool keep, bool done, uint64_t *r
     p->ops->unreserve(p->dev, r->va, r->size, &ignored);
     pthread_mutex_lock(&p->lock);
     p->counts.unmaps += (uint64_t)unmapped;
-    bool kept = keep && unmapped == r->nchunks;
+    bool kept = keep && !p->dead && unmapped == r->nchunks;
     for (int i = 0; kept && i < r->nchunks; i++)
         if (!spare_push(p, r->chunks[i])) {
             /* No host memory to remember it: the rest goes back. */
@@ -700,6 +722,7 @@ uint64_t cs_pool_trim(cs_pool *p, uint64_t bytes)
 uint64_t cs_pool_release_all(cs_pool *p)
 {
     pthread_mutex_lock(&p->lock);
+    p->dead = true;
     range **ranges = p->ranges;
     size_t nranges = p->nranges;
     handle_stack spare[MAX_EXP];

@@ -757,6 +757,44 @@ static void test_mem_view_counts_spare(void **state)
 
 /* The context goes: the heap's blocks and spare are forgotten, nothing is asked of the driver
  * for them afterwards; a new context works as before. */
+/* The context goes while another thread's block is being mapped (here: inside its access
+ * grant): the allocation answers that the context is gone, and nothing it built stays on the
+ * device. A large block and a new small range. */
+static fx *forget_fx;
+static void forget_during_access(vmm_sim *s, int op, void *arg)
+{
+    (void)s;
+    (void)arg;
+    if (op == SIM_ACCESS && forget_fx) {
+        fx *f = forget_fx;
+        forget_fx = NULL;
+        cs_cache_forget_heap(f->cache, (void *)0x1);
+    }
+}
+
+static void test_context_gone_while_building(void **state)
+{
+    fx *f = *state;
+    static const uint64_t sizes[] = {6 * MiB, 4 * KiB};
+    for (int i = 0; i < 2; i++) {
+        if (i)
+            f->heap = cs_cache_add_heap(f->cache, (void *)0x1, 0, 80 * 1024 * MiB, &pooled_ops,
+                                        &sim, 0);
+        forget_fx = f;
+        sim.hook = forget_during_access;
+        uint64_t a = 0;
+        int raw = 0;
+        assert_int_equal(cs_cache_alloc(f->cache, f->heap, sizes[i], &a, &raw, NULL), CS_GONE);
+        sim.hook = NULL;
+        assert_null(forget_fx);
+        assert_int_equal(sim_live_handles(&sim), 0);
+        assert_int_equal(sim_live_reserves(&sim), 0);
+        assert_int_equal(sim_live_maps(&sim), 0);
+        assert_int_equal(sim.used, 0);
+        assert_int_equal(sim.misuse, 0);
+    }
+}
+
 static void test_forget_heap_with_spare(void **state)
 {
     fx *f = *state;
@@ -945,6 +983,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_regrant, setup, teardown),
         cmocka_unit_test_setup_teardown(test_mem_view_counts_spare, setup_cap16, teardown),
         cmocka_unit_test_setup_teardown(test_forget_heap_with_spare, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_context_gone_while_building, setup, teardown),
         cmocka_unit_test_setup_teardown(test_stress, setup, teardown),
         cmocka_unit_test_setup_teardown(test_stress, setup_ordered, teardown),
         cmocka_unit_test_setup_teardown(test_stress, setup_stress_headroom, teardown),
