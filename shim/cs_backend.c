@@ -272,3 +272,10 @@ bool cs_backend_grant_peer(void *dev, CUdevice peer)
     uint64_t bit = 1ull << peer;
     return !(__atomic_fetch_or(&b->peers, bit, __ATOMIC_ACQ_REL) & bit);
 }
+
+void cs_backend_ungrant_peer(void *dev, CUdevice peer)
+{
+    backend_dev *b = dev;
+    if (peer >= 0 && peer < 64 && peer != b->device)
+        __atomic_fetch_and(&b->peers, ~(1ull << peer), __ATOMIC_ACQ_REL);
+}

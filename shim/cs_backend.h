@@ -25,5 +25,7 @@ void cs_backend_drop(void *dev);
 /* Pooled memory of this context is to be reachable from device `peer` from now on (its
  * mappings must then be granted again: cs_cache_regrant). True when that is new. */
 bool cs_backend_grant_peer(void *dev, CUdevice peer);
+/* The grant failed: forget it, so that the next cuCtxEnablePeerAccess tries again. */
+void cs_backend_ungrant_peer(void *dev, CUdevice peer);
 
 #endif

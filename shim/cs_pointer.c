@@ -204,6 +204,8 @@ CS_EXPORT CUresult cuCtxEnablePeerAccess(CUcontext peerContext, unsigned int Fla
     if (h && cs_cache_heap_pooled(h) && cs_backend_grant_peer(cs_cache_heap_dev(h), me)) {
         int raw = cs_cache_regrant(h);
         if (raw)
+            cs_backend_ungrant_peer(cs_cache_heap_dev(h), me);
+        if (raw)
             cs_log("peer access: granting device %d the pooled memory failed (CUresult %d); "
                    "CACHESHIM_BACKEND=classic avoids it",
                    (int)me, raw);
