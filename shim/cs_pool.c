@@ -172,19 +172,46 @@ static chunk spare_pop(cs_pool *p, int e)
     return c;
 }
 
-/* What a range of `size` would take from the spare, largest chunks first: the bytes left to
- * create. */
-static uint64_t spare_fit(const cs_pool *p, uint64_t size)
+/* The spare chunks a range of `size` takes, largest first: appended to out[*n] when out is
+ * not NULL (else only counted). Returns the bytes left to create. */
+static uint64_t spare_take(cs_pool *p, uint64_t size, chunk *out, int *n)
 {
     uint64_t left = size;
     for (int e = p->max_exp - 1; e >= 0 && left; e--) {
-        uint64_t sz = p->gran << e, n = p->spare[e].n;
-        if (sz <= left) {
-            uint64_t k = left / sz < n ? left / sz : n;
-            left -= k * sz;
-        }
+        uint64_t sz = p->gran << e, k = left / sz;
+        if (k > p->spare[e].n)
+            k = p->spare[e].n;
+        left -= k * sz;
+        while (out && k--)
+            out[(*n)++] = spare_pop(p, e);
     }
     return left;
+}
+
+/* Spare chunks, largest first, until they add up to `bytes` or `most` are taken: into out.
+ * Returns how many. */
+static int spare_pop_largest(cs_pool *p, uint64_t bytes, chunk *out, int most)
+{
+    int n = 0;
+    uint64_t got = 0;
+    for (int e = p->max_exp - 1; e >= 0 && got < bytes && n < most; e--)
+        while (p->spare[e].n && got < bytes && n < most) {
+            out[n] = spare_pop(p, e);
+            got += out[n++].size;
+        }
+    return n;
+}
+
+/* Without the lock: chunks go back to the driver. Returns their bytes. */
+static uint64_t release_chunks(cs_pool *p, const chunk *c, int n)
+{
+    uint64_t bytes = 0;
+    for (int i = 0; i < n; i++) {
+        int ignored;
+        p->ops->release(p->dev, c[i].handle, &ignored);
+        bytes += c[i].size;
+    }
+    return bytes;
 }
 
 /* ---------------------------------------------------------------- ranges (locked) */
@@ -353,23 +380,33 @@ static bool slab_unmake(cs_pool *p, slab *sl)
 
 /* ---------------------------------------------------------------- building a range */
 
-/* Undo a range under construction: unmap what was mapped, give the reservation back, and
- * put the chunks where they came from (new ones back to the driver). Without the lock. */
-static void unbuild(cs_pool *p, range *r, uint64_t va, int mapped, int from_spare)
+/* Without the lock: unmap the first n chunks of r and give its reservation back (when it
+ * has one). Returns how many chunks were unmapped; *raw the last failure's code. */
+static int unmap_range(cs_pool *p, const range *r, int n, int *raw)
 {
-    int raw;
-    for (int i = 0; i < mapped; i++) {
-        p->ops->unmap(p->dev, va, r->chunks[i].size, &raw);
+    uint64_t va = r->va;
+    int unmapped = 0;
+    for (int i = 0; i < n; i++) {
+        unmapped += p->ops->unmap(p->dev, va, r->chunks[i].size, raw) == CS_BE_OK;
         va += r->chunks[i].size;
     }
+    int ignored;
     if (r->va)
-        p->ops->unreserve(p->dev, r->va, r->size, &raw);
+        p->ops->unreserve(p->dev, r->va, r->size, &ignored);
+    return unmapped;
+}
+
+/* Undo a range under construction: unmap what was mapped, give the reservation back, and
+ * put the chunks where they came from (new ones back to the driver). Without the lock. */
+static void unbuild(cs_pool *p, range *r, int mapped, int from_spare)
+{
+    int raw;
+    unmap_range(p, r, mapped, &raw);
     pthread_mutex_lock(&p->lock);
     for (int i = 0; i < from_spare; i++)
         spare_push(p, r->chunks[i]);  /* room was there when they were taken */
     pthread_mutex_unlock(&p->lock);
-    for (int i = from_spare; i < r->nchunks; i++)
-        p->ops->release(p->dev, r->chunks[i].handle, &raw);
+    release_chunks(p, r->chunks + from_spare, r->nchunks - from_spare);
 }
 
 /* A range of `size` bytes mapped and accessible, registered. See cs_pool_alloc for the
@@ -382,7 +419,7 @@ static int build(cs_pool *p, uint64_t size, bool small, uint64_t max_new, uint64
     chunk trade[MAX_EXP];
     int ntrade = 0;
     pthread_mutex_lock(&p->lock);
-    uint64_t left = spare_fit(p, size);
+    uint64_t left = spare_take(p, size, NULL, NULL);
     /* Room for every spare chunk it can take (each at least a granule) and the new ones. */
     uint64_t nspare = 0;
     for (int e = 0; e < MAX_EXP; e++)
@@ -402,29 +439,16 @@ static int build(cs_pool *p, uint64_t size, bool small, uint64_t max_new, uint64
         range_free(r);
         return CS_BE_SHORT;
     }
-    uint64_t want = size;
-    for (int e = p->max_exp - 1; e >= 0 && want > left; e--)
-        while (p->spare[e].n && (p->gran << e) <= want - left) {
-            r->chunks[r->nchunks] = spare_pop(p, e);
-            want -= r->chunks[r->nchunks++].size;
-        }
+    spare_take(p, size, r->chunks, &r->nchunks);
     /* New memory is needed and spare chunks remain that this range could not use: give them
      * back first, so that memory held does not grow while some lies unused. */
-    uint64_t traded = 0;
-    for (int e = p->max_exp - 1; e >= 0 && left && traded < left; e--)
-        while (p->spare[e].n && traded < left && ntrade < MAX_EXP) {
-            trade[ntrade] = spare_pop(p, e);
-            traded += trade[ntrade++].size;
-        }
+    if (left)
+        ntrade = spare_pop_largest(p, left, trade, MAX_EXP);
     uint64_t gen = p->access_gen;
     pthread_mutex_unlock(&p->lock);
 
     int from_spare = r->nchunks;
-    for (int i = 0; i < ntrade; i++) {
-        int ignored;
-        p->ops->release(p->dev, trade[i].handle, &ignored);
-        *released += trade[i].size;
-    }
+    *released = release_chunks(p, trade, ntrade);
     int rc = CS_BE_OK;
     for (int e = p->max_exp - 1; e >= 0 && rc == CS_BE_OK; e--) {
         uint64_t sz = p->gran << e;
@@ -462,7 +486,7 @@ static int build(cs_pool *p, uint64_t size, bool small, uint64_t max_new, uint64
     if (rc != CS_BE_OK) {
         p->counts.releases += (uint64_t)(r->nchunks - from_spare);  /* unbuild's */
         pthread_mutex_unlock(&p->lock);
-        unbuild(p, r, r->va, mapped, from_spare);
+        unbuild(p, r, mapped, from_spare);
         range_free(r);
         return rc;
     }
@@ -482,7 +506,7 @@ static int build(cs_pool *p, uint64_t size, bool small, uint64_t max_new, uint64
         p->counts.releases += (uint64_t)r->nchunks;
         p->counts.unmaps += (uint64_t)mapped;
         pthread_mutex_unlock(&p->lock);
-        unbuild(p, r, r->va, mapped, 0);
+        unbuild(p, r, mapped, 0);
         range_free(r);
         *raw = 709;  /* CUDA_ERROR_CONTEXT_IS_DESTROYED */
         return CS_BE_ERROR;
@@ -491,7 +515,7 @@ static int build(cs_pool *p, uint64_t size, bool small, uint64_t max_new, uint64
         p->counts.releases += (uint64_t)(r->nchunks - from_spare);  /* unbuild's */
         p->counts.unmaps += (uint64_t)mapped;
         pthread_mutex_unlock(&p->lock);
-        unbuild(p, r, r->va, mapped, from_spare);
+        unbuild(p, r, mapped, from_spare);
         range_free(r);
         *raw = 2;
         return CS_BE_OOM;
@@ -587,17 +611,9 @@ static int unbuild_range(cs_pool *p, range *r, bool keep, bool done, uint64_t *r
     int rc = CS_BE_OK;
     if (!done && p->ops->sync(p->dev, raw) != CS_BE_OK)
         rc = CS_BE_ERROR;  /* unmapped all the same: nothing better to do */
-    uint64_t va = r->va;
-    int unmapped = 0;
-    for (int i = 0; i < r->nchunks; i++) {
-        if (p->ops->unmap(p->dev, va, r->chunks[i].size, raw) == CS_BE_OK)
-            unmapped++;
-        else
-            rc = CS_BE_ERROR;
-        va += r->chunks[i].size;
-    }
-    int ignored;
-    p->ops->unreserve(p->dev, r->va, r->size, &ignored);
+    int unmapped = unmap_range(p, r, r->nchunks, raw);
+    if (unmapped != r->nchunks)
+        rc = CS_BE_ERROR;
     pthread_mutex_lock(&p->lock);
     p->counts.unmaps += (uint64_t)unmapped;
     bool kept = keep && !p->dead && unmapped == r->nchunks;
@@ -612,10 +628,7 @@ static int unbuild_range(cs_pool *p, range *r, bool keep, bool done, uint64_t *r
         p->counts.releases += (uint64_t)r->nchunks;
     pthread_mutex_unlock(&p->lock);
     if (!kept)
-        for (int i = 0; i < r->nchunks; i++) {
-            p->ops->release(p->dev, r->chunks[i].handle, &ignored);
-            *released += r->chunks[i].size;
-        }
+        *released += release_chunks(p, r->chunks, r->nchunks);
     range_free(r);
     return rc;
 }
@@ -691,7 +704,7 @@ uint64_t cs_pool_need(cs_pool *p, uint64_t bytes)
         else
             size = p->gran;
     }
-    uint64_t need = size ? spare_fit(p, size) : 0;
+    uint64_t need = size ? spare_take(p, size, NULL, NULL) : 0;
     pthread_mutex_unlock(&p->lock);
     return need;
 }
@@ -701,19 +714,11 @@ uint64_t cs_pool_trim(cs_pool *p, uint64_t bytes)
     chunk out[64];
     uint64_t released = 0;
     for (;;) {
-        int n = 0;
         pthread_mutex_lock(&p->lock);
-        for (int e = p->max_exp - 1; e >= 0 && n < 64 && released < bytes; e--)
-            while (p->spare[e].n && n < 64 && released < bytes) {
-                out[n] = spare_pop(p, e);
-                released += out[n++].size;
-            }
+        int n = spare_pop_largest(p, bytes - released, out, 64);
         p->counts.releases += (uint64_t)n;
         pthread_mutex_unlock(&p->lock);
-        for (int i = 0; i < n; i++) {
-            int ignored;
-            p->ops->release(p->dev, out[i].handle, &ignored);
-        }
+        released += release_chunks(p, out, n);
         if (n < 64 || released >= bytes)
             return released;
     }
@@ -739,16 +744,8 @@ uint64_t cs_pool_release_all(cs_pool *p)
     int ignored;
     for (size_t i = 0; i < nranges; i++) {
         range *r = ranges[i];
-        uint64_t va = r->va;
-        for (int k = 0; k < r->nchunks; k++) {
-            unmaps += p->ops->unmap(p->dev, va, r->chunks[k].size, &ignored) == CS_BE_OK;
-            va += r->chunks[k].size;
-        }
-        p->ops->unreserve(p->dev, r->va, r->size, &ignored);
-        for (int k = 0; k < r->nchunks; k++) {
-            p->ops->release(p->dev, r->chunks[k].handle, &ignored);
-            released += r->chunks[k].size;
-        }
+        unmaps += (uint64_t)unmap_range(p, r, r->nchunks, &ignored);
+        released += release_chunks(p, r->chunks, r->nchunks);
         releases += (uint64_t)r->nchunks;
         range_free(r);
     }
