@@ -30,6 +30,33 @@ static int be_code(CUresult r, int *raw)
     return r == CUDA_SUCCESS ? CS_BE_OK : r == CUDA_ERROR_OUT_OF_MEMORY ? CS_BE_OOM : CS_BE_ERROR;
 }
 
+/* The context made current for a call on it: false (raw set) when it is gone or cannot be
+ * made current. */
+static bool enter(const backend_dev *b, bool *pushed, int *raw)
+{
+    if (cs_streams_dead(b->streams) || !cs_ctx_enter(b->ctx, pushed)) {
+        *raw = CUDA_ERROR_INVALID_CONTEXT;
+        return false;
+    }
+    return true;
+}
+
+static int leave(bool pushed, CUresult r, int *raw)
+{
+    cs_ctx_leave(pushed);
+    return be_code(r, raw);
+}
+
+/* Unmapping, freeing a reservation and releasing a chunk take no context in the driver: once
+ * the context is gone they run without it, to give its pool's memory back (virtual memory
+ * outlives the context it was made in). entered: what enter() said. */
+static int leave_any(bool entered, bool pushed, CUresult r, int *raw)
+{
+    if (entered)
+        cs_ctx_leave(pushed);
+    return be_code(r, raw);
+}
+
 /* ---------------------------------------------------------------- classic */
 
 static int be_alloc(void *dev, uint64_t size, uint64_t *addr, int *raw)
@@ -42,115 +69,72 @@ static int be_alloc(void *dev, uint64_t size, uint64_t *addr, int *raw)
     }
     CUdeviceptr p = 0;
     CUresult r = drv()->cuMemAlloc_v2(&p, (size_t)size);
-    cs_ctx_leave(pushed);
     if (r == CUDA_SUCCESS)
         *addr = p;
-    return be_code(r, raw);
+    return leave(pushed, r, raw);
 }
 
 static int be_free(void *dev, uint64_t addr, int *raw)
 {
-    backend_dev *b = dev;
     bool pushed;
-    if (cs_streams_dead(b->streams) || !cs_ctx_enter(b->ctx, &pushed)) {
-        *raw = CUDA_ERROR_INVALID_CONTEXT;
+    if (!enter(dev, &pushed, raw))
         return CS_BE_ERROR;
-    }
-    CUresult r = drv()->cuMemFree_v2((CUdeviceptr)addr);
-    cs_ctx_leave(pushed);
-    return be_code(r, raw);
+    return leave(pushed, drv()->cuMemFree_v2((CUdeviceptr)addr), raw);
 }
 
 /* ---------------------------------------------------------------- pooled */
 
-/* Every virtual memory call runs with the context current and refuses a dead one. */
-#define VMM_CALL(b, raw, call)                                   \
-    do {                                                         \
-        bool pushed_;                                            \
-        if (cs_streams_dead((b)->streams) ||                     \
-            !cs_ctx_enter((b)->ctx, &pushed_)) {                 \
-            *(raw) = CUDA_ERROR_INVALID_CONTEXT;                 \
-            return CS_BE_ERROR;                                  \
-        }                                                        \
-        CUresult r_ = (call);                                    \
-        cs_ctx_leave(pushed_);                                   \
-        return be_code(r_, raw);                                 \
-    } while (0)
-
-static CUmemAllocationProp chunk_prop(const backend_dev *b)
+static int vmm_create(void *dev, uint64_t size, uint64_t *handle, int *raw)
 {
+    backend_dev *b = dev;
     CUmemAllocationProp prop = {0};
     prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
     prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     prop.location.id = (int)b->device;
     prop.allocFlags.gpuDirectRDMACapable = b->rdma;
-    return prop;
-}
-
-static int vmm_create(void *dev, uint64_t size, uint64_t *handle, int *raw)
-{
-    backend_dev *b = dev;
-    CUmemAllocationProp prop = chunk_prop(b);
     CUmemGenericAllocationHandle h = 0;
     bool pushed;
-    if (cs_streams_dead(b->streams) || !cs_ctx_enter(b->ctx, &pushed)) {
-        *raw = CUDA_ERROR_INVALID_CONTEXT;
+    if (!enter(b, &pushed, raw))
         return CS_BE_ERROR;
-    }
     CUresult r = drv()->cuMemCreate(&h, (size_t)size, &prop, 0);
-    cs_ctx_leave(pushed);
     if (r == CUDA_SUCCESS)
         *handle = h;
-    return be_code(r, raw);
+    return leave(pushed, r, raw);
 }
-
-/* Unmapping, freeing a reservation and releasing a chunk take no context in the driver: once
- * the context is gone they run without it, to give its pool's memory back (virtual memory
- * outlives the context it was made in). */
-#define VMM_CALL_ANY(b, raw, call)                               \
-    do {                                                         \
-        bool pushed_ = false;                                    \
-        bool in_ = !cs_streams_dead((b)->streams) &&             \
-                   cs_ctx_enter((b)->ctx, &pushed_);             \
-        CUresult r_ = (call);                                    \
-        if (in_)                                                 \
-            cs_ctx_leave(pushed_);                               \
-        return be_code(r_, raw);                                 \
-    } while (0)
 
 static int vmm_release(void *dev, uint64_t handle, int *raw)
 {
-    VMM_CALL_ANY((backend_dev *)dev, raw,
-                 drv()->cuMemRelease((CUmemGenericAllocationHandle)handle));
+    bool pushed = false, in = enter(dev, &pushed, raw);
+    return leave_any(in, pushed, drv()->cuMemRelease((CUmemGenericAllocationHandle)handle), raw);
 }
 
 static int vmm_reserve(void *dev, uint64_t size, uint64_t *va, int *raw)
 {
-    backend_dev *b = dev;
     CUdeviceptr p = 0;
     bool pushed;
-    if (cs_streams_dead(b->streams) || !cs_ctx_enter(b->ctx, &pushed)) {
-        *raw = CUDA_ERROR_INVALID_CONTEXT;
+    if (!enter(dev, &pushed, raw))
         return CS_BE_ERROR;
-    }
     CUresult r = drv()->cuMemAddressReserve(&p, (size_t)size, 0, 0, 0);
-    cs_ctx_leave(pushed);
     if (r == CUDA_SUCCESS)
         *va = p;
-    return be_code(r, raw);
+    return leave(pushed, r, raw);
 }
 
 static int vmm_unreserve(void *dev, uint64_t va, uint64_t size, int *raw)
 {
-    VMM_CALL_ANY((backend_dev *)dev, raw,
-                 drv()->cuMemAddressFree((CUdeviceptr)va, (size_t)size));
+    bool pushed = false, in = enter(dev, &pushed, raw);
+    return leave_any(in, pushed, drv()->cuMemAddressFree((CUdeviceptr)va, (size_t)size), raw);
 }
 
 static int vmm_map(void *dev, uint64_t va, uint64_t size, uint64_t handle, int *raw)
 {
-    VMM_CALL((backend_dev *)dev, raw,
-             drv()->cuMemMap((CUdeviceptr)va, (size_t)size, 0,
-                             (CUmemGenericAllocationHandle)handle, 0));
+    bool pushed;
+    if (!enter(dev, &pushed, raw))
+        return CS_BE_ERROR;
+    return leave(pushed,
+                 drv()->cuMemMap((CUdeviceptr)va, (size_t)size, 0,
+                                 (CUmemGenericAllocationHandle)handle, 0),
+                 raw);
 }
 
 /* Read and write for the context's device and every peer granted (cs_backend_grant_peer). */
@@ -167,17 +151,25 @@ static int vmm_access(void *dev, uint64_t va, uint64_t size, int *raw)
             desc[n].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
             n++;
         }
-    VMM_CALL(b, raw, drv()->cuMemSetAccess((CUdeviceptr)va, (size_t)size, desc, (size_t)n));
+    bool pushed;
+    if (!enter(b, &pushed, raw))
+        return CS_BE_ERROR;
+    return leave(pushed, drv()->cuMemSetAccess((CUdeviceptr)va, (size_t)size, desc, (size_t)n),
+                 raw);
 }
 
 static int vmm_unmap(void *dev, uint64_t va, uint64_t size, int *raw)
 {
-    VMM_CALL_ANY((backend_dev *)dev, raw, drv()->cuMemUnmap((CUdeviceptr)va, (size_t)size));
+    bool pushed = false, in = enter(dev, &pushed, raw);
+    return leave_any(in, pushed, drv()->cuMemUnmap((CUdeviceptr)va, (size_t)size), raw);
 }
 
 static int vmm_sync(void *dev, int *raw)
 {
-    VMM_CALL((backend_dev *)dev, raw, drv()->cuCtxSynchronize());
+    bool pushed;
+    if (!enter(dev, &pushed, raw))
+        return CS_BE_ERROR;
+    return leave(pushed, drv()->cuCtxSynchronize(), raw);
 }
 
 static const cs_vmm_ops cuda_vmm = {vmm_create, vmm_release, vmm_reserve, vmm_unreserve,
