@@ -767,11 +767,10 @@ static bool reserve_under_cap(cs_cache *c, device_state *d, int device, uint64_t
     return true;
 }
 
-/* The most new memory a block of `bytes` can take from the driver: a small pooled block may
- * need a whole new small range (one granule). */
+/* The most new memory a block of `bytes` can take from the driver. */
 static uint64_t most_new(const cs_heap *h, uint64_t bytes)
 {
-    return h->pool && bytes <= h->slab_max ? h->gran : bytes;
+    return h->pool ? cs_pool_most_new(h->pool, bytes) : bytes;
 }
 
 /* The driver is out of memory: give idle memory back and retry at the same size, first the
@@ -1006,8 +1005,10 @@ cs_result cs_cache_free(cs_cache *c, uint64_t addr)
     idle_push(h, b);
     cs_block *released = NULL;
     int device = h->device;
-    /* Spare chunks count, free slots of slabs in use do not: nothing can give them back. */
-    uint64_t spare = trimmable_spare(c, device);
+    /* Spare chunks count, free slots of slabs in use do not: nothing can give them back.
+     * All the spare is the bound that needs no pool's lock. */
+    uint64_t spare = d->idle_bytes + d->spare_bytes > d->threshold ? trimmable_spare(c, device)
+                                                                    : 0;
     if (d->idle_bytes + spare > d->threshold) {
         /* Spare memory first, then the blocks the GPU is done with: giving back a busy one
          * waits for it. */

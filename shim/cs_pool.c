@@ -689,6 +689,11 @@ int cs_pool_free(cs_pool *p, uint64_t addr, bool keep, bool done, uint64_t *rele
     return rc != CS_BE_OK ? rc : urc;
 }
 
+uint64_t cs_pool_most_new(const cs_pool *p, uint64_t bytes)
+{
+    return bytes <= cs_pool_slab_max(p->gran) ? p->gran : round_up(bytes, p->gran);
+}
+
 uint64_t cs_pool_need(cs_pool *p, uint64_t bytes)
 {
     pthread_mutex_lock(&p->lock);

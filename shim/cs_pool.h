@@ -72,6 +72,9 @@ int cs_pool_alloc(cs_pool *p, uint64_t bytes, uint64_t max_new, uint64_t *addr,
  * can go back to the driver does. done: the work before its free is known to have completed
  * (else the pool waits for the device before unmapping). *released: bytes given back. */
 int cs_pool_free(cs_pool *p, uint64_t addr, bool keep, bool done, uint64_t *released, int *raw);
+/* The most new physical memory a block of `bytes` can ever take from the driver: a small block
+ * may need a whole new small range (one granule). */
+uint64_t cs_pool_most_new(const cs_pool *p, uint64_t bytes);
 /* New physical bytes a block of `bytes` would take from the driver now. */
 uint64_t cs_pool_need(cs_pool *p, uint64_t bytes);
 /* Give spare chunks back to the driver until `bytes` are released or none is left: bytes
