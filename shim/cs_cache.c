@@ -634,12 +634,6 @@ static cs_block *take_any(cs_cache *c, cs_heap *h, int cls, uint64_t size, uint6
     return NULL;
 }
 
-/* A block back from take_any whose wait failed: where its epoch puts it in its lists. */
-static void untake(cs_cache *c, cs_heap *h, cs_block *b)
-{
-    (void)h;
-    cs_core_idle_return(c, b);
-}
 
 /* Hand b (owned by nobody, out of every list) to the program. This thread's cache owns it
  * from now when it can, so that its free takes no lock. */
@@ -690,7 +684,7 @@ static bool wait_for_block(cs_cache *c, cs_heap *h, int cls, uint64_t size, uint
     }
     cs_block_set_state(b, BLOCK_IDLE);
     if (!ok) {
-        untake(c, h, b);
+        cs_core_idle_return(c, b);  /* where its epoch puts it in its lists */
         return false;
     }
     cs_raise(&h->safe_epoch, b->epoch);

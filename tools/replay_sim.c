@@ -186,20 +186,10 @@ static int sim_order_after(void *d, uint64_t epoch)
  * are device memory and the rest is counted. */
 static int sim_create(void *d, uint64_t size, uint64_t *handle, int *raw)
 {
-    sim_device *s = d;
-    if (size > s->size - s->used) {
-        *raw = 2;  /* CUDA_ERROR_OUT_OF_MEMORY */
-        return CS_BE_OOM;
-    }
-    if (!map_put(&s->blocks, (slot){.key = s->next_addr, .size = size})) {
-        *raw = 2;
-        return CS_BE_OOM;
-    }
-    s->used += size;
-    s->creates++;
-    *handle = s->next_addr;
-    s->next_addr += 0x100000;  /* handles only need to be distinct */
-    return CS_BE_OK;
+    int rc = sim_alloc(d, size, handle, raw);  /* a chunk is device memory like a block */
+    if (rc == CS_BE_OK)
+        ((sim_device *)d)->creates++;
+    return rc;
 }
 
 static int sim_release(void *d, uint64_t handle, int *raw)
