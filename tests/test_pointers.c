@@ -728,6 +728,49 @@ static void test_peer_access_before_any_block(void **state)
     assert_int_equal(cuCtxSetCurrent(primary), CUDA_SUCCESS);
 }
 
+/* Granting a peer the pooled memory fails: the peer access the driver enabled stands, the
+ * program is told in one line which setting avoids it, and the grant is tried again when the
+ * program enables peer access anew (after disabling it). Classic needs no grant. */
+static CUcontext grant_owner;
+static CUresult grant_result;
+
+static void enable_grant(void *arg)
+{
+    (void)arg;
+    grant_result = paths[EXPORT].peer(grant_owner, 0);
+}
+
+static void test_peer_grant_failure(void **state)
+{
+    (void)state;
+    CUdevice d0;
+    CUcontext c1 = context_of(1);
+    assert_int_equal(cuDeviceGet(&d0, 0), CUDA_SUCCESS);
+    assert_int_equal(cuCtxCreate(&grant_owner, NULL, 0, d0), CUDA_SUCCESS);  /* current now */
+    CUdeviceptr p = must_alloc(3 * MiB);
+    assert_int_equal(cuCtxSetCurrent(c1), CUDA_SUCCESS);
+    fake_fail_nth("cuMemSetAccess", 1, CUDA_ERROR_OUT_OF_MEMORY);
+    char *err = capture_stderr(enable_grant, NULL);
+    fake_fail_nth("cuMemSetAccess", 0, CUDA_SUCCESS);
+    assert_int_equal(grant_result, CUDA_SUCCESS);
+    if (shim_pooled()) {
+        assert_non_null(strstr(err, "cacheshim: peer access: granting device 1 the pooled memory "
+                                    "failed (CUresult 2); CACHESHIM_BACKEND=classic avoids it"));
+        assert_true(touch_from(c1, p, 3 * MiB) > 0);
+    } else {
+        assert_string_equal(err, "");
+        assert_int_equal(touch_from(c1, p, 3 * MiB), 0);
+    }
+    free(err);
+    assert_int_equal(cuCtxDisablePeerAccess(grant_owner), CUDA_SUCCESS);
+    assert_int_equal(paths[EXPORT].peer(grant_owner, 0), CUDA_SUCCESS);
+    assert_int_equal(touch_from(c1, p, 3 * MiB), 0);
+    assert_int_equal(cuCtxSetCurrent(grant_owner), CUDA_SUCCESS);
+    must_free(p);
+    assert_int_equal(cuCtxDestroy(grant_owner), CUDA_SUCCESS);
+    assert_int_equal(cuCtxSetCurrent(primary), CUDA_SUCCESS);
+}
+
 /* ================================================================ moves */
 
 /* The hard case for moving memory: many iterations with no host sync, several streams, the
@@ -1090,7 +1133,8 @@ int main(int argc, char **argv)
         T(test_foreign_memory_passes_through), T(test_address_range_v1),
     };
     const struct CMUnitTest ipc[] = {T(test_ipc)};
-    const struct CMUnitTest peers[] = {T(test_peer_access), T(test_peer_access_before_any_block)};
+    const struct CMUnitTest peers[] = {T(test_peer_access), T(test_peer_access_before_any_block),
+                                       T(test_peer_grant_failure)};
     const struct CMUnitTest moves[] = {T(test_moves_while_the_gpu_lags),
                                        T(test_moves_control_without_waits),
                                        T(test_moves_from_threads)};
