@@ -70,6 +70,40 @@ int cacheshim_get_stats(int device, cacheshim_stats *out, size_t size);
  * number of bytes released. */
 uint64_t cacheshim_trim(void);
 
+/* ---- debug modes and scopes (docs/usage.md, "Debug modes and scopes") -------------------- */
+
+/* With CACHESHIM_DEBUG=uaf or uaf-report: synchronizes the contexts of the quarantined blocks
+ * and checks every one of them now (they stay quarantined). Returns how many were written
+ * after their free (each reported on stderr; with uaf, the first one aborts the program), or
+ * -1 when neither mode is on. */
+int cacheshim_debug_check(void);
+
+/* A scope's statistics: what the calling thread allocated between begin and end (inner scopes
+ * included), and what of it was freed, by any thread, while the scope was open. */
+typedef struct cacheshim_scope_stats {
+    uint64_t allocs;            /* allocations made in the scope */
+    uint64_t bytes_allocated;   /* bytes they asked for */
+    uint64_t peak;              /* highest bytes of those held at once */
+    uint64_t held_at_end;       /* bytes of those not freed at the scope's end */
+    uint64_t frees;             /* of those, how many were freed in the scope */
+    uint64_t bytes_freed;       /* their bytes */
+    uint64_t released;          /* bytes given back to the driver at the end
+                                   (CACHESHIM_SCOPE_RELEASE) */
+} cacheshim_scope_stats;
+
+/* At the scope's end, give idle cached memory whose work has finished back to the driver
+ * (cacheshim_trim), which includes what the scope freed. */
+#define CACHESHIM_SCOPE_RELEASE 1u
+
+/* Opens a scope on the calling thread, inside the one open there (nestable). name (its first
+ * 63 bytes) groups the scope's statistics in the exit report (CACHESHIM_STATS=1). Returns 0,
+ * or -1 when the shim is disabled or out of host memory. */
+int cacheshim_scope_begin(const char *name, unsigned flags);
+/* Closes the calling thread's innermost scope and writes its statistics to out (may be NULL;
+ * size is sizeof(cacheshim_scope_stats) as the caller compiled it). Returns 0, or -1 when
+ * the thread has no open scope. */
+int cacheshim_scope_end(cacheshim_scope_stats *out, size_t size);
+
 /* ---- with or without the shim: run-time lookups ---------------------------------------------
  * dlsym(RTLD_DEFAULT, ...) finds the functions when libcacheshim.so is loaded (preloaded, or
  * dlopened with RTLD_GLOBAL). Each call looks them up again: they are not for hot paths.
@@ -116,6 +150,40 @@ static inline int cacheshim_trim_if_loaded(uint64_t *released)
     if (released)
         *released = bytes;
     return sym ? 0 : CACHESHIM_NOT_LOADED;
+}
+
+/* cacheshim_scope_begin(name, flags) when the shim is loaded; CACHESHIM_NOT_LOADED when not. */
+static inline int cacheshim_scope_begin_if_loaded(const char *name, unsigned flags)
+{
+    int (*begin)(const char *, unsigned);
+    void *sym = dlsym(CACHESHIM_RTLD_DEFAULT_, "cacheshim_scope_begin");
+    if (!sym)
+        return CACHESHIM_NOT_LOADED;
+    memcpy(&begin, &sym, sizeof begin);
+    return begin(name, flags);
+}
+
+/* cacheshim_scope_end(out, sizeof *out) when the shim is loaded; CACHESHIM_NOT_LOADED, out
+ * untouched, when not. */
+static inline int cacheshim_scope_end_if_loaded(cacheshim_scope_stats *out)
+{
+    int (*end)(cacheshim_scope_stats *, size_t);
+    void *sym = dlsym(CACHESHIM_RTLD_DEFAULT_, "cacheshim_scope_end");
+    if (!sym)
+        return CACHESHIM_NOT_LOADED;
+    memcpy(&end, &sym, sizeof end);
+    return end(out, out ? sizeof *out : 0);
+}
+
+/* cacheshim_debug_check() when the shim is loaded; CACHESHIM_NOT_LOADED when not. */
+static inline int cacheshim_debug_check_if_loaded(void)
+{
+    int (*check)(void);
+    void *sym = dlsym(CACHESHIM_RTLD_DEFAULT_, "cacheshim_debug_check");
+    if (!sym)
+        return CACHESHIM_NOT_LOADED;
+    memcpy(&check, &sym, sizeof check);
+    return check();
 }
 
 #ifdef __cplusplus

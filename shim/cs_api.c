@@ -1,6 +1,7 @@
 /* The public API of cacheshim.h. */
 #include <string.h>
 
+#include "cs_debug.h"
 #include "cs_shim.h"
 #include "cs_streams.h"
 
@@ -21,4 +22,12 @@ CS_EXPORT uint64_t cacheshim_trim(void)
 {
     cs_shim *s = cs_shim_get();
     return s->cache ? cs_cache_trim(s->cache) : 0;
+}
+
+CS_EXPORT int cacheshim_debug_check(void)
+{
+    cs_shim *s = cs_shim_get();
+    if (!s->cache || !(cs_debug_modes() & CS_DEBUG_UAF))
+        return -1;
+    return cs_quarantine_check(false);
 }

@@ -3,6 +3,7 @@
  */
 #include "cs_exports.h"
 
+#include "cs_debug.h"
 #include "cs_shim.h"
 #include "cs_streams.h"
 
@@ -27,7 +28,10 @@ CS_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
     uint64_t addr;
     int raw = CUDA_SUCCESS;
     cs_alloc_failure failure;
-    switch (cs_cache_alloc(s->cache, h, bytesize, &addr, &raw, &failure)) {
+    cs_result res = cs_cache_alloc(s->cache, h, bytesize, &addr, &raw, &failure);
+    if (cs_debug_active())
+        res = cs_debug_alloc(s->cache, h, ctx, bytesize, &addr, &raw, &failure, res);
+    switch (res) {
     case CS_OK:
         *dptr = (CUdeviceptr)addr;
         return CUDA_SUCCESS;
@@ -48,7 +52,9 @@ CS_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
     /* cudaFree(NULL) is a common way to start the runtime: not a foreign free. */
     if (s->disabled || dptr == 0)
         return d->cuMemFree_v2(dptr);
-    switch (cs_cache_free(s->cache, (uint64_t)dptr)) {
+    cs_result res = cs_debug_active() ? cs_debug_free(s->cache, (uint64_t)dptr)
+                                      : cs_cache_free(s->cache, (uint64_t)dptr);
+    switch (res) {
     case CS_OK:
         /* The driver's free waits for the whole device; the cache's does not, unless asked. */
         if (s->opts.sync_free && d->cuCtxSynchronize)
@@ -56,8 +62,12 @@ CS_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
         return CUDA_SUCCESS;
     case CS_NOT_IN_USE:
         return CUDA_ERROR_INVALID_VALUE;  /* what the driver says to a double free */
-    default:
-        return d->cuMemFree_v2(dptr);     /* not ours: the driver decides */
+    default: {
+        CUresult r = d->cuMemFree_v2(dptr);  /* not ours: the driver decides */
+        if (cs_debug_active())
+            cs_debug_foreign_free((uint64_t)dptr, (int)r);
+        return r;
+    }
     }
 }
 

@@ -20,6 +20,8 @@ enum {
     OPT_SYNC_FREE,
     OPT_BACKEND,
     OPT_HEADROOM,
+    OPT_DEBUG,
+    OPT_QUARANTINE,
     OPT_TRACE_FORMAT,
     OPT_TRACE_FILE,
     OPT_TRACE_FILTER,
@@ -70,6 +72,18 @@ static const cs_option_desc option_table[OPT_COUNT] = {
                       "peak, in percent, before a miss moves idle memory instead of taking "
                       "new memory. More keeps more blocks cached as they are (more hits, "
                       "fewer mappings); 0 keeps memory closest to what the program uses."},
+    [OPT_DEBUG] = {"CACHESHIM_DEBUG", "flags", "off",
+                   "off, or a comma-separated list of uaf, uaf-report and leaks",
+                   "Debug modes: uaf fills freed blocks with a pattern, holds them in a "
+                   "quarantine and aborts with both call sites when the pattern changed (a "
+                   "use after free); uaf-report only reports and goes on; leaks lists the "
+                   "blocks never freed at exit, by allocation site. Any mode also reports bad "
+                   "frees with their call sites."},
+    [OPT_QUARANTINE] = {"CACHESHIM_QUARANTINE", "size", "256MiB",
+                        "a size like 256M, 1G or 4096, 0, or unlimited",
+                        "CACHESHIM_DEBUG=uaf: bytes of freed blocks held in the quarantine "
+                        "(all devices together); past it the oldest are checked and go back "
+                        "to the cache. 0 checks each block at its next free."},
     [OPT_TRACE_FORMAT] = {"CACHESHIM_TRACE_FORMAT", "choice", "text", "text, jsonl or perfetto",
                           "Tracer (LD_AUDIT=libcacheaudit.so) output format: text lines, JSON "
                           "Lines, or a Chrome-trace/Perfetto JSON file."},
@@ -82,19 +96,23 @@ static const cs_option_desc option_table[OPT_COUNT] = {
 };
 
 /* How each row is parsed and where its value goes; indexed like option_table. */
-typedef enum { VALUE_BOOL, VALUE_INT, VALUE_SIZE, VALUE_CHOICE, VALUE_PATH, VALUE_FILTER } value_type;
+typedef enum {
+    VALUE_BOOL, VALUE_INT, VALUE_SIZE, VALUE_CHOICE, VALUE_PATH, VALUE_FILTER, VALUE_FLAGS
+} value_type;
 
 typedef struct {
     value_type type;
     size_t offset;      /* of the field in cs_options */
     int min, max;       /* VALUE_INT */
     bool allow_percent; /* VALUE_SIZE */
-    const char *const *choices; /* VALUE_CHOICE: the words, their index is the value */
+    const char *const *choices; /* VALUE_CHOICE: the words, their index is the value;
+                                   VALUE_FLAGS: word i is bit 1 << i */
 } option_slot;
 
 static const char *const trace_formats[] = {"text", "jsonl", "perfetto", NULL};
 static const char *const reuse_modes[] = {"ordered", "completed", NULL};
 static const char *const backends[] = {"pooled", "classic", NULL};
+static const char *const debug_modes[] = {"uaf", "uaf-report", "leaks", NULL};
 
 static const option_slot option_slots[OPT_COUNT] = {
     [OPT_DISABLE] = {VALUE_BOOL, offsetof(cs_options, disable), 0, 0, false},
@@ -106,6 +124,8 @@ static const option_slot option_slots[OPT_COUNT] = {
     [OPT_SYNC_FREE] = {VALUE_BOOL, offsetof(cs_options, sync_free), 0, 0, false},
     [OPT_BACKEND] = {VALUE_CHOICE, offsetof(cs_options, backend), 0, 0, false, backends},
     [OPT_HEADROOM] = {VALUE_INT, offsetof(cs_options, headroom), 0, 1000, false},
+    [OPT_DEBUG] = {VALUE_FLAGS, offsetof(cs_options, debug), 0, 0, false, debug_modes},
+    [OPT_QUARANTINE] = {VALUE_SIZE, offsetof(cs_options, quarantine), 0, 0, false},
     [OPT_TRACE_FORMAT] = {VALUE_CHOICE, offsetof(cs_options, trace_format), 0, 0, false,
                           trace_formats},
     [OPT_TRACE_FILE] = {VALUE_PATH, offsetof(cs_options, trace_file), 0, 0, false},
@@ -202,6 +222,43 @@ static int parse_choice(const char *text, const char *const *choices, int *out)
         }
     }
     return -1;
+}
+
+/* "off" or "none" (0), or words of the list separated by commas, blanks around each
+ * ignored, each word at most once; the value has bit i set for word i. */
+static int parse_flags(const char *text, const char *const *words, int *out)
+{
+    const char *s;
+    size_t n;
+    trim(text, &s, &n);
+    if (word_is(s, n, "off") || word_is(s, n, "none")) {
+        *out = 0;
+        return 0;
+    }
+    int value = 0;
+    size_t i = 0;
+    for (;;) {
+        size_t start = i;
+        while (i < n && s[i] != ',')
+            i++;
+        size_t a = start, b = i;
+        while (a < b && is_blank(s[a]))
+            a++;
+        while (b > a && is_blank(s[b - 1]))
+            b--;
+        int bit = -1;
+        for (int w = 0; words[w]; w++)
+            if (word_is(s + a, b - a, words[w]))
+                bit = w;
+        if (bit < 0 || (value & (1 << bit)))
+            return -1; /* "", "uaf,,leaks", "bogus", "uaf,uaf" */
+        value |= 1 << bit;
+        if (i == n)
+            break;
+        i++; /* past the comma */
+    }
+    *out = value;
+    return 0;
 }
 
 /* Copy the trimmed text into a CS_TRACE_TEXT_MAX buffer; too long, empty or with control
@@ -551,6 +608,8 @@ static int parse_into(size_t i, const char *text, cs_options *opts)
         return parse_path(text, (char *)slot_field(opts, i));
     case VALUE_FILTER:
         return parse_filter(text, (char *)slot_field(opts, i));
+    case VALUE_FLAGS:
+        return parse_flags(text, slot->choices, (int *)slot_field(opts, i));
     }
     return -1;
 }
@@ -626,6 +685,18 @@ int cs_option_parse(cs_options *opts, const char *name, const char *value)
     return -2;
 }
 
+/* "off", or the words of the set bits joined by commas. */
+static void flags_format(int value, const char *const *words, char *buf, size_t len)
+{
+    size_t o = 0;
+    buf[0] = '\0';
+    for (int w = 0; words[w]; w++)
+        if (value & (1 << w))
+            o += (size_t)snprintf(buf + o, len - o, "%s%s", o ? "," : "", words[w]);
+    if (o == 0)
+        snprintf(buf, len, "off");
+}
+
 static bool sizes_equal(const cs_size_spec *a, const cs_size_spec *b)
 {
     if (a->kind != b->kind)
@@ -663,6 +734,10 @@ void cs_options_print(const cs_options *opts, cs_report_fn report, void *arg)
             break;
         case VALUE_CHOICE:
             snprintf(value, sizeof value, "%s", option_slots[i].choices[*(const int *)have]);
+            is_default = *(const int *)have == *(const int *)dflt;
+            break;
+        case VALUE_FLAGS:
+            flags_format(*(const int *)have, option_slots[i].choices, value, sizeof value);
             is_default = *(const int *)have == *(const int *)dflt;
             break;
         case VALUE_PATH:

@@ -18,6 +18,9 @@ typedef struct {
     double percent;  /* CS_SIZE_PERCENT: 0 < percent <= 100 */
 } cs_size_spec;
 
+/* CACHESHIM_DEBUG's words, in the order of its list. */
+enum { CS_DEBUG_UAF = 1, CS_DEBUG_UAF_REPORT = 2, CS_DEBUG_LEAKS = 4 };
+
 enum { CS_TRACE_TEXT = 0, CS_TRACE_JSONL = 1, CS_TRACE_PERFETTO = 2 };
 /* Longest value kept for the tracer's text variables (path, filter), terminator included. */
 #define CS_TRACE_TEXT_MAX 1024
@@ -32,6 +35,8 @@ typedef struct cs_options {
     int backend;                    /* CACHESHIM_BACKEND: 0 pooled, 1 classic */
     int headroom;                   /* CACHESHIM_HEADROOM: percent over the program's peak */
     bool sync_free;                 /* CACHESHIM_SYNC_FREE: a free waits for the device */
+    int debug;                      /* CACHESHIM_DEBUG: CS_DEBUG_* bits, 0 for off */
+    cs_size_spec quarantine;        /* CACHESHIM_QUARANTINE: bytes of freed blocks held back */
     /* The tracer (audit/, libcacheaudit.so) reads these; the shim ignores them. */
     int trace_format;               /* CACHESHIM_TRACE_FORMAT: CS_TRACE_TEXT, _JSONL or _PERFETTO */
     char trace_file[CS_TRACE_TEXT_MAX];   /* CACHESHIM_TRACE_FILE: "" for stderr; %p = pid */
@@ -46,7 +51,7 @@ typedef void (*cs_report_fn)(const char *line, void *arg);
 /* One row of the table: what docs/variables.md and the verbose print are made from. */
 typedef struct {
     const char *name;       /* "CACHESHIM_CAP" */
-    const char *type;       /* "size", "bool", "int", "choice", "text" */
+    const char *type;       /* "size", "bool", "int", "choice", "flags", "text" */
     const char *fallback;   /* default, as a user would write it */
     const char *accepted;   /* what values are accepted, as printed in error messages */
     const char *help;       /* one sentence */

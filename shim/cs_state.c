@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "cs_backend.h"
+#include "cs_debug.h"
 #include "cs_report.h"
 #include "cs_streams.h"
 
@@ -109,6 +110,8 @@ __attribute__((destructor)) static void at_exit(void)
             cs_log("work calls seen: %llu (driver calls that put work on a stream)",
                    (unsigned long long)cs_streams_work_calls());
     }
+    if (shim_ready && shim.cache)
+        cs_debug_exit_report(shim.opts.stats);
 }
 
 /* ---------------------------------------------------------------- init */
@@ -133,6 +136,7 @@ static void init(void)
             cs_log("out of host memory at start; passing every call to the driver");
             shim.disabled = true;
         }
+        cs_debug_init(shim.cache, &shim.opts);
     }
     pthread_atfork(before_fork, after_fork_parent, after_fork_child);
     shim_ready = true;
@@ -201,6 +205,7 @@ void cs_shim_context_gone(CUcontext ctx)
         return;
     /* Streams first: the context is marked dead, so the cache's cleanup calls no driver. */
     cs_streams_forget(ctx);
+    cs_debug_context_gone(ctx);
     __atomic_add_fetch(&heap_generation, 1, __ATOMIC_RELEASE);
     cs_cache_forget_heap(shim.cache, ctx);
 }
