@@ -100,7 +100,8 @@ static void test_table(void **state)
                                         "CACHESHIM_RELEASE_THRESHOLD", "CACHESHIM_STATS",
                                         "CACHESHIM_VERBOSE", "CACHESHIM_REUSE",
                                         "CACHESHIM_SYNC_FREE", "CACHESHIM_BACKEND",
-                                        "CACHESHIM_HEADROOM", "CACHESHIM_TRACE_FORMAT",
+                                        "CACHESHIM_HEADROOM", "CACHESHIM_DEBUG",
+                                        "CACHESHIM_QUARANTINE", "CACHESHIM_TRACE_FORMAT",
                                         "CACHESHIM_TRACE_FILE", "CACHESHIM_TRACE_FILTER"};
     size_t n = 0;
     const cs_option_desc *t = cs_option_table(&n);
@@ -115,7 +116,7 @@ static void test_table(void **state)
         assert_non_null(t[i].help);
         assert_true(strcmp(t[i].type, "bool") == 0 || strcmp(t[i].type, "int") == 0 ||
                     strcmp(t[i].type, "size") == 0 || strcmp(t[i].type, "choice") == 0 ||
-                    strcmp(t[i].type, "text") == 0);
+                    strcmp(t[i].type, "flags") == 0 || strcmp(t[i].type, "text") == 0);
         /* The doc table is built from these texts: no cell separators, no newlines. */
         assert_null(strchr(t[i].help, '|'));
         assert_null(strchr(t[i].help, '\n'));
@@ -174,7 +175,8 @@ static void test_each_variable_read_once(void **state)
     for (int i = 0; i < 5; i++)
         assert_int_equal(env.lookups[i], 1);
     assert_int_equal(env.lookups[5], 0);
-    assert_int_equal(env.misses, 7); /* REUSE, SYNC_FREE, BACKEND, HEADROOM, TRACE_*: unset */
+    assert_int_equal(env.misses, 9); /* REUSE, SYNC_FREE, BACKEND, HEADROOM, DEBUG, QUARANTINE,
+                                        TRACE_*: unset */
 }
 
 static void test_empty_is_unset(void **state)
@@ -728,6 +730,45 @@ static void test_value_show(void **state)
     cs_value_show("8X", NULL, sizeof buf); /* no crash */
 }
 
+/* CACHESHIM_DEBUG: off, or words of its list once each, in any order and case. */
+static void test_debug_flags(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *text;
+        int value; /* -1: bad */
+    } cases[] = {
+        {"off", 0},
+        {" None ", 0},
+        {"uaf", CS_DEBUG_UAF},
+        {"uaf-report", CS_DEBUG_UAF_REPORT},
+        {"leaks", CS_DEBUG_LEAKS},
+        {"uaf,leaks", CS_DEBUG_UAF | CS_DEBUG_LEAKS},
+        {" LEAKS , uaf-report ", CS_DEBUG_LEAKS | CS_DEBUG_UAF_REPORT},
+        {"uaf,uaf", -1},
+        {"uaf,", -1},
+        {",uaf", -1},
+        {"uaf,,leaks", -1},
+        {"uaf leaks", -1},
+        {"bogus", -1},
+        {"off,uaf", -1},
+        {"1", -1},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        cs_options o;
+        assert_int_equal(cs_options_load(&o, NULL, NULL, NULL), 0);
+        o.debug = 99;
+        int r = cs_option_parse(&o, "CACHESHIM_DEBUG", cases[i].text);
+        if (cases[i].value < 0) {
+            assert_int_equal(r, -1);
+            assert_int_equal(o.debug, 99); /* left alone */
+        } else {
+            assert_int_equal(r, 0);
+            assert_int_equal(o.debug, cases[i].value);
+        }
+    }
+}
+
 /* ---- printing ----------------------------------------------------------------------------------- */
 
 static void test_print_defaults(void **state)
@@ -737,7 +778,7 @@ static void test_print_defaults(void **state)
     assert_int_equal(cs_options_load(&o, fake_getenv, NULL, NULL), 0);
     reports r = {0};
     cs_options_print(&o, collect, &r);
-    assert_int_equal(r.count, 12);
+    assert_int_equal(r.count, 14);
     assert_string_equal(r.line[0], "cacheshim: CACHESHIM_DISABLE = 0 (default)");
     assert_string_equal(r.line[1], "cacheshim: CACHESHIM_CAP = unlimited (default)");
     assert_string_equal(r.line[2], "cacheshim: CACHESHIM_RELEASE_THRESHOLD = unlimited (default)");
@@ -747,9 +788,11 @@ static void test_print_defaults(void **state)
     assert_string_equal(r.line[6], "cacheshim: CACHESHIM_SYNC_FREE = 0 (default)");
     assert_string_equal(r.line[7], "cacheshim: CACHESHIM_BACKEND = pooled (default)");
     assert_string_equal(r.line[8], "cacheshim: CACHESHIM_HEADROOM = 0 (default)");
-    assert_string_equal(r.line[9], "cacheshim: CACHESHIM_TRACE_FORMAT = text (default)");
-    assert_string_equal(r.line[10], "cacheshim: CACHESHIM_TRACE_FILE = stderr (default)");
-    assert_string_equal(r.line[11], "cacheshim: CACHESHIM_TRACE_FILTER = memory (default)");
+    assert_string_equal(r.line[9], "cacheshim: CACHESHIM_DEBUG = off (default)");
+    assert_string_equal(r.line[10], "cacheshim: CACHESHIM_QUARANTINE = 256 MiB (default)");
+    assert_string_equal(r.line[11], "cacheshim: CACHESHIM_TRACE_FORMAT = text (default)");
+    assert_string_equal(r.line[12], "cacheshim: CACHESHIM_TRACE_FILE = stderr (default)");
+    assert_string_equal(r.line[13], "cacheshim: CACHESHIM_TRACE_FILTER = memory (default)");
 }
 
 static void test_print_set(void **state)
@@ -764,6 +807,8 @@ static void test_print_set(void **state)
     env_set("CACHESHIM_SYNC_FREE", "yes");
     env_set("CACHESHIM_BACKEND", " Classic ");
     env_set("CACHESHIM_HEADROOM", "025");
+    env_set("CACHESHIM_DEBUG", " Leaks , UAF ");
+    env_set("CACHESHIM_QUARANTINE", "1G");
     env_set("CACHESHIM_TRACE_FORMAT", " Perfetto ");
     env_set("CACHESHIM_TRACE_FILE", " /tmp/trace.%p ");
     env_set("CACHESHIM_TRACE_FILTER", " cuMemAlloc* , cuLaunchKernel ");
@@ -771,7 +816,7 @@ static void test_print_set(void **state)
     assert_int_equal(cs_options_load(&o, fake_getenv, NULL, NULL), 0);
     reports r = {0};
     cs_options_print(&o, collect, &r);
-    assert_int_equal(r.count, 12);
+    assert_int_equal(r.count, 14);
     assert_string_equal(r.line[0], "cacheshim: CACHESHIM_DISABLE = 1 (set)");
     assert_string_equal(r.line[1], "cacheshim: CACHESHIM_CAP = 8 GiB (set)");
     assert_string_equal(r.line[2],
@@ -782,14 +827,16 @@ static void test_print_set(void **state)
     assert_string_equal(r.line[6], "cacheshim: CACHESHIM_SYNC_FREE = 1 (set)");
     assert_string_equal(r.line[7], "cacheshim: CACHESHIM_BACKEND = classic (set)");
     assert_string_equal(r.line[8], "cacheshim: CACHESHIM_HEADROOM = 25 (set)");
-    assert_string_equal(r.line[9], "cacheshim: CACHESHIM_TRACE_FORMAT = perfetto (set)");
-    assert_string_equal(r.line[10], "cacheshim: CACHESHIM_TRACE_FILE = /tmp/trace.%p (set)");
-    assert_string_equal(r.line[11],
+    assert_string_equal(r.line[9], "cacheshim: CACHESHIM_DEBUG = uaf,leaks (set)");
+    assert_string_equal(r.line[10], "cacheshim: CACHESHIM_QUARANTINE = 1 GiB (set)");
+    assert_string_equal(r.line[11], "cacheshim: CACHESHIM_TRACE_FORMAT = perfetto (set)");
+    assert_string_equal(r.line[12], "cacheshim: CACHESHIM_TRACE_FILE = /tmp/trace.%p (set)");
+    assert_string_equal(r.line[13],
                         "cacheshim: CACHESHIM_TRACE_FILTER = cuMemAlloc*,cuLaunchKernel (set)");
 
     cs_options_print(NULL, collect, &r); /* nothing, no crash */
     cs_options_print(&o, NULL, NULL);
-    assert_int_equal(r.count, 12);
+    assert_int_equal(r.count, 14);
 }
 
 /* ---- formatting ------------------------------------------------------------------------------- */
@@ -944,6 +991,7 @@ int main(void)
         cmocka_unit_test_setup(test_long_bad_value_is_cut, setup),
         cmocka_unit_test_setup(test_option_parse, setup),
         cmocka_unit_test_setup(test_value_show, setup),
+        cmocka_unit_test_setup(test_debug_flags, setup),
         cmocka_unit_test_setup(test_print_defaults, setup),
         cmocka_unit_test_setup(test_print_set, setup),
         cmocka_unit_test_setup(test_size_format, setup),
