@@ -83,7 +83,7 @@ static const cs_option_desc option_table[OPT_COUNT] = {
                         "a size like 256M, 1G or 4096, 0, or unlimited",
                         "CACHESHIM_DEBUG=uaf: bytes of freed blocks held in the quarantine "
                         "(all devices together); past it the oldest are checked and go back "
-                        "to the cache. 0 checks each block at its next free."},
+                        "to the cache. 0 holds only the most recently freed block."},
     [OPT_TRACE_FORMAT] = {"CACHESHIM_TRACE_FORMAT", "choice", "text", "text, jsonl or perfetto",
                           "Tracer (LD_AUDIT=libcacheaudit.so) output format: text lines, JSON "
                           "Lines, or a Chrome-trace/Perfetto JSON file."},

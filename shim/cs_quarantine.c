@@ -6,8 +6,9 @@
  * Ordering, with driver calls alone (so the fake driver tests it as the GPU runs it): at the
  * free, the stream layer fences the context's streams and makes every stream's next work wait
  * for that fence (as ordered reuse does); the fill is then a cuMemsetD8Async on the legacy
- * stream through the shim's own wrapper, which waits first. The fill thus runs after all work
- * issued before the free, and any later write lands on the pattern. The read-back is a
+ * stream through the shim's own wrapper, which waits first, and is fenced in turn, every
+ * stream's next work made to wait for it. The fill thus runs after all work issued before the
+ * free, and before all work issued after it: a later write lands on the pattern. The read-back is a
  * cuMemcpyDtoH, ordered after the fill the same way; at exit and on an explicit check the
  * context is synchronized first, so that a kernel still queued has written by then. */
 #include "cs_debug.h"
@@ -213,6 +214,13 @@ static bool fill(const cs_quarantined *q)
     /* The shim's own wrapper: the legacy stream waits for the fence before the fill. */
     CUresult r = cuMemsetD8Async((CUdeviceptr)q->addr, PATTERN, (size_t)q->size, NULL);
     cs_ctx_leave(pushed);
+    /* And every stream's next work waits for the fill, so that a stray write issued after the
+     * free on any stream lands on the pattern, not under it. */
+    if (r == CUDA_SUCCESS) {
+        uint64_t filled = cs_streams_fence(cs);
+        if (cs_streams_order_after(cs, filled) != 0 && cs_streams_wait(cs, filled) != 0)
+            r = CUDA_ERROR_UNKNOWN;
+    }
     if (r != CUDA_SUCCESS && !__atomic_exchange_n(&said_fill, true, __ATOMIC_RELAXED))
         cs_log("use-after-free check: filling the freed block at 0x%" PRIx64 " failed (error "
                "%d); blocks that cannot be filled go back to the cache unchecked (said once)",
