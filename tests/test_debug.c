@@ -9,6 +9,7 @@
  * The scenarios' call sites are exported (NOINLINE) so that the reports name them. */
 #include <cuda.h>
 #include <dlfcn.h>
+#include <pthread.h>
 #include <errno.h>
 #include <poll.h>
 #include <setjmp.h>
@@ -263,10 +264,55 @@ static void scenario_context_gone(void)
     CHILD_CHECK(api("cacheshim_debug_check")() == 0);
 }
 
+/* Threads at once: each allocates, works on, frees and reallocates blocks inside scopes of its
+ * own, and frees some of the others' blocks, with the detector on (a TSan case). */
+enum { THREADS = 4, THREAD_ROUNDS = 150 };
+static CUdeviceptr handed[THREADS][THREAD_ROUNDS];
+
+static void *thread_body(void *arg)
+{
+    int t = (int)(intptr_t)arg;
+    CHILD_CHECK(cuCtxSetCurrent(child_ctx) == CUDA_SUCCESS);
+    CUstream s;
+    CHILD_CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+    CHILD_CHECK(cacheshim_scope_begin_if_loaded(t % 2 ? "odd" : "even", 0) == 0);
+    for (int i = 0; i < THREAD_ROUNDS; i++) {
+        size_t n = (size_t)(1 + (i + t) % 4) << 14;
+        CUdeviceptr p = planted_alloc(n);
+        CHILD_CHECK(cuMemsetD8Async(p, (unsigned char)i, n, s) == CUDA_SUCCESS);
+        launch(s, p, n);
+        if (i % 3 == 0)
+            handed[t][i] = p;  /* freed by the next thread, after the join */
+        else
+            planted_free(p);
+    }
+    cacheshim_scope_stats st;
+    CHILD_CHECK(cacheshim_scope_end_if_loaded(&st) == 0 && st.allocs == THREAD_ROUNDS);
+    CHILD_CHECK(cuStreamSynchronize(s) == CUDA_SUCCESS);
+    return NULL;
+}
+
+static void scenario_threads(void)
+{
+    pthread_t th[THREADS];
+    for (int t = 0; t < THREADS; t++)
+        CHILD_CHECK(pthread_create(&th[t], NULL, thread_body, (void *)(intptr_t)t) == 0);
+    for (int t = 0; t < THREADS; t++)
+        CHILD_CHECK(pthread_join(th[t], NULL) == 0);
+    for (int t = 0; t < THREADS; t++)
+        for (int i = 0; i < THREAD_ROUNDS; i++)
+            if (handed[(t + 1) % THREADS][i])
+                planted_free(handed[(t + 1) % THREADS][i]);
+    fake_retire_all();
+    CHILD_CHECK(api("cacheshim_debug_check")() == 0);
+    CHILD_CHECK(fake_races() == 0);
+}
+
 static const struct {
     const char *name;
     void (*run)(void);
 } scenarios[] = {
+    {"threads", scenario_threads},
     {"uaf-exit", scenario_uaf_exit},       {"uaf-check", scenario_uaf_check},
     {"uaf-evict", scenario_uaf_evict},     {"uaf-async", scenario_uaf_async},
     {"valid", scenario_valid},             {"double-free", scenario_double_free},
@@ -546,6 +592,19 @@ static void test_fork_and_context_gone(void **state)
     ASSERT_HAS("cacheshim: leaks: none");
 }
 
+static void test_threads(void **state)
+{
+    (void)state;
+    run_child(&run, "threads", "CACHESHIM_DEBUG=uaf,leaks", "CACHESHIM_QUARANTINE=1M",
+              "CACHESHIM_STATS=1", NULL);
+    assert_clean_exit();
+    ASSERT_LACKS("use after free");
+    ASSERT_LACKS("race");
+    ASSERT_HAS("cacheshim: leaks: none");
+    ASSERT_HAS("cacheshim: scope even: 2 times, 300 allocations");
+    ASSERT_HAS("cacheshim: scope odd: 2 times, 300 allocations");
+}
+
 static void test_bad_setting_is_reported(void **state)
 {
     (void)state;
@@ -560,6 +619,11 @@ int main(int argc, char **argv)
 {
     if (argc == 3 && !strcmp(argv[1], "child"))
         return child_main(argv[2]);
+    /* "threads": the concurrency case alone (meson runs it under TSan too). */
+    if (argc == 2 && !strcmp(argv[1], "threads")) {
+        const struct CMUnitTest threads[] = {cmocka_unit_test(test_threads)};
+        return cmocka_run_group_tests(threads, NULL, NULL);
+    }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_uaf_caught_at_exit),
         cmocka_unit_test(test_uaf_caught_by_check_and_report_goes_on),
