@@ -36,6 +36,8 @@ typedef struct live {
     uint64_t addr, size;      /* size: what the program asked for */
     const void *ctx;
     cs_site site;
+    cs_site free_site;        /* freeing: this thread is freeing it (filling, quarantining) */
+    bool freeing;
     cs_scope_frame *frame;
     struct live *next;
 } live;
@@ -187,16 +189,23 @@ static unsigned bucket_of(uint64_t addr)
     return (unsigned)((addr >> 9) * 0x9E3779B97F4A7C15ull >> 48) & (LIVE_BUCKETS - 1);
 }
 
-/* With the lock held: the record of the block at addr, taken off the map; NULL if none. */
-static live *live_take(uint64_t addr)
+/* With the lock held: the record of the block at addr; NULL if none. */
+static live *live_find(uint64_t addr)
 {
-    for (live **p = &buckets[bucket_of(addr)]; *p; p = &(*p)->next)
-        if ((*p)->addr == addr) {
-            live *l = *p;
-            *p = l->next;
+    for (live *l = buckets[bucket_of(addr)]; l; l = l->next)
+        if (l->addr == addr)
             return l;
-        }
     return NULL;
+}
+
+/* With the lock held: takes the record l off the map. */
+static void live_unlink(live *l)
+{
+    for (live **p = &buckets[bucket_of(l->addr)]; *p; p = &(*p)->next)
+        if (*p == l) {
+            *p = l->next;
+            return;
+        }
 }
 
 static void live_drop(live *l, bool freed_by_program)
@@ -236,8 +245,14 @@ cs_result cs_debug_alloc(cs_cache *c, cs_heap *h, const void *ctx, uint64_t size
     l->ctx = ctx;
     l->site = cs_site_here();
     l->frame = cs_scope_charge(size);
+    l->freeing = false;
+    l->free_site = 0;
     pthread_mutex_lock(&lock);
-    live *stale = live_take(*addr);  /* its context went while exiting */
+    live *stale = live_find(*addr);  /* its context went while exiting */
+    if (stale && !stale->freeing)
+        live_unlink(stale);
+    else
+        stale = NULL;
     unsigned b = bucket_of(*addr);
     l->next = buckets[b];
     buckets[b] = l;
@@ -271,15 +286,36 @@ static const freed *ring_find(uint64_t addr)
     return NULL;
 }
 
+/* The record of a block this thread freed leaves the map. */
+static void live_freed(live *l)
+{
+    pthread_mutex_lock(&lock);
+    live_unlink(l);
+    pthread_mutex_unlock(&lock);
+    live_drop(l, true);
+}
+
 cs_result cs_debug_free(cs_cache *c, uint64_t addr)
 {
     cs_site here = cs_site_here();
     pthread_mutex_lock(&lock);
-    live *l = live_take(addr);
-    if (l && modes)
-        ring[ring_next++ % FREED_RING] = (freed){addr, l->size, l->site, here};
+    live *l = live_find(addr);
+    live racing = {.addr = 0};
+    if (l && l->freeing) {  /* another thread frees it at this moment */
+        racing = *l;
+        l = NULL;
+    } else if (l) {
+        l->freeing = true;  /* stays on the map, so that a second free finds it */
+        l->free_site = here;
+        if (modes)
+            ring[ring_next++ % FREED_RING] = (freed){addr, l->size, l->site, here};
+    }
     pthread_mutex_unlock(&lock);
 
+    if (racing.addr) {
+        report_double_free(addr, racing.size, racing.site, racing.free_site, here);
+        return CS_NOT_IN_USE;
+    }
     if (!l) {
         cs_site qa, qf;
         uint64_t qsize;
@@ -300,7 +336,6 @@ cs_result cs_debug_free(cs_cache *c, uint64_t addr)
     }
 
     cs_quarantined q = {.addr = addr, .alloc_site = l->site, .free_site = here};
-    live_drop(l, true);
     cs_block_info info;
     if ((modes & CS_DEBUG_UAF) &&
         !__atomic_load_n(&exiting, __ATOMIC_ACQUIRE) &&
@@ -308,9 +343,12 @@ cs_result cs_debug_free(cs_cache *c, uint64_t addr)
         q.size = info.size;
         q.device = info.device;
         q.ctx = info.key;
-        if (cs_quarantine_add(&q))
+        if (cs_quarantine_add(&q)) {
+            live_freed(l);  /* after: the quarantine answers for it now */
             return CS_OK;
+        }
     }
+    live_freed(l);  /* before: once in the cache, the address may be handed out again */
     return cs_cache_free(c, addr);
 }
 
@@ -354,7 +392,7 @@ void cs_debug_context_gone(const void *ctx)
     for (unsigned b = 0; b < LIVE_BUCKETS; b++)
         for (live **p = &buckets[b]; *p;) {
             live *l = *p;
-            if (l->ctx == ctx) {
+            if (l->ctx == ctx && !l->freeing) {  /* a freeing one: its free drops it */
                 *p = l->next;
                 l->next = gone;
                 gone = l;

@@ -44,13 +44,10 @@
 
 static CUcontext child_ctx;
 
+/* (A failed cmocka assertion outside a running test ends the child too.) */
 static void child_init(void)
 {
-    CUdevice dev;
-    CHILD_CHECK(cuInit(0) == CUDA_SUCCESS);
-    CHILD_CHECK(cuDeviceGet(&dev, 0) == CUDA_SUCCESS);
-    CHILD_CHECK(cuDevicePrimaryCtxRetain(&child_ctx, dev) == CUDA_SUCCESS);
-    CHILD_CHECK(cuCtxSetCurrent(child_ctx) == CUDA_SUCCESS);
+    child_ctx = shim_test_primary();
 }
 
 static int (*api(const char *name))(void)
@@ -426,6 +423,14 @@ static void assert_clean_exit(void)
         fail_msg("child did not exit cleanly (status 0x%x):\n%s", run.status, run.err);
 }
 
+/* The control: the scenario without CACHESHIM_DEBUG exits cleanly and prints nothing. */
+static void assert_silent_when_off(const char *scenario)
+{
+    run_child(&run, scenario, NULL);
+    assert_clean_exit();
+    ASSERT_LACKS("cacheshim:");
+}
+
 /* The use-after-free report: block, size, offsets, both sites, in that order. */
 static void assert_uaf_report(void)
 {
@@ -485,9 +490,7 @@ static void test_uaf_async_write_after_free(void **state)
 static void test_control_detector_off_is_silent(void **state)
 {
     (void)state;
-    run_child(&run, "uaf-exit", NULL);
-    assert_clean_exit();
-    ASSERT_LACKS("cacheshim:");
+    assert_silent_when_off("uaf-exit");
     run_child(&run, "uaf-exit", "CACHESHIM_DEBUG=leaks", NULL);  /* leaks alone: no fill */
     assert_clean_exit();
     ASSERT_LACKS("use after free");
@@ -522,10 +525,7 @@ static void test_double_free_names_both_frees(void **state)
     const char *second = strstr(strstr(run.err, "double free") + 1, "double free");
     if (!second || !strstr(second, "first freed at:"))
         fail_msg("no second double-free report:\n%s", run.err);
-    /* Off: the same error code, no message. */
-    run_child(&run, "double-free", NULL);
-    assert_clean_exit();
-    ASSERT_LACKS("cacheshim:");
+    assert_silent_when_off("double-free");  /* the same error code, no message */
 }
 
 static void test_bad_frees_keep_the_driver_answer(void **state)
@@ -541,9 +541,7 @@ static void test_bad_frees_keep_the_driver_answer(void **state)
     assert_true(has_after("512 bytes into", "  block allocated at:"));
     assert_true(has_after("  block allocated at:", "planted_alloc+0x"));
     assert_true(has_after("  block allocated at:", "bad_free_inside+0x"));
-    run_child(&run, "bad-free", NULL);
-    assert_clean_exit();
-    ASSERT_LACKS("cacheshim:");
+    assert_silent_when_off("bad-free");
 }
 
 static void test_leaks_by_site_largest_first(void **state)
