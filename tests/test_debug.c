@@ -305,11 +305,38 @@ static void scenario_threads(void)
     CHILD_CHECK(fake_races() == 0);
 }
 
+/* The fill fails: the block goes back to the cache unchecked, the free still succeeds. */
+static void scenario_fill_fails(void)
+{
+    fake_fail_always("cuMemsetD8Async", CUDA_ERROR_LAUNCH_FAILED);
+    for (int i = 0; i < 3; i++)
+        planted_free(planted_alloc(4096));
+    fake_fail_always("cuMemsetD8Async", CUDA_SUCCESS);
+    CHILD_CHECK(api("cacheshim_debug_check")() == 0);
+}
+
+/* The read-back fails: the block is not judged (no report, no abort), at the check or at exit. */
+static void scenario_read_fails(void)
+{
+    uaf_memset();
+    fake_fail_always("cuMemcpyDtoH_v2", CUDA_ERROR_LAUNCH_FAILED);
+    CHILD_CHECK(api("cacheshim_debug_check")() == 0);
+}
+
+/* Out of memory with everything quarantined: the quarantine is checked and emptied, and the
+ * allocation succeeds (a 16 MiB device, 1 MiB blocks, an unlimited quarantine). */
+static void scenario_oom_drain(void)
+{
+    for (int i = 0; i < 64; i++)
+        planted_free(planted_alloc(1 << 20));
+}
+
 static const struct {
     const char *name;
     void (*run)(void);
 } scenarios[] = {
-    {"threads", scenario_threads},
+    {"threads", scenario_threads},         {"fill-fails", scenario_fill_fails},
+    {"read-fails", scenario_read_fails},   {"oom-drain", scenario_oom_drain},
     {"uaf-exit", scenario_uaf_exit},       {"uaf-check", scenario_uaf_check},
     {"uaf-evict", scenario_uaf_evict},     {"uaf-async", scenario_uaf_async},
     {"valid", scenario_valid},             {"double-free", scenario_double_free},
@@ -603,6 +630,27 @@ static void test_threads(void **state)
     ASSERT_HAS("cacheshim: scope odd: 2 times, 300 allocations");
 }
 
+static void test_driver_failures_are_said_once(void **state)
+{
+    (void)state;
+    run_child(&run, "fill-fails", "CACHESHIM_DEBUG=uaf", NULL);
+    assert_clean_exit();
+    ASSERT_HAS("cacheshim: use-after-free check: filling the freed block at 0x");
+    ASSERT_HAS("failed (error 719); blocks that cannot be filled go back to the cache "
+               "unchecked (said once)");
+    const char *said = strstr(run.err, "filling the freed block");
+    assert_null(strstr(said + 1, "filling the freed block"));  /* once, for three frees */
+    run_child(&run, "read-fails", "CACHESHIM_DEBUG=uaf", NULL);
+    assert_clean_exit();
+    ASSERT_HAS("cacheshim: use-after-free check: reading back the block at 0x");
+    ASSERT_HAS("failed (error 719); blocks that cannot be read are not checked (said once)");
+    ASSERT_LACKS("use after free:");
+    run_child(&run, "oom-drain", "CACHESHIM_DEBUG=uaf", "CACHESHIM_QUARANTINE=unlimited",
+              "FAKE_CUDA_DEVICE_BYTES=16777216", NULL);
+    assert_clean_exit();
+    ASSERT_LACKS("cacheshim:");
+}
+
 static void test_bad_setting_is_reported(void **state)
 {
     (void)state;
@@ -634,6 +682,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_leaks_by_site_largest_first),
         cmocka_unit_test(test_scopes),
         cmocka_unit_test(test_fork_and_context_gone),
+        cmocka_unit_test(test_driver_failures_are_said_once),
         cmocka_unit_test(test_bad_setting_is_reported),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
