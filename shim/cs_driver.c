@@ -7,12 +7,18 @@
 #include <pthread.h>
 #include <stddef.h>
 
+#include "cs_elf.h"
 #include "cs_work_gen.h"
 
 static cs_dlsym_fn real_dlsym_ptr;
 static cs_driver driver;
 static pthread_once_t driver_once = PTHREAD_ONCE_INIT;
 static _Thread_local int loading;
+/* As an audit module (cs_bind.c) the shim lives in a namespace of its own: a dlopen here
+ * would load a second libcuda. It uses the program's, given by cs_driver_use, or else opens
+ * libcuda in the program's namespace. */
+static bool bind_mode;
+static void *bind_handle;
 
 CS_NO_SANITIZE cs_dlsym_fn cs_real_dlsym_fn(void)
 {
@@ -34,12 +40,25 @@ void *cs_real_dlsym(void *handle, const char *name)
     return f ? f(handle, name) : NULL;
 }
 
-#define LOAD(name) *(void **)&driver.name = cs_real_dlsym(driver.handle, #name)
+/* In bind mode the handle may be a link map ld.so loaded at start, which dlsym cannot
+ * search: its dynamic symbol table is read directly (the driver's functions are plain,
+ * unversioned). */
+static void *driver_symbol(const char *name)
+{
+    if (bind_mode)
+        return cs_elf_symbol(driver.handle, name);
+    return cs_real_dlsym(driver.handle, name);
+}
+
+#define LOAD(name) *(void **)&driver.name = driver_symbol(#name)
 
 static void load_driver(void)
 {
     loading = 1;
-    driver.handle = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+    if (!bind_mode)
+        driver.handle = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+    else if (!(driver.handle = __atomic_load_n(&bind_handle, __ATOMIC_ACQUIRE)))
+        driver.handle = dlmopen(LM_ID_BASE, "libcuda.so.1", RTLD_NOW);
     if (driver.handle) {
         LOAD(cuMemAlloc_v2);
         LOAD(cuMemFree_v2);
@@ -99,7 +118,7 @@ static void load_driver(void)
         LOAD(cuMemUnmap);
         LOAD(cuMemSetAccess);
         for (int i = 0; i < CS_WORK_COUNT; i++)
-            __atomic_store_n(&cs_work_real[i], cs_real_dlsym(driver.handle, cs_work_table[i].name),
+            __atomic_store_n(&cs_work_real[i], driver_symbol(cs_work_table[i].name),
                              __ATOMIC_RELEASE);
     }
     loading = 0;
@@ -109,6 +128,18 @@ void *cs_work_load(int i)
 {
     cs_driver_get();
     return __atomic_load_n(&cs_work_real[i], __ATOMIC_ACQUIRE);
+}
+
+void cs_driver_bind_mode(void)
+{
+    bind_mode = true;
+}
+
+void cs_driver_use(void *handle)
+{
+    void *none = NULL;
+    __atomic_compare_exchange_n(&bind_handle, &none, handle, false, __ATOMIC_ACQ_REL,
+                                __ATOMIC_ACQUIRE);
 }
 
 const cs_driver *cs_driver_get(void)

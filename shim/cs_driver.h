@@ -81,6 +81,13 @@ typedef struct cs_driver {
     CUresult (*cuMemSetAccess)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
 } cs_driver;
 
+/* The shim is an audit module (cs_bind.c): set before anything else runs. The driver is then
+ * the libcuda given to cs_driver_use (a link map of the program's), else libcuda.so.1
+ * opened in the program's first namespace, never a copy in the shim's own. */
+void cs_driver_bind_mode(void);
+/* The first call wins; later ones are ignored (the process has one driver). */
+void cs_driver_use(void *handle);
+
 /* The table, loaded once (thread-safe). Entries the driver lacks are NULL. */
 const cs_driver *cs_driver_get(void);
 

@@ -1,0 +1,101 @@
+#!/usr/bin/env python3
+"""The binding-time hooks on the fake driver: bind_prog loads bind_lib with RTLD_DEEPBIND or
+dlmopen, and the library allocates directly or through cuGetProcAddress, under each way of
+loading the cache.
+
+Usage: check_bind.py CASE BACKEND PROG LIB FAKE_DIR SHIM SHIM_AUDIT LAUNCHER
+
+CASE is LOAD-PATH-HOOKS (deepbind|dlmopen, direct|procaddr, preload|audit|both|run), or
+disabled. SHIM is libcacheshim.so as preloaded; SHIM_AUDIT the same library as LD_AUDIT loads
+it (in sanitized builds, its twin built without sanitizers). Exit 0 on success, 1 with a
+message on failure.
+"""
+import os
+import subprocess
+import sys
+
+CASE, BACKEND, PROG, LIB, FAKE_DIR, SHIM, SHIM_AUDIT, LAUNCHER = sys.argv[1:9]
+PAIRS = 1000
+
+
+def fail(msg):
+    print(f"FAIL {CASE} ({BACKEND}): {msg}", file=sys.stderr)
+    sys.exit(1)
+
+
+def check(cond, msg):
+    if not cond:
+        fail(msg)
+
+
+def env(**extra):
+    e = {k: v for k, v in os.environ.items()
+         if not k.startswith("CACHESHIM_") and k not in ("LD_PRELOAD", "LD_AUDIT")}
+    e["LD_LIBRARY_PATH"] = FAKE_DIR
+    # Sanitized builds: the shim is preloaded ahead of the sanitizer runtime; LeakSanitizer
+    # does not run under LD_AUDIT (tests/audit/check_trace.py).
+    e["ASAN_OPTIONS"] = "verify_asan_link_order=0:detect_leaks=0"
+    if BACKEND == "classic":
+        e["CACHESHIM_BACKEND"] = "classic"
+    e.update(extra)
+    return e
+
+
+def run(load, path, e, launcher=()):
+    p = subprocess.run(list(launcher) + [PROG, load, path, LIB, str(PAIRS)], env=e,
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=120)
+    check(p.returncode == 0, f"exit {p.returncode}: {p.stderr}")
+    fields = {}
+    for line in p.stdout.splitlines():
+        key, _, value = line.rpartition(" ")
+        if line.startswith("stats:"):
+            key, value = "stats", line[len("stats: "):]
+        elif line.startswith("preloaded copy:"):
+            key, value = "preloaded", line[len("preloaded copy: "):]
+        fields[key] = value
+    return fields, p.stderr
+
+
+def served(f, out):
+    # one driver allocation (pooled: one cuMemCreate of a granule), the rest cache hits
+    check(f.get("driver allocations") == "1", f"not served from the cache: {out}")
+    check(f.get("driver frees") == "0", f"frees reached the driver: {out}")
+
+
+def main():
+    if CASE == "disabled":
+        # CACHESHIM_DISABLE=1: every binding is left alone, every call reaches the driver
+        f, _ = run("deepbind", "procaddr",
+                   env(LD_AUDIT=SHIM_AUDIT, CACHESHIM_DISABLE="1"))
+        check(f.get("driver allocations") == str(PAIRS), f"disabled, yet cached: {f}")
+        return
+    load, path, hooks = CASE.split("-")
+    if hooks == "preload":
+        # the hole the hooks close: the preload alone never sees these calls (deep binding
+        # finds libcuda first; a dlmopen'ed library calls its own copy of libcuda)
+        f, _ = run(load, path, env(LD_PRELOAD=SHIM))
+        expect = str(PAIRS) if load == "deepbind" else "0"
+        check(f.get("driver allocations") == expect, f"preload alone: {f}")
+        check(f.get("stats") == "requests 0 hits 0", f"preload alone: {f}")
+    elif hooks == "audit":
+        f, _ = run(load, path, env(LD_AUDIT=SHIM_AUDIT))
+        served(f, f)
+        check(f.get("stats") == "not loaded", f"the API without the preload: {f}")
+    elif hooks == "both":
+        # preloaded and audit module: one cache, the preloaded copy never entered
+        f, err = run(load, path, env(LD_AUDIT=SHIM_AUDIT, LD_PRELOAD=SHIM, CACHESHIM_STATS="1"))
+        served(f, f)
+        check(f.get("stats") == f"requests {PAIRS} hits {PAIRS - 1}", f"one cache: {f}")
+        check(f.get("preloaded") == "not entered", f"wrapped twice: {f}")
+        check(err.count("hit rate") == 1, f"one exit table expected: {err!r}")
+    elif hooks == "run":
+        f, err = run(load, path, env(), launcher=(LAUNCHER, "run", "--stats"))
+        served(f, f)
+        check(f.get("stats") == f"requests {PAIRS} hits {PAIRS - 1}", f"one cache: {f}")
+        check(f.get("preloaded") == "not entered", f"wrapped twice: {f}")
+        check(err.count("hit rate") == 1, f"one exit table expected: {err!r}")
+    else:
+        fail("unknown case")
+
+
+main()
