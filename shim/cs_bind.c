@@ -117,7 +117,7 @@ CS_EXPORT unsigned int la_objopen(struct link_map *map, Lmid_t lmid, uintptr_t *
                    ? OBJ_DRIVER
                    : OBJ_DRIVER_COPY;
         if (kind == OBJ_DRIVER)
-            cs_driver_use(map);
+            cs_driver_use(map, lmid);
     } else if (starts_with(base, "libcacheshim.so")) {
         kind = OBJ_PRELOADED_SHIM;
     } else if (starts_with(base, "libc.so.") && lmid == LM_ID_BASE) {

@@ -4,10 +4,10 @@
 #include "cs_driver.h"
 
 #include <dlfcn.h>
+#include <link.h>
 #include <pthread.h>
 #include <stddef.h>
 
-#include "cs_elf.h"
 #include "cs_work_gen.h"
 
 static cs_dlsym_fn real_dlsym_ptr;
@@ -15,10 +15,12 @@ static cs_driver driver;
 static pthread_once_t driver_once = PTHREAD_ONCE_INIT;
 static _Thread_local int loading;
 /* As an audit module (cs_bind.c) the shim lives in a namespace of its own: a dlopen here
- * would load a second libcuda. It uses the program's, given by cs_driver_use, or else opens
- * libcuda in the program's namespace. */
+ * would load a second libcuda. It opens the program's (cs_driver_use names it; opening it
+ * again pins it), or else libcuda.so.1 in the program's first namespace. Its lookups go
+ * through dlsym, so a tracer loaded as the next audit module sees them as the shim's. */
 static bool bind_mode;
-static void *bind_handle;
+static struct link_map *bind_map;
+static Lmid_t bind_lmid;
 
 CS_NO_SANITIZE cs_dlsym_fn cs_real_dlsym_fn(void)
 {
@@ -40,25 +42,19 @@ void *cs_real_dlsym(void *handle, const char *name)
     return f ? f(handle, name) : NULL;
 }
 
-/* In bind mode the handle may be a link map ld.so loaded at start, which dlsym cannot
- * search: its dynamic symbol table is read directly (the driver's functions are plain,
- * unversioned). */
-static void *driver_symbol(const char *name)
-{
-    if (bind_mode)
-        return cs_elf_symbol(driver.handle, name);
-    return cs_real_dlsym(driver.handle, name);
-}
-
-#define LOAD(name) *(void **)&driver.name = driver_symbol(#name)
+#define LOAD(name) *(void **)&driver.name = cs_real_dlsym(driver.handle, #name)
 
 static void load_driver(void)
 {
     loading = 1;
-    if (!bind_mode)
+    if (!bind_mode) {
         driver.handle = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
-    else if (!(driver.handle = __atomic_load_n(&bind_handle, __ATOMIC_ACQUIRE)))
-        driver.handle = dlmopen(LM_ID_BASE, "libcuda.so.1", RTLD_NOW);
+    } else {
+        struct link_map *map = __atomic_load_n(&bind_map, __ATOMIC_ACQUIRE);
+        driver.handle = map ? dlmopen(bind_lmid, map->l_name, RTLD_NOW | RTLD_NOLOAD) : NULL;
+        if (!driver.handle)
+            driver.handle = dlmopen(LM_ID_BASE, "libcuda.so.1", RTLD_NOW);
+    }
     if (driver.handle) {
         LOAD(cuMemAlloc_v2);
         LOAD(cuMemFree_v2);
@@ -118,7 +114,7 @@ static void load_driver(void)
         LOAD(cuMemUnmap);
         LOAD(cuMemSetAccess);
         for (int i = 0; i < CS_WORK_COUNT; i++)
-            __atomic_store_n(&cs_work_real[i], driver_symbol(cs_work_table[i].name),
+            __atomic_store_n(&cs_work_real[i], cs_real_dlsym(driver.handle, cs_work_table[i].name),
                              __ATOMIC_RELEASE);
     }
     loading = 0;
@@ -135,10 +131,13 @@ void cs_driver_bind_mode(void)
     bind_mode = true;
 }
 
-void cs_driver_use(void *handle)
+void cs_driver_use(struct link_map *map, Lmid_t lmid)
 {
-    void *none = NULL;
-    __atomic_compare_exchange_n(&bind_handle, &none, handle, false, __ATOMIC_ACQ_REL,
+    struct link_map *none = NULL;
+    if (__atomic_load_n(&bind_map, __ATOMIC_ACQUIRE))
+        return;
+    bind_lmid = lmid;
+    __atomic_compare_exchange_n(&bind_map, &none, map, false, __ATOMIC_ACQ_REL,
                                 __ATOMIC_ACQUIRE);
 }
 

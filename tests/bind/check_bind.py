@@ -5,14 +5,16 @@ loading the cache.
 
 Usage: check_bind.py CASE BACKEND PROG LIB FAKE_DIR SHIM SHIM_AUDIT LAUNCHER
 
-CASE is LOAD-PATH-HOOKS (deepbind|dlmopen, direct|procaddr, preload|audit|both|run), or
-disabled. SHIM is libcacheshim.so as preloaded; SHIM_AUDIT the same library as LD_AUDIT loads
+CASE is LOAD-PATH-HOOKS (deepbind|dlmopen, direct|procaddr, preload|audit|both|run|trace),
+or disabled. SHIM is libcacheshim.so as preloaded; SHIM_AUDIT the same library as LD_AUDIT loads
 it (in sanitized builds, its twin built without sanitizers). Exit 0 on success, 1 with a
 message on failure.
 """
+import json
 import os
 import subprocess
 import sys
+import tempfile
 
 CASE, BACKEND, PROG, LIB, FAKE_DIR, SHIM, SHIM_AUDIT, LAUNCHER = sys.argv[1:9]
 PAIRS = 1000
@@ -94,6 +96,23 @@ def main():
         check(f.get("stats") == f"requests {PAIRS} hits {PAIRS - 1}", f"one cache: {f}")
         check(f.get("preloaded") == "not entered", f"wrapped twice: {f}")
         check(err.count("hit rate") == 1, f"one exit table expected: {err!r}")
+    elif hooks == "trace":
+        # tracer and cache as two audit modules: the library's calls reach the shim, the
+        # shim's reach the driver, each seen once
+        with tempfile.TemporaryDirectory(prefix="cacheshim-bind-") as work:
+            trace = os.path.join(work, "t.jsonl")
+            f, _ = run(load, path, env(), launcher=(LAUNCHER, "trace", "--cache", "-o", trace))
+            served(f, f)
+            with open(trace) as t:
+                ev = [json.loads(line) for line in t]
+        n = lambda name, lib, frm: sum(e["name"] == name and e["lib"] == lib and
+                                       e["from"] == frm for e in ev)
+        driver_alloc = "cuMemAlloc_v2" if BACKEND == "classic" else "cuMemCreate"
+        got = (n("cuMemAlloc_v2", "shim", "app"), n("cuMemFree_v2", "shim", "app"),
+               n(driver_alloc, "driver", "shim"), n("cuMemAlloc_v2", "driver", "app"))
+        check(got == (PAIRS, PAIRS, 1, 0),
+              f"(allocs, frees) at the shim, allocs at the driver from it and from the "
+              f"program: {got}")
     else:
         fail("unknown case")
 
