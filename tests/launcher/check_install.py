@@ -72,8 +72,11 @@ def check_launcher(root):
     audit = os.path.realpath(os.path.join(rel(LIBDIR), "libcacheaudit.so"))
     out = run([launcher, "run", PROG, "env"])
     check(f"LD_PRELOAD={shim}\n" in out, f"run did not preload the installed {shim}:\n{out}")
+    shim_audit = shim if SANITIZE == "none" else \
+        os.path.realpath(os.path.join(rel(LIBDIR), "libcacheshim-nosan.so"))
+    check(f"LD_AUDIT={shim_audit}\n" in out, f"run did not audit with the installed cache:\n{out}")
     out = run([launcher, "trace", "--cache", "-o", "env.%p.jsonl", PROG, "env"])
-    check(f"LD_PRELOAD={shim}\n" in out and f"LD_AUDIT={audit}\n" in out,
+    check(f"LD_PRELOAD={shim}\n" in out and f"LD_AUDIT={shim_audit}:{audit}\n" in out,
           f"trace did not load the installed libraries:\n{out}")
     trace = os.path.join(WORK, "t.jsonl")
     if os.path.exists(trace):

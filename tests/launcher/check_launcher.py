@@ -4,6 +4,10 @@
 and every message.
 
 Usage: check_launcher.py CASE LAUNCHER PROG FAKE_DIR SHIM AUDIT MARKER VERSION LIBDIR_REL
+                         SHIM_AUDIT
+
+SHIM_AUDIT is the library the launcher puts in LD_AUDIT for the cache: SHIM itself, or in
+sanitized builds its twin built without sanitizers (shim/meson.build).
 
 Each CASE runs in a fresh temporary directory. Exit 0 on success, 1 with a message on failure.
 """
@@ -15,7 +19,8 @@ import subprocess
 import sys
 import tempfile
 
-CASE, LAUNCHER, PROG, FAKE_DIR, SHIM, AUDIT, MARKER, VERSION, LIBDIR_REL = sys.argv[1:10]
+CASE, LAUNCHER, PROG, FAKE_DIR, SHIM, AUDIT, MARKER, VERSION, LIBDIR_REL, SHIM_AUDIT = \
+    sys.argv[1:11]
 # The cases that load the cache also run as CASE-classic, with CACHESHIM_BACKEND=classic in
 # the environment: the shim then takes memory with cuMemAlloc_v2, pooled (the default) with
 # cuMemCreate, a granule (2 MiB on the fake) at least.
@@ -24,6 +29,8 @@ DRIVER_ALLOC = "cuMemAlloc_v2" if CLASSIC else "cuMemCreate"
 WORK = tempfile.mkdtemp(prefix="cacheshim-launcher-")
 SHIM_REAL = os.path.realpath(SHIM)
 AUDIT_REAL = os.path.realpath(AUDIT)
+SHIM_AUDIT_REAL = os.path.realpath(SHIM_AUDIT)
+SHIM_AUDIT_NAME = os.path.basename(SHIM_AUDIT)
 SIZE_ACCEPTED = ("a size like 8G, 512MiB, 1.5GB, 4096, a percentage of device memory like 75%, "
                  "or none")
 
@@ -44,8 +51,9 @@ def base_env(**extra):
     env["LD_LIBRARY_PATH"] = FAKE_DIR
     # Sanitized builds: the shim is preloaded ahead of the sanitizer runtime (as in
     # tests/meson.build); LeakSanitizer crashes at exit under LD_AUDIT with the shim
-    # preloaded (tests/audit/check_trace.py), so leaks are checked without the tracer only.
-    env["ASAN_OPTIONS"] = "verify_asan_link_order=0"
+    # preloaded (tests/audit/check_trace.py), and `run` loads the cache as LD_AUDIT too, so
+    # leaks are checked by the shim's own tests (tests/meson.build), not here.
+    env["ASAN_OPTIONS"] = "verify_asan_link_order=0:detect_leaks=0"
     env.setdefault("GLIBC_TUNABLES", "glibc.rtld.optional_static_tls=16777216")
     if CLASSIC:
         env["CACHESHIM_BACKEND"] = "classic"
@@ -184,7 +192,7 @@ def case_loaded():
 def case_env():
     out, _ = launch("run", PROG, "env")
     check(f"LD_PRELOAD={SHIM_REAL}\n" in out, f"LD_PRELOAD: {out}")
-    check("LD_AUDIT=(unset)\n" in out and "CACHESHIM_CAP=(unset)\n" in out, out)
+    check(f"LD_AUDIT={SHIM_AUDIT_REAL}\n" in out and "CACHESHIM_CAP=(unset)\n" in out, out)
     check("marker not loaded" in out, out)
     # the user's LD_PRELOAD is kept, after the shim; and still loaded
     out, _ = launch("run", PROG, "env", env=base_env(LD_PRELOAD=MARKER))
@@ -207,7 +215,9 @@ def case_env():
     check("CACHESHIM_TRACE_FILE=t\n" in out and "CACHESHIM_TRACE_FORMAT=jsonl\n" in out, out)
     out, _ = launch("trace", "--cache", "--stats", "-ot2", "--format=text", "--filter", "all",
                     PROG, "env")
-    check(f"LD_PRELOAD={SHIM_REAL}\n" in out and f"LD_AUDIT={AUDIT_REAL}\n" in out, out)
+    # the cache ahead of the tracer, so that the tracer sees what the cache answers
+    check(f"LD_PRELOAD={SHIM_REAL}\n" in out and f"LD_AUDIT={SHIM_AUDIT_REAL}:{AUDIT_REAL}\n" in out,
+          out)
     for var, val in (("STATS", "1"), ("TRACE_FILE", "t2"), ("TRACE_FORMAT", "text"),
                      ("TRACE_FILTER", "all")):
         check(f"CACHESHIM_{var}={val}\n" in out, f"CACHESHIM_{var} is not {val}: {out}")
@@ -428,7 +438,7 @@ def case_missing_parts():
     alone = os.path.join(bindir, "cacheshim")
     shutil.copy2(LAUNCHER, alone)
     launch("--version", launcher=alone)
-    for cmd, lib in (("run", "libcacheshim.so"), ("trace", "libcacheaudit.so")):
+    for cmd, lib in (("run", SHIM_AUDIT_NAME), ("trace", "libcacheaudit.so")):
         out, err = launch(cmd, PROG, "args", "0", "ran", rc=125, launcher=alone)
         check(err == f"cacheshim {cmd}: no readable {lib}: looked for {bindir}/{LIBDIR_REL}/{lib} "
                      f"and {bindir}/../{'shim' if cmd == 'run' else 'audit'}/{lib}\n", err)
@@ -448,8 +458,9 @@ def case_missing_parts():
     libdir = os.path.normpath(os.path.join(spaced, LIBDIR_REL))
     os.makedirs(libdir)
     shutil.copy2(SHIM, os.path.join(libdir, "libcacheshim.so"))
+    shutil.copy2(SHIM_AUDIT, os.path.join(libdir, SHIM_AUDIT_NAME))
     _, err = launch("run", PROG, "args", "0", rc=125, launcher=os.path.join(spaced, "cacheshim"))
-    check(err == f"cacheshim run: cannot put {libdir}/libcacheshim.so in LD_PRELOAD: its path "
+    check(err == f"cacheshim run: cannot put {libdir}/{SHIM_AUDIT_NAME} in LD_AUDIT: its path "
                  "contains a colon or a space\n", err)
 
 
