@@ -1,12 +1,14 @@
 /* Libraries the preload cannot reach, served from the cache through the binding-time hooks
  * (LD_AUDIT=libcacheshim.so, cs_bind.c). check_bind.py runs it in each mode.
  *
- *     bind_prog deepbind|dlmopen direct|procaddr LIBRARY PAIRS
+ *     bind_prog plain|deepbind|dlmopen direct|procaddr LIBRARY PAIRS
  *
- * loads LIBRARY (bind_lib.c) with RTLD_DEEPBIND, or with dlmopen into a new namespace (where
- * it gets its own copy of libcuda), has it make PAIRS 1 MiB allocation/free pairs, and
- * prints what the process's driver (this program's libcuda, the fake) saw:
+ * loads LIBRARY (bind_lib.c) with a plain dlopen, with RTLD_DEEPBIND, or with dlmopen into a
+ * new namespace (where it gets its own copy of libcuda), has it make PAIRS 1 MiB
+ * allocation/free pairs, and prints what the process's driver (this program's libcuda, the
+ * fake) saw:
  *
+ *     ns per pair X            the library's run, context setup included, over PAIRS
  *     driver allocations N     cuMemAlloc_v2 + cuMemCreate calls
  *     driver frees N           cuMemFree_v2 calls
  *     stats: requests N hits N     (when cacheshim.h's API answers) or stats: not loaded
@@ -18,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cacheshim.h"
 #include "fake_control.h"
@@ -74,7 +77,7 @@ static int inside(const void *p, uintptr_t lo, uintptr_t hi)
 int main(int argc, char **argv)
 {
     if (argc != 5) {
-        fprintf(stderr, "usage: bind_prog deepbind|dlmopen direct|procaddr LIBRARY PAIRS\n");
+        fprintf(stderr, "usage: bind_prog plain|deepbind|dlmopen direct|procaddr LIBRARY PAIRS\n");
         return 2;
     }
     int procaddr = strcmp(argv[2], "procaddr") == 0;
@@ -84,7 +87,8 @@ int main(int argc, char **argv)
 
     void *lib = strcmp(argv[1], "dlmopen") == 0
                     ? dlmopen(LM_ID_NEWLM, argv[3], RTLD_NOW | RTLD_LOCAL)
-                    : dlopen(argv[3], RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND);
+                    : dlopen(argv[3], RTLD_NOW | RTLD_LOCAL |
+                                          (strcmp(argv[1], "deepbind") == 0 ? RTLD_DEEPBIND : 0));
     CHECK(lib != NULL);
     int (*run)(int, int);
     void *(*alloc_fn)(int);
@@ -95,11 +99,16 @@ int main(int argc, char **argv)
     CHECK(sym != NULL);
     memcpy(&alloc_fn, &sym, sizeof alloc_fn);
 
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
     int line = run(pairs, procaddr);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
     if (line != 0) {
         fprintf(stderr, "bind_prog: bind_lib.c:%d failed\n", line);
         return 1;
     }
+    double ns = (double)(t1.tv_sec - t0.tv_sec) * 1e9 + (double)(t1.tv_nsec - t0.tv_nsec);
+    printf("ns per pair %.1f\n", pairs > 0 ? ns / pairs : 0.0);
     printf("driver allocations %ld\n", fake_calls("cuMemAlloc_v2") + fake_calls("cuMemCreate"));
     printf("driver frees %ld\n", fake_calls("cuMemFree_v2"));
 

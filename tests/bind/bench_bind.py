@@ -1,0 +1,54 @@
+#!/usr/bin/env python3
+"""What a cache-hit allocate+free pair costs through each way of loading the cache, on the
+fake driver (no GPU): bind_prog has bind_lib make N 1 MiB cuMemAlloc/cuMemFree pairs, every
+one a cache hit but the first, and prints ns per pair. Runs each configuration RUNS times,
+alternating, and prints the medians (min-max) as a markdown table for docs/usage.md.
+
+Through the preload the calls reach the preloaded shim's functions; through the audit
+module, the wrappers that ld.so wrote into the library's GOT at binding time (or that
+cuGetProcAddress handed out). Both are the same wrappers, called once per call: the
+difference should be noise.
+
+Usage: bench_bind.py PROG LIB FAKE_DIR SHIM SHIM_AUDIT [N] [RUNS]
+"""
+import os
+import statistics
+import subprocess
+import sys
+
+PROG, LIB, FAKE_DIR, SHIM, SHIM_AUDIT = sys.argv[1:6]
+N = int(sys.argv[6]) if len(sys.argv) > 6 else 1000000
+RUNS = int(sys.argv[7]) if len(sys.argv) > 7 else 7
+
+
+def once(load, path, extra):
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("CACHESHIM_") and k not in ("LD_PRELOAD", "LD_AUDIT")}
+    env["LD_LIBRARY_PATH"] = FAKE_DIR
+    env.update(extra)
+    out = subprocess.run([PROG, load, path, LIB, str(N)], env=env, check=True,
+                         stdout=subprocess.PIPE, text=True).stdout
+    fields = dict(line.rsplit(" ", 1) for line in out.splitlines() if " " in line)
+    if fields.get("driver allocations") != "1":
+        sys.exit(f"bench_bind: {load} {path} {extra} was not served from the cache:\n{out}")
+    return float(fields["ns per pair"])
+
+
+configs = []
+for path in ("direct", "procaddr"):
+    configs += [(f"plain dlopen, {path}", "plain", path, "LD_PRELOAD", {"LD_PRELOAD": SHIM}),
+                (f"plain dlopen, {path}", "plain", path, "LD_AUDIT", {"LD_AUDIT": SHIM_AUDIT}),
+                (f"RTLD_DEEPBIND, {path}", "deepbind", path, "LD_AUDIT",
+                 {"LD_AUDIT": SHIM_AUDIT}),
+                (f"dlmopen, {path}", "dlmopen", path, "LD_AUDIT", {"LD_AUDIT": SHIM_AUDIT})]
+times = {i: [] for i in range(len(configs))}
+for _ in range(RUNS):
+    for i, (_, load, path, _, env) in enumerate(configs):
+        times[i].append(once(load, path, env))
+
+print(f"bench_bind: {N} pairs a run, {RUNS} runs, median (min-max) ns per cache-hit pair")
+print("| library loaded with, path | cache loaded by | ns per pair |")
+print("| --- | --- | ---: |")
+for i, (name, _, _, mode, _) in enumerate(configs):
+    t = times[i]
+    print(f"| {name} | {mode} | {statistics.median(t):.1f} ({min(t):.1f}-{max(t):.1f}) |")
