@@ -60,9 +60,9 @@ static int launch(launch_cmd cmd, int argc, char **argv)
      * too), ahead of the tracer so that the tracer sees the cache's answers; and preloaded,
      * for cacheshim.h's functions (the audit module redirects that copy to itself). */
     if (cache) {
-        rc = launch_library(&a, dir, "LD_AUDIT", CS_SHIM_AUDIT_NAME, CS_SHIM_FROM_TOOLS);
+        rc = launch_library(&a, dir, "LD_AUDIT", CS_SHIM_NAME, CS_SHIM_FROM_TOOLS);
         if (rc == 0)
-            rc = launch_library(&a, dir, "LD_PRELOAD", "libcacheshim.so", CS_SHIM_FROM_TOOLS);
+            rc = launch_library(&a, dir, "LD_PRELOAD", CS_SHIM_NAME, CS_SHIM_FROM_TOOLS);
         if (rc != 0)
             return rc;
     }

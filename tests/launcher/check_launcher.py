@@ -6,8 +6,9 @@ and every message.
 Usage: check_launcher.py CASE LAUNCHER PROG FAKE_DIR SHIM AUDIT MARKER VERSION LIBDIR_REL
                          SHIM_AUDIT
 
-SHIM_AUDIT is the library the launcher puts in LD_AUDIT for the cache: SHIM itself, or in
-sanitized builds its twin built without sanitizers (shim/meson.build).
+SHIM and SHIM_AUDIT are the library the launcher puts in LD_PRELOAD and LD_AUDIT for the
+cache: libcacheshim.so, or in sanitized builds its twin built without sanitizers,
+libcacheshim-nosan.so (shim/meson.build), for both.
 
 Each CASE runs in a fresh temporary directory. Exit 0 on success, 1 with a message on failure.
 """
