@@ -58,11 +58,13 @@ static int launch(launch_cmd cmd, int argc, char **argv)
     }
     /* The cache at binding time (LD_AUDIT: every library, deep-bound and dlmopen'ed ones
      * too), ahead of the tracer so that the tracer sees the cache's answers; and preloaded,
-     * for cacheshim.h's functions (the audit module redirects that copy to itself). */
+     * for cacheshim.h's functions (the audit module redirects that copy to itself). A
+     * sanitized build only preloads: the audit module cannot run sanitized. */
     if (cache) {
-        rc = launch_library(&a, dir, "LD_AUDIT", CS_SHIM_NAME, CS_SHIM_FROM_TOOLS);
+        if (CS_BIND_HOOKS)
+            rc = launch_library(&a, dir, "LD_AUDIT", "libcacheshim.so", CS_SHIM_FROM_TOOLS);
         if (rc == 0)
-            rc = launch_library(&a, dir, "LD_PRELOAD", CS_SHIM_NAME, CS_SHIM_FROM_TOOLS);
+            rc = launch_library(&a, dir, "LD_PRELOAD", "libcacheshim.so", CS_SHIM_FROM_TOOLS);
         if (rc != 0)
             return rc;
     }

@@ -12,7 +12,7 @@ module, the wrappers that ld.so wrote into the library's GOT at binding time (or
 cuGetProcAddress handed out). Both are the same wrappers, called once per call: the
 difference should be noise.
 
-Usage: bench_bind.py PROG LIB FAKE_DIR SHIM SHIM_AUDIT [N] [RUNS]
+Usage: bench_bind.py PROG LIB FAKE_DIR SHIM [N] [RUNS]
 """
 import os
 import re
@@ -21,9 +21,9 @@ import statistics
 import subprocess
 import sys
 
-PROG, LIB, FAKE_DIR, SHIM, SHIM_AUDIT = sys.argv[1:6]
-N = int(sys.argv[6]) if len(sys.argv) > 6 else 1000000
-RUNS = int(sys.argv[7]) if len(sys.argv) > 7 else 7
+PROG, LIB, FAKE_DIR, SHIM = sys.argv[1:5]
+N = int(sys.argv[5]) if len(sys.argv) > 5 else 1000000
+RUNS = int(sys.argv[6]) if len(sys.argv) > 6 else 7
 CG_N = 20000
 
 
@@ -55,10 +55,10 @@ def once(load, path, extra):
 configs = []
 for path in ("direct", "procaddr"):
     configs += [(f"plain dlopen, {path}", "plain", path, "LD_PRELOAD", {"LD_PRELOAD": SHIM}),
-                (f"plain dlopen, {path}", "plain", path, "LD_AUDIT", {"LD_AUDIT": SHIM_AUDIT}),
+                (f"plain dlopen, {path}", "plain", path, "LD_AUDIT", {"LD_AUDIT": SHIM}),
                 (f"RTLD_DEEPBIND, {path}", "deepbind", path, "LD_AUDIT",
-                 {"LD_AUDIT": SHIM_AUDIT}),
-                (f"dlmopen, {path}", "dlmopen", path, "LD_AUDIT", {"LD_AUDIT": SHIM_AUDIT})]
+                 {"LD_AUDIT": SHIM}),
+                (f"dlmopen, {path}", "dlmopen", path, "LD_AUDIT", {"LD_AUDIT": SHIM})]
 times = {i: [] for i in range(len(configs))}
 for _ in range(RUNS):
     for i, (_, load, path, _, env) in enumerate(configs):

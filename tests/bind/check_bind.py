@@ -3,11 +3,10 @@
 dlmopen, and the library allocates directly or through cuGetProcAddress, under each way of
 loading the cache.
 
-Usage: check_bind.py CASE BACKEND PROG LIB FAKE_DIR SHIM SHIM_AUDIT LAUNCHER
+Usage: check_bind.py CASE BACKEND PROG LIB FAKE_DIR SHIM LAUNCHER
 
 CASE is LOAD-PATH-HOOKS (deepbind|dlmopen, direct|procaddr, preload|audit|both|run|trace),
-or disabled. SHIM is libcacheshim.so as preloaded; SHIM_AUDIT the same library as LD_AUDIT loads it
-(tests/bind/meson.build runs these in plain builds only, where both are the one library).
+or disabled. SHIM is libcacheshim.so, preloaded and as LD_AUDIT.
 Exit 0 on success, 1 with a message on failure.
 """
 import json
@@ -16,7 +15,7 @@ import subprocess
 import sys
 import tempfile
 
-CASE, BACKEND, PROG, LIB, FAKE_DIR, SHIM, SHIM_AUDIT, LAUNCHER = sys.argv[1:9]
+CASE, BACKEND, PROG, LIB, FAKE_DIR, SHIM, LAUNCHER = sys.argv[1:8]
 PAIRS = 1000
 
 
@@ -65,7 +64,7 @@ def main():
     if CASE == "disabled":
         # CACHESHIM_DISABLE=1: every binding is left alone, every call reaches the driver
         f, _ = run("deepbind", "procaddr",
-                   env(LD_AUDIT=SHIM_AUDIT, CACHESHIM_DISABLE="1"))
+                   env(LD_AUDIT=SHIM, CACHESHIM_DISABLE="1"))
         check(f.get("driver allocations") == str(PAIRS), f"disabled, yet cached: {f}")
         return
     load, path, hooks = CASE.split("-")
@@ -77,12 +76,12 @@ def main():
         check(f.get("driver allocations") == expect, f"preload alone: {f}")
         check(f.get("stats") == "requests 0 hits 0", f"preload alone: {f}")
     elif hooks == "audit":
-        f, _ = run(load, path, env(LD_AUDIT=SHIM_AUDIT))
+        f, _ = run(load, path, env(LD_AUDIT=SHIM))
         served(f, f)
         check(f.get("stats") == "not loaded", f"the API without the preload: {f}")
     elif hooks == "both":
         # preloaded and audit module: one cache, the preloaded copy never entered
-        f, err = run(load, path, env(LD_AUDIT=SHIM_AUDIT, LD_PRELOAD=SHIM, CACHESHIM_STATS="1"))
+        f, err = run(load, path, env(LD_AUDIT=SHIM, LD_PRELOAD=SHIM, CACHESHIM_STATS="1"))
         served(f, f)
         check(f.get("stats") == f"requests {PAIRS} hits {PAIRS - 1}", f"one cache: {f}")
         check(f.get("preloaded") == "not entered", f"wrapped twice: {f}")

@@ -4,11 +4,10 @@
 and every message.
 
 Usage: check_launcher.py CASE LAUNCHER PROG FAKE_DIR SHIM AUDIT MARKER VERSION LIBDIR_REL
-                         SHIM_AUDIT
+                         HOOKS
 
-SHIM and SHIM_AUDIT are the library the launcher puts in LD_PRELOAD and LD_AUDIT for the
-cache: libcacheshim.so, or in sanitized builds its twin built without sanitizers,
-libcacheshim-nosan.so (shim/meson.build), for both.
+HOOKS: "audit" where the launcher loads the cache as an audit module too (LD_AUDIT, ahead of
+the tracer), "preload-only" in sanitized builds (tools/meson.build).
 
 Each CASE runs in a fresh temporary directory. Exit 0 on success, 1 with a message on failure.
 """
@@ -20,7 +19,7 @@ import subprocess
 import sys
 import tempfile
 
-CASE, LAUNCHER, PROG, FAKE_DIR, SHIM, AUDIT, MARKER, VERSION, LIBDIR_REL, SHIM_AUDIT = \
+CASE, LAUNCHER, PROG, FAKE_DIR, SHIM, AUDIT, MARKER, VERSION, LIBDIR_REL, HOOKS = \
     sys.argv[1:11]
 # The cases that load the cache also run as CASE-classic, with CACHESHIM_BACKEND=classic in
 # the environment: the shim then takes memory with cuMemAlloc_v2, pooled (the default) with
@@ -30,8 +29,9 @@ DRIVER_ALLOC = "cuMemAlloc_v2" if CLASSIC else "cuMemCreate"
 WORK = tempfile.mkdtemp(prefix="cacheshim-launcher-")
 SHIM_REAL = os.path.realpath(SHIM)
 AUDIT_REAL = os.path.realpath(AUDIT)
-SHIM_AUDIT_REAL = os.path.realpath(SHIM_AUDIT)
-SHIM_AUDIT_NAME = os.path.basename(SHIM_AUDIT)
+BIND = HOOKS == "audit"
+# what LD_AUDIT holds ahead of the tracer, or alone, for the cache
+CACHE_AUDIT = f"{SHIM_REAL}:" if BIND else ""
 SIZE_ACCEPTED = ("a size like 8G, 512MiB, 1.5GB, 4096, a percentage of device memory like 75%, "
                  "or none")
 
@@ -193,7 +193,8 @@ def case_loaded():
 def case_env():
     out, _ = launch("run", PROG, "env")
     check(f"LD_PRELOAD={SHIM_REAL}\n" in out, f"LD_PRELOAD: {out}")
-    check(f"LD_AUDIT={SHIM_AUDIT_REAL}\n" in out and "CACHESHIM_CAP=(unset)\n" in out, out)
+    audit = f"LD_AUDIT={SHIM_REAL}\n" if BIND else "LD_AUDIT=(unset)\n"
+    check(audit in out and "CACHESHIM_CAP=(unset)\n" in out, out)
     check("marker not loaded" in out, out)
     # the user's LD_PRELOAD is kept, after the shim; and still loaded
     out, _ = launch("run", PROG, "env", env=base_env(LD_PRELOAD=MARKER))
@@ -217,7 +218,7 @@ def case_env():
     out, _ = launch("trace", "--cache", "--stats", "-ot2", "--format=text", "--filter", "all",
                     PROG, "env")
     # the cache ahead of the tracer, so that the tracer sees what the cache answers
-    check(f"LD_PRELOAD={SHIM_REAL}\n" in out and f"LD_AUDIT={SHIM_AUDIT_REAL}:{AUDIT_REAL}\n" in out,
+    check(f"LD_PRELOAD={SHIM_REAL}\n" in out and f"LD_AUDIT={CACHE_AUDIT}{AUDIT_REAL}\n" in out,
           out)
     for var, val in (("STATS", "1"), ("TRACE_FILE", "t2"), ("TRACE_FORMAT", "text"),
                      ("TRACE_FILTER", "all")):
@@ -439,7 +440,7 @@ def case_missing_parts():
     alone = os.path.join(bindir, "cacheshim")
     shutil.copy2(LAUNCHER, alone)
     launch("--version", launcher=alone)
-    for cmd, lib in (("run", SHIM_AUDIT_NAME), ("trace", "libcacheaudit.so")):
+    for cmd, lib in (("run", "libcacheshim.so"), ("trace", "libcacheaudit.so")):
         out, err = launch(cmd, PROG, "args", "0", "ran", rc=125, launcher=alone)
         check(err == f"cacheshim {cmd}: no readable {lib}: looked for {bindir}/{LIBDIR_REL}/{lib} "
                      f"and {bindir}/../{'shim' if cmd == 'run' else 'audit'}/{lib}\n", err)
@@ -459,9 +460,9 @@ def case_missing_parts():
     libdir = os.path.normpath(os.path.join(spaced, LIBDIR_REL))
     os.makedirs(libdir)
     shutil.copy2(SHIM, os.path.join(libdir, "libcacheshim.so"))
-    shutil.copy2(SHIM_AUDIT, os.path.join(libdir, SHIM_AUDIT_NAME))
     _, err = launch("run", PROG, "args", "0", rc=125, launcher=os.path.join(spaced, "cacheshim"))
-    check(err == f"cacheshim run: cannot put {libdir}/{SHIM_AUDIT_NAME} in LD_AUDIT: its path "
+    var = "LD_AUDIT" if BIND else "LD_PRELOAD"
+    check(err == f"cacheshim run: cannot put {libdir}/libcacheshim.so in {var}: its path "
                  "contains a colon or a space\n", err)
 
 
