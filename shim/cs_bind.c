@@ -64,7 +64,8 @@ static void *own_export(const char *name)
 }
 
 /* The first libcuda's definition of a name another copy of libcuda defines. Not through
- * dlsym: this runs while ld.so relocates, and dlsym from here crashes glibc 2.36. */
+ * dlsym: this runs while ld.so relocates, and the first libcuda may be one ld.so loaded at
+ * start, whose link map dlsym cannot search (glibc 2.36 crashes). */
 static void *first_driver_symbol(const char *name)
 {
     struct link_map *first = __atomic_load_n(&first_driver, __ATOMIC_ACQUIRE);
