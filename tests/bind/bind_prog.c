@@ -1,12 +1,14 @@
 /* Libraries the preload cannot reach, served from the cache through the binding-time hooks
  * (LD_AUDIT=libcacheshim.so, cs_bind.c). check_bind.py runs it in each mode.
  *
- *     bind_prog plain|deepbind|dlmopen direct|procaddr LIBRARY PAIRS
+ *     bind_prog plain|deepbind|dlmopen|fork direct|procaddr LIBRARY PAIRS
  *
  * loads LIBRARY (bind_lib.c) with a plain dlopen, with RTLD_DEEPBIND, or with dlmopen into a
  * new namespace (where it gets its own copy of libcuda), has it make PAIRS 1 MiB
  * allocation/free pairs, and prints what the process's driver (this program's libcuda, the
- * fake) saw:
+ * fake) saw (fork: a plain dlopen, then a child makes one more pair and prints
+ * "child driver allocations N": a child's cache starts empty, so N is one more than its
+ * parent's):
  *
  *     ns per pair X            the library's run, context setup included, over PAIRS
  *     driver allocations N     cuMemAlloc_v2 + cuMemCreate calls
@@ -20,7 +22,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "cacheshim.h"
 #include "fake_control.h"
@@ -77,7 +81,8 @@ static int inside(const void *p, uintptr_t lo, uintptr_t hi)
 int main(int argc, char **argv)
 {
     if (argc != 5) {
-        fprintf(stderr, "usage: bind_prog plain|deepbind|dlmopen direct|procaddr LIBRARY PAIRS\n");
+        fprintf(stderr,
+                "usage: bind_prog plain|deepbind|dlmopen|fork direct|procaddr LIBRARY PAIRS\n");
         return 2;
     }
     int procaddr = strcmp(argv[2], "procaddr") == 0;
@@ -110,6 +115,20 @@ int main(int argc, char **argv)
     double ns = (double)(t1.tv_sec - t0.tv_sec) * 1e9 + (double)(t1.tv_nsec - t0.tv_nsec);
     printf("ns per pair %.1f\n", pairs > 0 ? ns / pairs : 0.0);
     printf("driver allocations %ld\n", fake_calls("cuMemAlloc_v2") + fake_calls("cuMemCreate"));
+    if (strcmp(argv[1], "fork") == 0) {
+        fflush(stdout);
+        pid_t pid = fork();
+        CHECK(pid >= 0);
+        if (pid == 0) {
+            line = run(1, procaddr);
+            printf("child driver allocations %ld\n",
+                   fake_calls("cuMemAlloc_v2") + fake_calls("cuMemCreate"));
+            fflush(stdout);
+            _exit(line == 0 ? 0 : 1);
+        }
+        int status;
+        CHECK(waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    }
     printf("driver frees %ld\n", fake_calls("cuMemFree_v2"));
 
     cacheshim_stats st;

@@ -6,7 +6,7 @@ loading the cache.
 Usage: check_bind.py CASE BACKEND PROG LIB FAKE_DIR SHIM LAUNCHER
 
 CASE is LOAD-PATH-HOOKS (deepbind|dlmopen, direct|procaddr, preload|audit|both|run|trace),
-or disabled. SHIM is libcacheshim.so, preloaded and as LD_AUDIT.
+or disabled, or fork. SHIM is libcacheshim.so, preloaded and as LD_AUDIT.
 Exit 0 on success, 1 with a message on failure.
 """
 import json
@@ -66,6 +66,14 @@ def main():
         f, _ = run("deepbind", "procaddr",
                    env(LD_AUDIT=SHIM, CACHESHIM_DISABLE="1"))
         check(f.get("driver allocations") == str(PAIRS), f"disabled, yet cached: {f}")
+        return
+    if CASE == "fork":
+        # the program's fork runs the cache's handlers under the audit module too: the
+        # child's cache starts empty, so its one allocation takes memory from the driver
+        for hooks in ({"LD_PRELOAD": SHIM}, {"LD_AUDIT": SHIM}):
+            f, _ = run("fork", "direct", env(**hooks))
+            served(f, f)
+            check(f.get("child driver allocations") == "2", f"{hooks}: the child {f}")
         return
     load, path, hooks = CASE.split("-")
     if hooks == "preload":
