@@ -10,6 +10,7 @@
  * looks each result up by identity in a table built from the object's dynamic symbols. */
 #include "ca_internal.h"
 
+#include <dlfcn.h>
 #include <elf.h>
 #include <link.h>
 #include <stdlib.h>
@@ -249,12 +250,34 @@ CA_EXPORT unsigned int la_objopen(struct link_map *map, Lmid_t lmid, uintptr_t *
     return kind == OBJ_OTHER ? LA_FLG_BINDFROM : LA_FLG_BINDFROM | LA_FLG_BINDTO;
 }
 
+/* The cache as an audit module ahead of this one (LD_AUDIT=libcacheshim.so:libcacheaudit.so,
+ * shim/cs_bind.c) answers bindings with its own functions. Is answer one of them? The first
+ * one names the module: from then on it is "the shim": its functions are the shim's real ones
+ * (over a preloaded copy's, which it never enters), its calls come from the shim. */
+static int in_audit_shim(uintptr_t answer)
+{
+    static int noted;
+    Dl_info info;
+    struct link_map *l = NULL;
+    if (!dladdr1((void *)answer, &info, (void **)&l, RTLD_DL_LINKMAP) || !l || !info.dli_fname)
+        return 0;
+    const char *base = strrchr(info.dli_fname, '/');
+    if (strncmp(base ? base + 1 : info.dli_fname, "libcacheshim", 12) != 0)
+        return 0;
+    if (!noted) {
+        noted = 1;
+        memset(ca_real[CA_LIB_SHIM], 0, sizeof ca_real[CA_LIB_SHIM]);
+        index_object(l, CA_LIB_SHIM);
+        note_range(l, CA_FROM_SHIM);
+    }
+    return 1;
+}
+
 CA_EXPORT uintptr_t la_symbind64(Elf64_Sym *sym, unsigned int ndx, uintptr_t *refcook,
                                  uintptr_t *defcook, unsigned int *flags, const char *symname)
 {
     (void)ndx;
     (void)refcook;
-    (void)flags;
     uintptr_t real = sym->st_value;
     void *w = NULL;
     switch (*defcook) {
@@ -266,7 +289,9 @@ CA_EXPORT uintptr_t la_symbind64(Elf64_Sym *sym, unsigned int ndx, uintptr_t *re
         }
         if (symname[0] != 'c' || symname[1] != 'u')
             break;
-        int lib = *defcook == OBJ_DRIVER ? CA_LIB_DRIVER : CA_LIB_SHIM;
+        /* Answered by the cache as an earlier audit module: the call goes into the shim. */
+        int to_shim = (*flags & LA_SYMB_ALTVALUE) && in_audit_shim(real);
+        int lib = *defcook == OBJ_DRIVER && !to_shim ? CA_LIB_DRIVER : CA_LIB_SHIM;
         int fn = ca_lookup_gen(symname);
         if (fn < 0)
             break;

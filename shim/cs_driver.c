@@ -4,6 +4,7 @@
 #include "cs_driver.h"
 
 #include <dlfcn.h>
+#include <link.h>
 #include <pthread.h>
 #include <stddef.h>
 
@@ -13,6 +14,13 @@ static cs_dlsym_fn real_dlsym_ptr;
 static cs_driver driver;
 static pthread_once_t driver_once = PTHREAD_ONCE_INIT;
 static _Thread_local int loading;
+/* As an audit module (cs_bind.c) the shim lives in a namespace of its own: a dlopen here
+ * would load a second libcuda. It opens the program's (cs_driver_use names it; opening it
+ * again pins it), or else libcuda.so.1 in the program's first namespace. Its lookups go
+ * through dlsym, so a tracer loaded as the next audit module sees them as the shim's. */
+static bool bind_mode;
+static struct link_map *bind_map;
+static Lmid_t bind_lmid;
 
 CS_NO_SANITIZE cs_dlsym_fn cs_real_dlsym_fn(void)
 {
@@ -39,7 +47,14 @@ void *cs_real_dlsym(void *handle, const char *name)
 static void load_driver(void)
 {
     loading = 1;
-    driver.handle = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+    if (!bind_mode) {
+        driver.handle = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+    } else {
+        struct link_map *map = __atomic_load_n(&bind_map, __ATOMIC_ACQUIRE);
+        driver.handle = map ? dlmopen(bind_lmid, map->l_name, RTLD_NOW | RTLD_NOLOAD) : NULL;
+        if (!driver.handle)
+            driver.handle = dlmopen(LM_ID_BASE, "libcuda.so.1", RTLD_NOW);
+    }
     if (driver.handle) {
         LOAD(cuMemAlloc_v2);
         LOAD(cuMemFree_v2);
@@ -109,6 +124,21 @@ void *cs_work_load(int i)
 {
     cs_driver_get();
     return __atomic_load_n(&cs_work_real[i], __ATOMIC_ACQUIRE);
+}
+
+void cs_driver_bind_mode(void)
+{
+    bind_mode = true;
+}
+
+void cs_driver_use(struct link_map *map, Lmid_t lmid)
+{
+    struct link_map *none = NULL;
+    if (__atomic_load_n(&bind_map, __ATOMIC_ACQUIRE))
+        return;
+    bind_lmid = lmid;
+    __atomic_compare_exchange_n(&bind_map, &none, map, false, __ATOMIC_ACQ_REL,
+                                __ATOMIC_ACQUIRE);
 }
 
 const cs_driver *cs_driver_get(void)

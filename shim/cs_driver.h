@@ -2,6 +2,7 @@
 #ifndef CS_DRIVER_H
 #define CS_DRIVER_H
 
+#include <dlfcn.h>
 #include <stdbool.h>
 
 #include "cs_exports.h"
@@ -80,6 +81,15 @@ typedef struct cs_driver {
     CUresult (*cuMemUnmap)(CUdeviceptr, size_t);
     CUresult (*cuMemSetAccess)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
 } cs_driver;
+
+/* The shim is an audit module (cs_bind.c): set before anything else runs. The driver is then
+ * the libcuda given to cs_driver_use (a link map of the program's, in namespace lmid), else
+ * libcuda.so.1 opened in the program's first namespace, never a copy in the shim's own. */
+void cs_driver_bind_mode(void);
+/* The first call wins; later ones are ignored (the process has one driver). ld.so calls
+ * la_objopen under its lock, one at a time. */
+struct link_map;
+void cs_driver_use(struct link_map *map, Lmid_t lmid);
 
 /* The table, loaded once (thread-safe). Entries the driver lacks are NULL. */
 const cs_driver *cs_driver_get(void);

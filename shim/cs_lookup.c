@@ -94,6 +94,19 @@ void *cs_wrap_symbol(const char *name, void *real, int cuda_version, cuuint64_t 
     return best ? best->wrapper : real;
 }
 
+/* The wrapper of the exported name `name` (what a binding or dlsym names), or NULL: the
+ * binding-time hooks (cs_bind.c) hand it out in place of the driver's function. */
+void *cs_wrapper_named(const char *name)
+{
+    for (size_t i = 0; i < NWRAPPED; i++)
+        if (strcmp(table[i].name, name) == 0)
+            return table[i].wrapper;
+    for (int i = 0; i < CS_WORK_COUNT; i++)
+        if (strcmp(cs_work_table[i].name, name) == 0)
+            return cs_work_table[i].wrapper;
+    return NULL;
+}
+
 /* ---------------------------------------------------------------- cuGetProcAddress */
 
 static void *wrap_found(const char *symbol, void *p, int version, cuuint64_t flags)

@@ -39,5 +39,13 @@ void cs_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
  * `name` (a versioned exported name, or a base name with cudaVersion and flags, as
  * cuGetProcAddress takes). Returns `real` itself when the shim does not wrap it. */
 void *cs_wrap_symbol(const char *name, void *real, int cuda_version, cuuint64_t flags);
+/* The wrapper the shim defines under the exported driver name `name`, or NULL. */
+void *cs_wrapper_named(const char *name);
+
+/* fork, when the shim is an audit module (cs_bind.c): the handlers pthread_atfork would run,
+ * since the program's fork is not the audit namespace's. */
+void cs_shim_before_fork(void);
+void cs_shim_after_fork_parent(void);
+void cs_shim_after_fork_child(void);
 
 #endif

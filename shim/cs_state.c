@@ -78,21 +78,21 @@ static void on_release(void *arg, int device, uint64_t addr, uint64_t size, cs_r
 
 /* ---------------------------------------------------------------- fork and exit */
 
-static void before_fork(void)
+void cs_shim_before_fork(void)
 {
     if (shim.cache)
         cs_cache_lock(shim.cache);
     cs_streams_lock_all();
 }
 
-static void after_fork_parent(void)
+void cs_shim_after_fork_parent(void)
 {
     cs_streams_unlock_all();
     if (shim.cache)
         cs_cache_unlock(shim.cache);
 }
 
-static void after_fork_child(void)
+void cs_shim_after_fork_child(void)
 {
     /* The child cannot use the parent's device memory; it starts with an empty cache. */
     if (shim.cache)
@@ -138,7 +138,7 @@ static void init(void)
         }
         cs_debug_init(shim.cache, &shim.opts);
     }
-    pthread_atfork(before_fork, after_fork_parent, after_fork_child);
+    pthread_atfork(cs_shim_before_fork, cs_shim_after_fork_parent, cs_shim_after_fork_child);
     shim_ready = true;
 }
 

@@ -4,6 +4,7 @@
  * See docs/cli.md. */
 #include <errno.h>
 #include <limits.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -17,7 +18,7 @@ static void usage(FILE *f)
           "       " LAUNCH_NAME " --help | --version\n"
           "\n"
           "Commands:\n"
-          "  run      run PROGRAM with the caching allocator (libcacheshim.so preloaded)\n"
+          "  run      run PROGRAM with the caching allocator (libcacheshim.so)\n"
           "  trace    run PROGRAM with the driver-call tracer (libcacheaudit.so as LD_AUDIT)\n"
           "  report   summarise a trace (runs cacheshim-report)\n"
           "  replay   replay allocation traces through the cache, offline (runs cacheshim-replay)\n"
@@ -47,15 +48,23 @@ static int launch(launch_cmd cmd, int argc, char **argv)
     char dir[PATH_MAX];
     if ((rc = launch_self_dir(dir, sizeof dir)) != 0)
         return rc;
-    if (cmd == LAUNCH_RUN || a.value[LOPT_CACHE]) {
-        rc = launch_library(&a, dir, "LD_PRELOAD", "libcacheshim.so", CS_SHIM_FROM_TOOLS);
-        if (rc != 0)
-            return rc;
-    }
+    bool cache = cmd == LAUNCH_RUN || a.value[LOPT_CACHE];
     if (cmd == LAUNCH_TRACE) {
         rc = launch_library(&a, dir, "LD_AUDIT", "libcacheaudit.so", CS_AUDIT_FROM_TOOLS);
         if (rc == 0)
             rc = launch_trace_output(&a, &opts);
+        if (rc != 0)
+            return rc;
+    }
+    /* The cache at binding time (LD_AUDIT: every library, deep-bound and dlmopen'ed ones
+     * too), ahead of the tracer so that the tracer sees the cache's answers; and preloaded,
+     * for cacheshim.h's functions (the audit module redirects that copy to itself). A
+     * sanitized build only preloads: the audit module cannot run sanitized. */
+    if (cache) {
+        if (CS_BIND_HOOKS)
+            rc = launch_library(&a, dir, "LD_AUDIT", "libcacheshim.so", CS_SHIM_FROM_TOOLS);
+        if (rc == 0)
+            rc = launch_library(&a, dir, "LD_PRELOAD", "libcacheshim.so", CS_SHIM_FROM_TOOLS);
         if (rc != 0)
             return rc;
     }

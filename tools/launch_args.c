@@ -75,8 +75,9 @@ static void usage(FILE *f, launch_cmd cmd)
 {
     if (cmd == LAUNCH_RUN)
         fputs("usage: " LAUNCH_NAME " run [OPTIONS] [--] PROGRAM [ARGS...]\n"
-              "Runs PROGRAM with the caching allocator: libcacheshim.so in LD_PRELOAD, ahead of\n"
-              "what LD_PRELOAD already holds, and each option as its variable.\n",
+              "Runs PROGRAM with the caching allocator: libcacheshim.so in LD_AUDIT (every\n"
+              "library's driver calls, deep-bound and dlmopen'ed ones too) and in LD_PRELOAD,\n"
+              "ahead of what they hold, and each option as its variable.\n",
               f);
     else
         fputs("usage: " LAUNCH_NAME " trace [OPTIONS] [--] PROGRAM [ARGS...]\n"

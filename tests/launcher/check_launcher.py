@@ -4,6 +4,10 @@
 and every message.
 
 Usage: check_launcher.py CASE LAUNCHER PROG FAKE_DIR SHIM AUDIT MARKER VERSION LIBDIR_REL
+                         HOOKS
+
+HOOKS: "audit" where the launcher loads the cache as an audit module too (LD_AUDIT, ahead of
+the tracer), "preload-only" in sanitized builds (tools/meson.build).
 
 Each CASE runs in a fresh temporary directory. Exit 0 on success, 1 with a message on failure.
 """
@@ -15,7 +19,8 @@ import subprocess
 import sys
 import tempfile
 
-CASE, LAUNCHER, PROG, FAKE_DIR, SHIM, AUDIT, MARKER, VERSION, LIBDIR_REL = sys.argv[1:10]
+CASE, LAUNCHER, PROG, FAKE_DIR, SHIM, AUDIT, MARKER, VERSION, LIBDIR_REL, HOOKS = \
+    sys.argv[1:11]
 # The cases that load the cache also run as CASE-classic, with CACHESHIM_BACKEND=classic in
 # the environment: the shim then takes memory with cuMemAlloc_v2, pooled (the default) with
 # cuMemCreate, a granule (2 MiB on the fake) at least.
@@ -24,6 +29,9 @@ DRIVER_ALLOC = "cuMemAlloc_v2" if CLASSIC else "cuMemCreate"
 WORK = tempfile.mkdtemp(prefix="cacheshim-launcher-")
 SHIM_REAL = os.path.realpath(SHIM)
 AUDIT_REAL = os.path.realpath(AUDIT)
+BIND = HOOKS == "audit"
+# what LD_AUDIT holds ahead of the tracer, or alone, for the cache
+CACHE_AUDIT = f"{SHIM_REAL}:" if BIND else ""
 SIZE_ACCEPTED = ("a size like 8G, 512MiB, 1.5GB, 4096, a percentage of device memory like 75%, "
                  "or none")
 
@@ -44,8 +52,9 @@ def base_env(**extra):
     env["LD_LIBRARY_PATH"] = FAKE_DIR
     # Sanitized builds: the shim is preloaded ahead of the sanitizer runtime (as in
     # tests/meson.build); LeakSanitizer crashes at exit under LD_AUDIT with the shim
-    # preloaded (tests/audit/check_trace.py), so leaks are checked without the tracer only.
-    env["ASAN_OPTIONS"] = "verify_asan_link_order=0"
+    # preloaded (tests/audit/check_trace.py), and `run` loads the cache as LD_AUDIT too, so
+    # leaks are checked by the shim's own tests (tests/meson.build), not here.
+    env["ASAN_OPTIONS"] = "verify_asan_link_order=0:detect_leaks=0"
     env.setdefault("GLIBC_TUNABLES", "glibc.rtld.optional_static_tls=16777216")
     if CLASSIC:
         env["CACHESHIM_BACKEND"] = "classic"
@@ -184,7 +193,8 @@ def case_loaded():
 def case_env():
     out, _ = launch("run", PROG, "env")
     check(f"LD_PRELOAD={SHIM_REAL}\n" in out, f"LD_PRELOAD: {out}")
-    check("LD_AUDIT=(unset)\n" in out and "CACHESHIM_CAP=(unset)\n" in out, out)
+    audit = f"LD_AUDIT={SHIM_REAL}\n" if BIND else "LD_AUDIT=(unset)\n"
+    check(audit in out and "CACHESHIM_CAP=(unset)\n" in out, out)
     check("marker not loaded" in out, out)
     # the user's LD_PRELOAD is kept, after the shim; and still loaded
     out, _ = launch("run", PROG, "env", env=base_env(LD_PRELOAD=MARKER))
@@ -207,7 +217,9 @@ def case_env():
     check("CACHESHIM_TRACE_FILE=t\n" in out and "CACHESHIM_TRACE_FORMAT=jsonl\n" in out, out)
     out, _ = launch("trace", "--cache", "--stats", "-ot2", "--format=text", "--filter", "all",
                     PROG, "env")
-    check(f"LD_PRELOAD={SHIM_REAL}\n" in out and f"LD_AUDIT={AUDIT_REAL}\n" in out, out)
+    # the cache ahead of the tracer, so that the tracer sees what the cache answers
+    check(f"LD_PRELOAD={SHIM_REAL}\n" in out and f"LD_AUDIT={CACHE_AUDIT}{AUDIT_REAL}\n" in out,
+          out)
     for var, val in (("STATS", "1"), ("TRACE_FILE", "t2"), ("TRACE_FORMAT", "text"),
                      ("TRACE_FILTER", "all")):
         check(f"CACHESHIM_{var}={val}\n" in out, f"CACHESHIM_{var} is not {val}: {out}")
@@ -449,7 +461,8 @@ def case_missing_parts():
     os.makedirs(libdir)
     shutil.copy2(SHIM, os.path.join(libdir, "libcacheshim.so"))
     _, err = launch("run", PROG, "args", "0", rc=125, launcher=os.path.join(spaced, "cacheshim"))
-    check(err == f"cacheshim run: cannot put {libdir}/libcacheshim.so in LD_PRELOAD: its path "
+    var = "LD_AUDIT" if BIND else "LD_PRELOAD"
+    check(err == f"cacheshim run: cannot put {libdir}/libcacheshim.so in {var}: its path "
                  "contains a colon or a space\n", err)
 
 

@@ -1,0 +1,124 @@
+#!/usr/bin/env python3
+"""The binding-time hooks on the fake driver: bind_prog loads bind_lib with RTLD_DEEPBIND or
+dlmopen, and the library allocates directly or through cuGetProcAddress, under each way of
+loading the cache.
+
+Usage: check_bind.py CASE BACKEND PROG LIB FAKE_DIR SHIM LAUNCHER
+
+CASE is LOAD-PATH-HOOKS (deepbind|dlmopen, direct|procaddr, preload|audit|both|run|trace),
+or disabled, or fork. SHIM is libcacheshim.so, preloaded and as LD_AUDIT.
+Exit 0 on success, 1 with a message on failure.
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+CASE, BACKEND, PROG, LIB, FAKE_DIR, SHIM, LAUNCHER = sys.argv[1:8]
+PAIRS = 1000
+
+
+def fail(msg):
+    print(f"FAIL {CASE} ({BACKEND}): {msg}", file=sys.stderr)
+    sys.exit(1)
+
+
+def check(cond, msg):
+    if not cond:
+        fail(msg)
+
+
+def env(**extra):
+    e = {k: v for k, v in os.environ.items()
+         if not k.startswith("CACHESHIM_") and k not in ("LD_PRELOAD", "LD_AUDIT")}
+    e["LD_LIBRARY_PATH"] = FAKE_DIR
+    if BACKEND == "classic":
+        e["CACHESHIM_BACKEND"] = "classic"
+    e.update(extra)
+    return e
+
+
+def run(load, path, e, launcher=()):
+    p = subprocess.run(list(launcher) + [PROG, load, path, LIB, str(PAIRS)], env=e,
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=120)
+    check(p.returncode == 0, f"exit {p.returncode}: {p.stderr}")
+    fields = {}
+    for line in p.stdout.splitlines():
+        key, _, value = line.rpartition(" ")
+        if line.startswith("stats:"):
+            key, value = "stats", line[len("stats: "):]
+        elif line.startswith("preloaded copy:"):
+            key, value = "preloaded", line[len("preloaded copy: "):]
+        fields[key] = value
+    return fields, p.stderr
+
+
+def served(f, out):
+    # one driver allocation (pooled: one cuMemCreate of a granule), the rest cache hits
+    check(f.get("driver allocations") == "1", f"not served from the cache: {out}")
+    check(f.get("driver frees") == "0", f"frees reached the driver: {out}")
+
+
+def main():
+    if CASE == "disabled":
+        # CACHESHIM_DISABLE=1: every binding is left alone, every call reaches the driver
+        f, _ = run("deepbind", "procaddr",
+                   env(LD_AUDIT=SHIM, CACHESHIM_DISABLE="1"))
+        check(f.get("driver allocations") == str(PAIRS), f"disabled, yet cached: {f}")
+        return
+    if CASE == "fork":
+        # the program's fork runs the cache's handlers under the audit module too: the
+        # child's cache starts empty, so its one allocation takes memory from the driver
+        for hooks in ({"LD_PRELOAD": SHIM}, {"LD_AUDIT": SHIM}):
+            f, _ = run("fork", "direct", env(**hooks))
+            served(f, f)
+            check(f.get("child driver allocations") == "2", f"{hooks}: the child {f}")
+        return
+    load, path, hooks = CASE.split("-")
+    if hooks == "preload":
+        # the hole the hooks close: the preload alone never sees these calls (deep binding
+        # finds libcuda first; a dlmopen'ed library calls its own copy of libcuda)
+        f, _ = run(load, path, env(LD_PRELOAD=SHIM))
+        expect = str(PAIRS) if load == "deepbind" else "0"
+        check(f.get("driver allocations") == expect, f"preload alone: {f}")
+        check(f.get("stats") == "requests 0 hits 0", f"preload alone: {f}")
+    elif hooks == "audit":
+        f, _ = run(load, path, env(LD_AUDIT=SHIM))
+        served(f, f)
+        check(f.get("stats") == "not loaded", f"the API without the preload: {f}")
+    elif hooks == "both":
+        # preloaded and audit module: one cache, the preloaded copy never entered
+        f, err = run(load, path, env(LD_AUDIT=SHIM, LD_PRELOAD=SHIM, CACHESHIM_STATS="1"))
+        served(f, f)
+        check(f.get("stats") == f"requests {PAIRS} hits {PAIRS - 1}", f"one cache: {f}")
+        check(f.get("preloaded") == "not entered", f"wrapped twice: {f}")
+        check(err.count("hit rate") == 1, f"one exit table expected: {err!r}")
+    elif hooks == "run":
+        f, err = run(load, path, env(), launcher=(LAUNCHER, "run", "--stats"))
+        served(f, f)
+        check(f.get("stats") == f"requests {PAIRS} hits {PAIRS - 1}", f"one cache: {f}")
+        check(f.get("preloaded") == "not entered", f"wrapped twice: {f}")
+        check(err.count("hit rate") == 1, f"one exit table expected: {err!r}")
+    elif hooks == "trace":
+        # tracer and cache as two audit modules: the library's calls reach the shim, the
+        # shim's reach the driver, each seen once
+        with tempfile.TemporaryDirectory(prefix="cacheshim-bind-") as work:
+            trace = os.path.join(work, "t.jsonl")
+            f, _ = run(load, path, env(), launcher=(LAUNCHER, "trace", "--cache", "-o", trace))
+            served(f, f)
+            with open(trace) as t:
+                ev = [json.loads(line) for line in t]
+        n = lambda name, lib, frm: sum(e["name"] == name and e["lib"] == lib and
+                                       e["from"] == frm for e in ev)
+        driver_alloc = "cuMemAlloc_v2" if BACKEND == "classic" else "cuMemCreate"
+        got = (n("cuMemAlloc_v2", "shim", "app"), n("cuMemFree_v2", "shim", "app"),
+               n(driver_alloc, "driver", "shim"), n("cuMemAlloc_v2", "driver", "app"))
+        check(got == (PAIRS, PAIRS, 1, 0),
+              f"(allocs, frees) at the shim, allocs at the driver from it and from the "
+              f"program: {got}")
+    else:
+        fail("unknown case")
+
+
+main()
