@@ -3,6 +3,7 @@
  */
 #include "cs_exports.h"
 
+#include "cs_outside.h"
 #include "cs_shim.h"
 #include "cs_streams.h"
 
@@ -56,8 +57,12 @@ CS_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
         return CUDA_SUCCESS;
     case CS_NOT_IN_USE:
         return CUDA_ERROR_INVALID_VALUE;  /* what the driver says to a double free */
-    default:
-        return d->cuMemFree_v2(dptr);     /* not ours: the driver decides */
+    default: {
+        CUresult r = d->cuMemFree_v2(dptr);  /* not ours: the driver decides */
+        if (r == CUDA_SUCCESS)
+            cs_outside_pointer_freed((uint64_t)dptr);  /* pitched, managed, stream-ordered */
+        return r;
+    }
     }
 }
 

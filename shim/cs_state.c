@@ -7,6 +7,8 @@
 #include <string.h>
 
 #include "cs_backend.h"
+#include "cs_host.h"
+#include "cs_outside.h"
 #include "cs_report.h"
 #include "cs_streams.h"
 
@@ -75,27 +77,82 @@ static void on_release(void *arg, int device, uint64_t addr, uint64_t size, cs_r
            reason_name(why));
 }
 
+static const char *host_reason_name(cs_release_reason why)
+{
+    switch (why) {
+    case CS_RELEASE_THRESHOLD: return "above CACHESHIM_HOST_RELEASE_THRESHOLD";
+    case CS_RELEASE_CAP: return "to stay under CACHESHIM_HOST_CAP";
+    default: return reason_name(why);
+    }
+}
+
+static void on_host_release(void *arg, int device, uint64_t addr, uint64_t size,
+                            cs_release_reason why)
+{
+    (void)arg;
+    (void)device;
+    if (shim.opts.verbose < 2)
+        return;
+    char sz[32];
+    cs_bytes_format(size, sz, sizeof sz);
+    cs_log("released %s of pinned host memory at 0x%llx (%s)", sz, (unsigned long long)addr,
+           host_reason_name(why));
+}
+
+/* A release threshold above the cap does nothing: said once per device (or once for pinned
+ * host memory), when its sizes are known. */
+static void warn_threshold_above_cap(int device, uint64_t total)
+{
+    static uint64_t said;  /* atomic: bit per device, bit 63 for host memory */
+    int bit = device < 0 ? 63 : device % 63;
+    if (__atomic_fetch_or(&said, 1ull << bit, __ATOMIC_RELAXED) & (1ull << bit))
+        return;
+    char where[64], line[512];
+    if (device < 0)
+        snprintf(where, sizeof where, "pinned host memory");
+    else
+        snprintf(where, sizeof where, "device %d", device);
+    bool above = device < 0 ? cs_threshold_above_cap(&shim.opts.host_cap,
+                                                     &shim.opts.host_release_threshold,
+                                                     "CACHESHIM_HOST_CAP",
+                                                     "CACHESHIM_HOST_RELEASE_THRESHOLD", total,
+                                                     where, line, sizeof line)
+                            : cs_threshold_above_cap(&shim.opts.cap,
+                                                     &shim.opts.release_threshold,
+                                                     "CACHESHIM_CAP",
+                                                     "CACHESHIM_RELEASE_THRESHOLD", total, where,
+                                                     line, sizeof line);
+    if (above)
+        log_line(line, NULL);
+}
+
 /* ---------------------------------------------------------------- fork and exit */
 
 static void before_fork(void)
 {
+    cs_outside_lock();  /* before the cache's lock: uncharging takes it under this one */
     if (shim.cache)
         cs_cache_lock(shim.cache);
+    cs_host_lock();
     cs_streams_lock_all();
 }
 
 static void after_fork_parent(void)
 {
     cs_streams_unlock_all();
+    cs_host_unlock();
     if (shim.cache)
         cs_cache_unlock(shim.cache);
+    cs_outside_unlock();
 }
 
 static void after_fork_child(void)
 {
     /* The child cannot use the parent's device memory; it starts with an empty cache. */
+    cs_host_reset_after_fork();
     if (shim.cache)
         cs_cache_reset_after_fork(shim.cache);
+    cs_outside_reset_after_fork();
     cs_streams_reset_after_fork();
     __atomic_add_fetch(&heap_generation, 1, __ATOMIC_RELEASE);
 }
@@ -105,6 +162,8 @@ __attribute__((destructor)) static void at_exit(void)
     /* No driver calls here: the driver may already be torn down. */
     if (shim_ready && shim.opts.stats && shim.cache) {
         cs_report_stats(shim.cache, shim.opts.verbose >= 1, log_line, NULL);
+        if (cs_host_cache())
+            cs_report_host_stats(cs_host_cache(), shim.opts.verbose >= 1, log_line, NULL);
         if (shim.opts.verbose >= 1)
             cs_log("work calls seen: %llu (driver calls that put work on a stream)",
                    (unsigned long long)cs_streams_work_calls());
@@ -132,6 +191,11 @@ static void init(void)
         if (!shim.cache) {
             cs_log("out of host memory at start; passing every call to the driver");
             shim.disabled = true;
+        } else if (!cs_host_init(&shim.opts, on_host_release)) {
+            cs_log("out of host memory at start; passing pinned host memory calls to the "
+                   "driver");
+        } else {
+            warn_threshold_above_cap(-1, cs_host_total());
         }
     }
     pthread_atfork(before_fork, after_fork_parent, after_fork_child);
@@ -168,6 +232,7 @@ cs_heap *cs_shim_heap_of(const cs_driver *d, CUcontext ctx)
     void *be = cs_backend_for(ctx, dev);
     if (!be)
         return NULL;
+    warn_threshold_above_cap((int)dev, total);
     h = cs_cache_add_heap(shim.cache, ctx, (int)dev, total,
                           gran ? &cs_cuda_pooled_ops : &cs_cuda_ops, be, gran);
     /* Threads that meet a new context at once each make a backend state; one heap is made,
@@ -202,6 +267,8 @@ void cs_shim_context_gone(CUcontext ctx)
     /* Streams first: the context is marked dead, so the cache's cleanup calls no driver. */
     cs_streams_forget(ctx);
     __atomic_add_fetch(&heap_generation, 1, __ATOMIC_RELEASE);
+    cs_outside_context_gone(ctx);
+    cs_host_context_gone(ctx);
     cs_cache_forget_heap(shim.cache, ctx);
 }
 
@@ -232,4 +299,26 @@ void cs_shim_report_failure(const cs_driver *d, const cs_alloc_failure *f)
         cs_log("allocation of %s failed: the device is out of memory; in use %s, cached %s, "
                "cap %s, device free %s",
                req, use, cached, cap, dfree);
+}
+
+void cs_shim_report_host_failure(const cs_alloc_failure *f)
+{
+    if (shim.opts.verbose < 1)
+        return;
+    char req[32], use[32], cached[32], cap[32];
+    cs_bytes_format(f->requested, req, sizeof req);
+    cs_bytes_format(f->in_use, use, sizeof use);
+    cs_bytes_format(f->cached, cached, sizeof cached);
+    if (f->cap == CS_UNLIMITED)
+        snprintf(cap, sizeof cap, "none");
+    else
+        cs_bytes_format(f->cap, cap, sizeof cap);
+    if (f->by_cap)
+        cs_log("pinned host allocation of %s failed: it would exceed CACHESHIM_HOST_CAP; in use "
+               "%s, cached %s, cap %s",
+               req, use, cached, cap);
+    else
+        cs_log("pinned host allocation of %s failed: the driver is out of memory; in use %s, "
+               "cached %s, cap %s",
+               req, use, cached, cap);
 }

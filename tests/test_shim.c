@@ -863,6 +863,7 @@ static void test_exit_table_two_devices_with_details(void **state)
              "cacheshim:   fences                     0         0\n"
              "cacheshim:   fence waits                0         0\n"
              "cacheshim:   OOM failures               0         0\n"
+             "cacheshim:   other paths now          0 B       0 B\n"
              "cacheshim:   cap                 8.00 MiB  8.00 MiB\n"
              "cacheshim: foreign frees: 1 (pointers the shim did not hand out, passed "
              "to the driver)\n"
