@@ -118,7 +118,10 @@ static int64_t frees_saved(const cacheshim_stats *s)
     return s->frees > s->driver_frees ? (int64_t)(s->frees - s->driver_frees) : 0;
 }
 
-static void format_cell(const row *r, const cacheshim_stats *s, char *buf, size_t len)
+/* timed: the time row's costs apply (device memory); for pinned host memory they do not, and
+ * the cell says "-" rather than a number nobody measured. */
+static void format_cell(const row *r, const cacheshim_stats *s, bool timed, char *buf,
+                        size_t len)
 {
     switch (r->kind) {
     case ROW_COUNT:
@@ -139,6 +142,10 @@ static void format_cell(const row *r, const cacheshim_stats *s, char *buf, size_
         snprintf(buf, len, "%" PRId64, allocs_saved(s) + frees_saved(s));
         return;
     case ROW_TIME_SAVED:
+        if (!timed) {
+            snprintf(buf, len, "-");
+            return;
+        }
         cs_duration_format(allocs_saved(s) * CS_REPORT_ALLOC_NS +
                                frees_saved(s) * CS_REPORT_FREE_NS,
                            buf, len);
@@ -177,7 +184,8 @@ typedef struct {
 
 /* A heading line and one line per row, for `cols` columns. Returns the lines added. */
 static size_t add_block(table_line *out, const char *title, const row *rows, size_t nrows,
-                        const char (*names)[CELL], const cacheshim_stats *st, int cols)
+                        const char (*names)[CELL], const cacheshim_stats *st, int cols,
+                        bool timed)
 {
     out[0].label = title;
     out[0].heading = true;
@@ -187,18 +195,18 @@ static size_t add_block(table_line *out, const char *title, const row *rows, siz
         out[1 + r].label = rows[r].label;
         out[1 + r].heading = false;
         for (int c = 0; c < cols; c++)
-            format_cell(&rows[r], &st[c], out[1 + r].cells[c], CELL);
+            format_cell(&rows[r], &st[c], timed, out[1 + r].cells[c], CELL);
     }
     return 1 + nrows;
 }
 
 static void emit_group(const char (*names)[CELL], const cacheshim_stats *st, int cols,
-                       bool details, cs_report_fn emit, void *arg)
+                       bool details, bool timed, cs_report_fn emit, void *arg)
 {
     table_line lines[MAX_LINES];
-    size_t n = add_block(lines, "statistics", summary_rows, NSUMMARY, names, st, cols);
+    size_t n = add_block(lines, "statistics", summary_rows, NSUMMARY, names, st, cols, timed);
     if (details)
-        n += add_block(lines + n, "details", detail_rows, NDETAILS, names, st, cols);
+        n += add_block(lines + n, "details", detail_rows, NDETAILS, names, st, cols, timed);
 
     int label_width = 0, width[CS_REPORT_COLUMNS] = {0};
     for (size_t i = 0; i < n; i++) {
@@ -233,7 +241,7 @@ void cs_report_stats(cs_cache *cache, bool details, cs_report_fn emit, void *arg
             cs_cache_stats(cache, devices[first + c], &st[c]);  /* listed, so present */
             snprintf(names[c], CELL, "device %d", devices[first + c]);
         }
-        emit_group((const char (*)[CELL])names, st, cols, details, emit, arg);
+        emit_group((const char (*)[CELL])names, st, cols, details, true, emit, arg);
     }
     cacheshim_stats all;
     cs_cache_stats(cache, -1, &all);
@@ -250,5 +258,5 @@ void cs_report_host_stats(cs_cache *host, bool details, cs_report_fn emit, void 
     if (!cs_cache_stats(host, 0, &st))
         return;  /* no pinned host memory was allocated through the shim */
     static const char names[1][CELL] = {"pinned host"};
-    emit_group(names, &st, 1, details, emit, arg);
+    emit_group(names, &st, 1, details, false, emit, arg);
 }

@@ -145,7 +145,18 @@
     X(cuIpcGetMemHandle, INIT)                                                                 \
     X(cuIpcOpenMemHandle, INIT)                                                                \
     X(cuIpcOpenMemHandle_v2, INIT)                                                             \
-    X(cuIpcCloseMemHandle, INIT)
+    X(cuIpcCloseMemHandle, INIT)                                                               \
+    X(cuMemAllocHost_v2, INIT)                                                                 \
+    X(cuMemHostAlloc, INIT)                                                                    \
+    X(cuMemFreeHost, INIT)                                                                     \
+    X(cuMemAllocPitch_v2, INIT)                                                                \
+    X(cuMemAllocManaged, INIT)                                                                 \
+    X(cuMemAllocAsync, INIT)                                                                   \
+    X(cuMemAllocAsync_ptsz, INIT)                                                              \
+    X(cuMemAllocFromPoolAsync, INIT)                                                           \
+    X(cuMemAllocFromPoolAsync_ptsz, INIT)                                                      \
+    X(cuMemFreeAsync, INIT)                                                                    \
+    X(cuMemFreeAsync_ptsz, INIT)
 
 enum fake_entry_id {
 #define FAKE_ID(name, init) ID_##name,
@@ -444,6 +455,12 @@ FAKE_HIDDEN void fake_unmap_check(uint64_t mapping, CUdeviceptr va, size_t n);
 FAKE_HIDDEN void fake_mem_ctx_destroyed(fake_ctx *ctx);
 /* The live cuMemAlloc allocation containing p, or NULL. */
 FAKE_HIDDEN fake_alloc *fake_mem_find(CUdeviceptr p);
+/* A cuMemAlloc allocation in ctx, budget checked (the other allocation calls, fake_host.c);
+ * the free of one, after its context's work, as cuMemFree. Driver lock held. */
+FAKE_HIDDEN CUresult fake_mem_alloc_in(fake_ctx *ctx, size_t size, CUdeviceptr *out);
+FAKE_HIDDEN CUresult fake_mem_free_at(CUdeviceptr p);
+/* Pinned host memory of a destroyed context goes with it (fake_host.c). */
+FAKE_HIDDEN void fake_host_ctx_destroyed(fake_ctx *ctx);
 
 /* ---- virtual memory management (fake_vmm.c) ---------------------------------------------- */
 /* What an address in a reservation is. */

@@ -58,6 +58,7 @@ void fake_mem_ctx_destroyed(fake_ctx *ctx)
 {
     while (ctx->allocs)
         release(ctx->allocs);
+    fake_host_ctx_destroyed(ctx);
 }
 
 static CUresult map_new(fake_ctx *c, size_t size, CUdeviceptr *out)
@@ -102,6 +103,24 @@ static CUresult mem_alloc(CUdeviceptr *dptr, size_t size)
     if (used > budget || size > budget - used)
         return CUDA_ERROR_OUT_OF_MEMORY;
     return map_new(c, size, dptr);
+}
+
+CUresult fake_mem_alloc_in(fake_ctx *c, size_t size, CUdeviceptr *out)
+{
+    uint64_t budget = fake_budget(c->device), used = fake_devices[c->device].used;
+    if (used > budget || size > budget - used)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    return map_new(c, size, out);
+}
+
+CUresult fake_mem_free_at(CUdeviceptr p)
+{
+    fake_alloc *a = containing(p);
+    if (!p || !a || a->base != p)
+        return CUDA_ERROR_INVALID_VALUE;
+    fake_complete_ctx(a->ctx);
+    release(a);
+    return CUDA_SUCCESS;
 }
 
 FAKE_API CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
