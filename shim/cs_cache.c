@@ -1287,10 +1287,6 @@ void cs_cache_reset_after_fork(cs_cache *c)
     /* Called in the child, which holds the locks: its only thread is the one that took them
      * in the fork's prepare hook. The other threads' caches are not touched (one may have
      * been half-way through its fast path): only cut loose. */
-    cs_tc_detach_all(c);
-    free_all(c);
-    memset(c->devices, 0, sizeof c->devices);
-    c->foreign_frees = 0;
-    pthread_mutex_unlock(&c->lock);
+    cs_cache_reset_after_fork_also(c);
     cs_tc_registry_unlock();
 }

@@ -274,19 +274,30 @@ void cs_shim_context_gone(CUcontext ctx)
 
 /* ---------------------------------------------------------------- failures */
 
+/* The sizes of a failure report, formatted. */
+typedef struct {
+    char req[32], use[32], cached[32], cap[32];
+} failure_text;
+
+static void failure_format(const cs_alloc_failure *f, failure_text *t)
+{
+    cs_bytes_format(f->requested, t->req, sizeof t->req);
+    cs_bytes_format(f->in_use, t->use, sizeof t->use);
+    cs_bytes_format(f->cached, t->cached, sizeof t->cached);
+    if (f->cap == CS_UNLIMITED)
+        snprintf(t->cap, sizeof t->cap, "none");
+    else
+        cs_bytes_format(f->cap, t->cap, sizeof t->cap);
+}
+
 void cs_shim_report_failure(const cs_driver *d, const cs_alloc_failure *f)
 {
     if (shim.opts.verbose < 1)
         return;
-    char req[32], use[32], cached[32], cap[32], dfree[32] = "unknown";
+    failure_text t;
+    char dfree[32] = "unknown";
     size_t free_b = 0, total_b = 0;
-    cs_bytes_format(f->requested, req, sizeof req);
-    cs_bytes_format(f->in_use, use, sizeof use);
-    cs_bytes_format(f->cached, cached, sizeof cached);
-    if (f->cap == CS_UNLIMITED)
-        snprintf(cap, sizeof cap, "none");
-    else
-        cs_bytes_format(f->cap, cap, sizeof cap);
+    failure_format(f, &t);
     if (d->cuMemGetInfo_v2 && d->cuMemGetInfo_v2(&free_b, &total_b) == CUDA_SUCCESS)
         cs_bytes_format(free_b, dfree, sizeof dfree);
     /* Two formats, not one with the reason as %s: docs/troubleshooting.md must show both
@@ -294,31 +305,25 @@ void cs_shim_report_failure(const cs_driver *d, const cs_alloc_failure *f)
     if (f->by_cap)
         cs_log("allocation of %s failed: it would exceed CACHESHIM_CAP; in use %s, cached %s, "
                "cap %s, device free %s",
-               req, use, cached, cap, dfree);
+               t.req, t.use, t.cached, t.cap, dfree);
     else
         cs_log("allocation of %s failed: the device is out of memory; in use %s, cached %s, "
                "cap %s, device free %s",
-               req, use, cached, cap, dfree);
+               t.req, t.use, t.cached, t.cap, dfree);
 }
 
 void cs_shim_report_host_failure(const cs_alloc_failure *f)
 {
     if (shim.opts.verbose < 1)
         return;
-    char req[32], use[32], cached[32], cap[32];
-    cs_bytes_format(f->requested, req, sizeof req);
-    cs_bytes_format(f->in_use, use, sizeof use);
-    cs_bytes_format(f->cached, cached, sizeof cached);
-    if (f->cap == CS_UNLIMITED)
-        snprintf(cap, sizeof cap, "none");
-    else
-        cs_bytes_format(f->cap, cap, sizeof cap);
+    failure_text t;
+    failure_format(f, &t);
     if (f->by_cap)
         cs_log("pinned host allocation of %s failed: it would exceed CACHESHIM_HOST_CAP; in use "
                "%s, cached %s, cap %s",
-               req, use, cached, cap);
+               t.req, t.use, t.cached, t.cap);
     else
         cs_log("pinned host allocation of %s failed: the driver is out of memory; in use %s, "
                "cached %s, cap %s",
-               req, use, cached, cap);
+               t.req, t.use, t.cached, t.cap);
 }

@@ -59,6 +59,17 @@ static void *proc(const char *name, cuuint64_t flags)
     return p;
 }
 
+/* A context of its own on device 0, made current. */
+static CUcontext new_context(void)
+{
+    CUcontext ctx;
+    CUdevice dev;
+    CUctxCreateParams params = {0};
+    assert_int_equal(cuDeviceGet(&dev, 0), CUDA_SUCCESS);
+    assert_int_equal(cuCtxCreate_v4(&ctx, &params, 0, dev), CUDA_SUCCESS);
+    return ctx;
+}
+
 /* ================================================================ pinned host memory */
 
 /* Every way a program finds the three entry points reaches the shim's wrapper. */
@@ -207,11 +218,7 @@ static void test_host_oom_releases_idle(void **state)
 static void test_host_context_destroyed(void **state)
 {
     (void)state;
-    CUcontext ctx;
-    CUdevice dev;
-    assert_int_equal(cuDeviceGet(&dev, 0), CUDA_SUCCESS);
-    CUctxCreateParams params = {0};
-    assert_int_equal(cuCtxCreate_v4(&ctx, &params, 0, dev), CUDA_SUCCESS);
+    CUcontext ctx = new_context();
     void *p = NULL, *q = NULL;
     assert_int_equal(cuMemAllocHost(&p, 16 * KiB), CUDA_SUCCESS);
     assert_int_equal(cuMemAllocHost(&q, 32 * KiB), CUDA_SUCCESS);
@@ -439,11 +446,7 @@ static void test_create_counted_once(void **state)
 static void test_outside_context_destroyed(void **state)
 {
     (void)state;
-    CUcontext ctx;
-    CUdevice dev;
-    assert_int_equal(cuDeviceGet(&dev, 0), CUDA_SUCCESS);
-    CUctxCreateParams params = {0};
-    assert_int_equal(cuCtxCreate_v4(&ctx, &params, 0, dev), CUDA_SUCCESS);
+    CUcontext ctx = new_context();
     CUdeviceptr m;
     assert_int_equal(cuMemAllocManaged(&m, 8 * MiB, CU_MEM_ATTACH_GLOBAL), CUDA_SUCCESS);
     assert_int_equal(outside(), 8 * MiB);

@@ -147,16 +147,10 @@ FAKE_API CUresult cuMemFreeHost(void *p)
 
 /* ---- device memory by other calls ---------------------------------------------------------- */
 
-/* A cuMemAlloc-like allocation in the current context. */
+/* A cuMemAlloc-like allocation in the current context (stream-ordered ones may be captured). */
 static CUresult device_alloc(CUdeviceptr *dptr, size_t size)
 {
-    fake_ctx *c;
-    CUresult rc = fake_current_ctx(&c);
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    if (!dptr || size == 0)
-        return CUDA_ERROR_INVALID_VALUE;
-    return fake_mem_alloc_in(c, size, dptr);
+    return fake_mem_alloc_current(dptr, size, false);
 }
 
 /* Rows padded to 512 bytes, as on current GPUs. */

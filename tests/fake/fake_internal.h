@@ -455,9 +455,10 @@ FAKE_HIDDEN void fake_unmap_check(uint64_t mapping, CUdeviceptr va, size_t n);
 FAKE_HIDDEN void fake_mem_ctx_destroyed(fake_ctx *ctx);
 /* The live cuMemAlloc allocation containing p, or NULL. */
 FAKE_HIDDEN fake_alloc *fake_mem_find(CUdeviceptr p);
-/* A cuMemAlloc allocation in ctx, budget checked (the other allocation calls, fake_host.c);
- * the free of one, after its context's work, as cuMemFree. Driver lock held. */
-FAKE_HIDDEN CUresult fake_mem_alloc_in(fake_ctx *ctx, size_t size, CUdeviceptr *out);
+/* A cuMemAlloc allocation in the current context, as cuMemAlloc makes it (capture_guard: it
+ * refuses to run where a capture forbids it); the free of one, after its context's work, as
+ * cuMemFree. The other allocation calls (fake_host.c) use them too. Driver lock held. */
+FAKE_HIDDEN CUresult fake_mem_alloc_current(CUdeviceptr *dptr, size_t size, bool capture_guard);
 FAKE_HIDDEN CUresult fake_mem_free_at(CUdeviceptr p);
 /* Pinned host memory of a destroyed context goes with it (fake_host.c). */
 FAKE_HIDDEN void fake_host_ctx_destroyed(fake_ctx *ctx);

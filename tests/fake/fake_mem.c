@@ -89,30 +89,6 @@ static CUresult map_new(fake_ctx *c, size_t size, CUdeviceptr *out)
     return CUDA_SUCCESS;
 }
 
-static CUresult mem_alloc(CUdeviceptr *dptr, size_t size)
-{
-    fake_ctx *c;
-    CUresult rc = fake_current_ctx(&c);
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    if (!dptr || size == 0)
-        return CUDA_ERROR_INVALID_VALUE;
-    if ((rc = fake_capture_guard_unsafe()) != CUDA_SUCCESS)
-        return rc;
-    uint64_t budget = fake_budget(c->device), used = fake_devices[c->device].used;
-    if (used > budget || size > budget - used)
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    return map_new(c, size, dptr);
-}
-
-CUresult fake_mem_alloc_in(fake_ctx *c, size_t size, CUdeviceptr *out)
-{
-    uint64_t budget = fake_budget(c->device), used = fake_devices[c->device].used;
-    if (used > budget || size > budget - used)
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    return map_new(c, size, out);
-}
-
 CUresult fake_mem_free_at(CUdeviceptr p)
 {
     fake_alloc *a = containing(p);
@@ -123,10 +99,26 @@ CUresult fake_mem_free_at(CUdeviceptr p)
     return CUDA_SUCCESS;
 }
 
+CUresult fake_mem_alloc_current(CUdeviceptr *dptr, size_t size, bool capture_guard)
+{
+    fake_ctx *c;
+    CUresult rc = fake_current_ctx(&c);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!dptr || size == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (capture_guard && (rc = fake_capture_guard_unsafe()) != CUDA_SUCCESS)
+        return rc;
+    uint64_t budget = fake_budget(c->device), used = fake_devices[c->device].used;
+    if (used > budget || size > budget - used)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    return map_new(c, size, dptr);
+}
+
 FAKE_API CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 {
     ENTER(cuMemAlloc_v2);
-    LOCKED(mem_alloc(dptr, bytesize));
+    LOCKED(fake_mem_alloc_current(dptr, bytesize, true));
 }
 
 /* Like the real cuMemFree, waits for work first: the memory may be in use. The real one
@@ -142,12 +134,7 @@ static CUresult mem_free(CUdeviceptr p)
         return rc;
     if (!p)
         return CUDA_SUCCESS;  /* as the real driver answers (seen on an H100, driver 580) */
-    fake_alloc *a = containing(p);
-    if (!a || a->base != p)
-        return CUDA_ERROR_INVALID_VALUE;
-    fake_complete_ctx(a->ctx);
-    release(a);
-    return CUDA_SUCCESS;
+    return fake_mem_free_at(p);
 }
 
 FAKE_API CUresult cuMemFree_v2(CUdeviceptr dptr)
