@@ -6,6 +6,7 @@
  * runs with its own CACHESHIM_* variables (tests/meson.build). */
 #include <cuda.h>
 #include <dlfcn.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -243,6 +244,86 @@ static void test_host_without_context(void **state)
     void *p = NULL;
     assert_int_equal(cuMemAllocHost(&p, 4 * KiB), CUDA_ERROR_INVALID_CONTEXT);
     assert_int_equal(cuCtxSetCurrent(primary), CUDA_SUCCESS);
+}
+
+/* Threads allocate and free pinned blocks of a few sizes, and free each other's: every block
+ * handed out is one no other thread holds (its first word says whose it is). */
+#define HOST_THREADS 4
+#define HOST_ROUNDS 3000
+
+static void *host_worker(void *arg)
+{
+    uintptr_t me = (uintptr_t)arg;
+    void *mine[8] = {0};
+    unsigned seed = (unsigned)me * 2654435761u;
+    assert_int_equal(cuCtxSetCurrent(primary), CUDA_SUCCESS);
+    for (int i = 0; i < HOST_ROUNDS; i++) {
+        int k = (int)((seed = seed * 1103515245u + 12345u) >> 16) % 8;
+        if (mine[k]) {
+            assert_int_equal(*(volatile uintptr_t *)mine[k], me);
+            assert_int_equal(cuMemFreeHost(mine[k]), CUDA_SUCCESS);
+            mine[k] = NULL;
+        } else {
+            size_t size = (size_t)(k + 1) * 3 * KiB;
+            assert_int_equal(cuMemHostAlloc(&mine[k], size, k & 1 ? CU_MEMHOSTALLOC_PORTABLE : 0),
+                             CUDA_SUCCESS);
+            *(volatile uintptr_t *)mine[k] = me;
+        }
+    }
+    for (int k = 0; k < 8; k++)
+        if (mine[k])
+            assert_int_equal(cuMemFreeHost(mine[k]), CUDA_SUCCESS);
+    return NULL;
+}
+
+static void *free_for_other(void *p)
+{
+    assert_int_equal(cuCtxSetCurrent(primary), CUDA_SUCCESS);
+    assert_int_equal(cuMemFreeHost(p), CUDA_SUCCESS);
+    return NULL;
+}
+
+static void test_host_threads(void **state)
+{
+    (void)state;
+    pthread_t t[HOST_THREADS];
+    for (uintptr_t i = 0; i < HOST_THREADS; i++)
+        assert_int_equal(pthread_create(&t[i], NULL, host_worker, (void *)(i + 1)), 0);
+    for (int i = 0; i < HOST_THREADS; i++)
+        assert_int_equal(pthread_join(t[i], NULL), 0);
+    /* a block freed by another thread than the one that allocated it */
+    void *p = NULL;
+    assert_int_equal(cuMemAllocHost(&p, 5 * KiB), CUDA_SUCCESS);
+    pthread_t other;
+    assert_int_equal(pthread_create(&other, NULL, free_for_other, p), 0);
+    assert_int_equal(pthread_join(other, NULL), 0);
+    assert_int_equal(cuMemFreeHost(p), CUDA_ERROR_INVALID_VALUE);  /* freed already */
+    cacheshim_stats st = host_stats();
+    assert_int_equal(st.bytes_in_use, 0);
+}
+
+/* A forked child starts with an empty pinned cache and can use it; the parent's is intact. */
+static void test_host_fork(void **state)
+{
+    (void)state;
+    void *p = NULL;
+    assert_int_equal(cuMemAllocHost(&p, 12 * KiB), CUDA_SUCCESS);
+    assert_int_equal(cuMemFreeHost(p), CUDA_SUCCESS);
+    pid_t pid = fork();
+    if (pid == 0) {
+        cacheshim_stats s;
+        int (*get)(cacheshim_stats *, size_t) =
+            (int (*)(cacheshim_stats *, size_t))dlsym(RTLD_DEFAULT, "cacheshim_get_host_stats");
+        _exit(get(&s, sizeof s) == -1 ? 0 : 3);  /* nothing of the parent's */
+    }
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+    void *q = NULL;
+    assert_int_equal(cuMemAllocHost(&q, 12 * KiB), CUDA_SUCCESS);
+    assert_ptr_equal(q, p);  /* the parent's cache is intact */
+    assert_int_equal(cuMemFreeHost(q), CUDA_SUCCESS);
 }
 
 static int exit_with_host_blocks(void)
@@ -575,6 +656,7 @@ int main(int argc, char **argv)
                                       T(test_host_statistics), T(test_host_oom_releases_idle),
                                       T(test_host_context_destroyed),
                                       T(test_host_without_context),
+                                      T(test_host_threads), T(test_host_fork),
                                       T(test_exit_table_host_column)};
     const struct CMUnitTest host_cap[] = {T(test_host_cap), T(test_host_cap_report_line)};
     const struct CMUnitTest device_cap[] = {T(test_pitch_counted),
