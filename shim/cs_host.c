@@ -115,7 +115,7 @@ static const cs_backend_ops host_ops = {
 static uint64_t cap_for(void *arg, uint64_t total)
 {
     (void)arg;
-    return cs_size_resolve(&host_cap, total);
+    return cs_cap_resolve(&host_cap, total, CS_MIN_HOST_CAP);
 }
 
 static uint64_t threshold_for(void *arg, uint64_t total)

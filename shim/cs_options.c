@@ -465,12 +465,18 @@ uint64_t cs_size_resolve(const cs_size_spec *spec, uint64_t device_total)
     }
 }
 
+uint64_t cs_cap_resolve(const cs_size_spec *cap, uint64_t device_total, uint64_t min)
+{
+    uint64_t c = cs_size_resolve(cap, device_total);
+    return c < min ? UINT64_MAX : c;
+}
+
 bool cs_threshold_above_cap(const cs_size_spec *cap, const cs_size_spec *threshold,
                             const char *cap_name, const char *threshold_name,
                             uint64_t device_total, const char *where, char *buf, size_t len)
 {
     uint64_t c = cs_size_resolve(cap, device_total), t = cs_size_resolve(threshold, device_total);
-    if (c == UINT64_MAX || t <= c)
+    if (c == UINT64_MAX || t == UINT64_MAX || t <= c)
         return false;
     char cs[64], ts[64];
     cs_size_format(cap, cs, sizeof cs);

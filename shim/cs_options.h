@@ -69,6 +69,10 @@ int cs_parse_size(const char *text, bool allow_percent, cs_size_spec *out);
 #define CS_MIN_CAP (2ull << 20)
 #define CS_MIN_HOST_CAP 4096ull
 
+/* A cap's bytes on a device of device_total bytes: UINT64_MAX (no cap) when it resolves below
+ * min, as a percentage of a small device can (such a cap could hold no allocation). */
+uint64_t cs_cap_resolve(const cs_size_spec *cap, uint64_t device_total, uint64_t min);
+
 /* A threshold above the cap does nothing: the cap gives cached memory back first. The line
  * that says so for one device (or "pinned host memory"), of device_total bytes, into buf;
  * false (buf untouched) when the two agree. */

@@ -45,7 +45,7 @@ static const char *env(const char *name)
 static uint64_t cap_for(void *arg, uint64_t total)
 {
     (void)arg;
-    return cs_size_resolve(&shim.opts.cap, total);
+    return cs_cap_resolve(&shim.opts.cap, total, CS_MIN_CAP);
 }
 
 static uint64_t threshold_for(void *arg, uint64_t total)
@@ -99,31 +99,44 @@ static void on_host_release(void *arg, int device, uint64_t addr, uint64_t size,
            host_reason_name(why));
 }
 
-/* A release threshold above the cap does nothing: said once per device (or once for pinned
- * host memory), when its sizes are known. */
-static void warn_threshold_above_cap(int device, uint64_t total)
+/* A release threshold above the cap does nothing, and a cap in percent may come to less than
+ * one allocation: said once per device (or once for pinned host memory), when its sizes are
+ * known. */
+static void warn_limits(int device, uint64_t total)
 {
     static uint64_t said;  /* atomic: bit per device, bit 63 for host memory */
     int bit = device < 0 ? 63 : device % 63;
     if (__atomic_fetch_or(&said, 1ull << bit, __ATOMIC_RELAXED) & (1ull << bit))
         return;
+    bool host = device < 0;
+    const cs_size_spec *cap = host ? &shim.opts.host_cap : &shim.opts.cap;
+    const cs_size_spec *threshold =
+        host ? &shim.opts.host_release_threshold : &shim.opts.release_threshold;
+    const char *cap_name = host ? "CACHESHIM_HOST_CAP" : "CACHESHIM_CAP";
+    uint64_t min = host ? CS_MIN_HOST_CAP : CS_MIN_CAP;
     char where[64], line[512];
-    if (device < 0)
+    if (host)
         snprintf(where, sizeof where, "pinned host memory");
     else
         snprintf(where, sizeof where, "device %d", device);
-    bool above = device < 0 ? cs_threshold_above_cap(&shim.opts.host_cap,
-                                                     &shim.opts.host_release_threshold,
-                                                     "CACHESHIM_HOST_CAP",
-                                                     "CACHESHIM_HOST_RELEASE_THRESHOLD", total,
-                                                     where, line, sizeof line)
-                            : cs_threshold_above_cap(&shim.opts.cap,
-                                                     &shim.opts.release_threshold,
-                                                     "CACHESHIM_CAP",
-                                                     "CACHESHIM_RELEASE_THRESHOLD", total, where,
-                                                     line, sizeof line);
-    if (above)
+    uint64_t bytes = cs_size_resolve(cap, total);
+    if (bytes < min) {
+        /* A percentage too small for one allocation here: no cap (cs_cap_resolve). */
+        char spec[96], sz[32], least[32];
+        cs_size_format(cap, spec, sizeof spec);
+        char *dm = strstr(spec, " of device memory");
+        if (host && dm)  /* a host cap's percentage is of the machine's memory */
+            snprintf(dm, sizeof spec - (size_t)(dm - spec), " of the machine's memory");
+        cs_bytes_format(bytes, sz, sizeof sz);
+        cs_bytes_format(min, least, sizeof least);
+        cs_log("%s (%s) is %s for %s, less than one allocation (%s): no cap there", cap_name,
+               spec, sz, where, least);
+    } else if (cs_threshold_above_cap(cap, threshold, cap_name,
+                                      host ? "CACHESHIM_HOST_RELEASE_THRESHOLD"
+                                           : "CACHESHIM_RELEASE_THRESHOLD",
+                                      total, where, line, sizeof line)) {
         log_line(line, NULL);
+    }
 }
 
 /* ---------------------------------------------------------------- fork and exit */
@@ -195,7 +208,7 @@ static void init(void)
             cs_log("out of host memory at start; passing pinned host memory calls to the "
                    "driver");
         } else {
-            warn_threshold_above_cap(-1, cs_host_total());
+            warn_limits(-1, cs_host_total());
         }
     }
     pthread_atfork(before_fork, after_fork_parent, after_fork_child);
@@ -232,7 +245,7 @@ cs_heap *cs_shim_heap_of(const cs_driver *d, CUcontext ctx)
     void *be = cs_backend_for(ctx, dev);
     if (!be)
         return NULL;
-    warn_threshold_above_cap((int)dev, total);
+    warn_limits((int)dev, total);
     h = cs_cache_add_heap(shim.cache, ctx, (int)dev, total,
                           gran ? &cs_cuda_pooled_ops : &cs_cuda_ops, be, gran);
     /* Threads that meet a new context at once each make a backend state; one heap is made,

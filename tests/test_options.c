@@ -759,6 +759,71 @@ static void test_value_show(void **state)
 
 /* ---- printing ----------------------------------------------------------------------------------- */
 
+/* The smallest caps accepted are one allocation's worth; the threshold may be anything. */
+static void test_cap_minimum(void **state)
+{
+    (void)state;
+    cs_options o;
+    assert_int_equal(cs_option_parse(&o, "CACHESHIM_CAP", "2MiB"), 0);
+    assert_int_equal(o.cap.bytes, 2 * MiB);
+    assert_int_equal(cs_option_parse(&o, "CACHESHIM_CAP", "2097152"), 0);
+    assert_int_equal(cs_option_parse(&o, "CACHESHIM_CAP", "0.001%"), 0);
+    assert_int_equal(cs_option_parse(&o, "CACHESHIM_CAP", "0.4K"), -1);
+    assert_int_equal(cs_option_parse(&o, "CACHESHIM_CAP", "0"), -1);
+    assert_int_equal(o.cap.kind, CS_SIZE_PERCENT);  /* a refused value changes nothing */
+    assert_int_equal(cs_option_parse(&o, "CACHESHIM_HOST_CAP", "4KiB"), 0);
+    assert_int_equal(o.host_cap.bytes, 4096);
+    assert_int_equal(cs_option_parse(&o, "CACHESHIM_HOST_CAP", "4095"), -1);
+    assert_int_equal(cs_option_parse(&o, "CACHESHIM_RELEASE_THRESHOLD", "0"), 0);
+    assert_int_equal(cs_option_parse(&o, "CACHESHIM_HOST_RELEASE_THRESHOLD", "0"), 0);
+}
+
+/* A cap in percent that comes to less than the least cap on a device is no cap there. */
+static void test_cap_resolve(void **state)
+{
+    (void)state;
+    cs_size_spec s;
+    assert_int_equal(cs_parse_size("1%", true, &s), 0);
+    assert_int_equal(cs_cap_resolve(&s, 1ull << 30, CS_MIN_CAP), 10737418);
+    assert_int_equal(cs_cap_resolve(&s, 100ull << 20, CS_MIN_CAP), UINT64_MAX);  /* 1 MiB */
+    assert_int_equal(cs_parse_size("none", true, &s), 0);
+    assert_int_equal(cs_cap_resolve(&s, 1ull << 30, CS_MIN_CAP), UINT64_MAX);
+    assert_int_equal(cs_parse_size("2M", true, &s), 0);
+    assert_int_equal(cs_cap_resolve(&s, 1ull << 30, CS_MIN_CAP), 2 * MiB);
+}
+
+/* A threshold above the cap does nothing, and is said to, sizes resolved on the device. */
+static void test_threshold_above_cap(void **state)
+{
+    (void)state;
+    cs_options o;
+    char line[512] = "untouched";
+    assert_int_equal(cs_options_load(&o, NULL, NULL, NULL), 0);
+    assert_false(cs_threshold_above_cap(&o.cap, &o.release_threshold, "CACHESHIM_CAP",
+                                        "CACHESHIM_RELEASE_THRESHOLD", 16ull << 30, "device 0",
+                                        line, sizeof line));
+    assert_int_equal(cs_option_parse(&o, "CACHESHIM_CAP", "4G"), 0);
+    assert_false(cs_threshold_above_cap(&o.cap, &o.release_threshold, "CACHESHIM_CAP",
+                                        "CACHESHIM_RELEASE_THRESHOLD", 16ull << 30, "device 0",
+                                        line, sizeof line));  /* no threshold: nothing to say */
+    assert_int_equal(cs_option_parse(&o, "CACHESHIM_RELEASE_THRESHOLD", "4G"), 0);
+    assert_false(cs_threshold_above_cap(&o.cap, &o.release_threshold, "CACHESHIM_CAP",
+                                        "CACHESHIM_RELEASE_THRESHOLD", 16ull << 30, "device 0",
+                                        line, sizeof line));  /* equal: fine */
+    assert_string_equal(line, "untouched");
+    assert_int_equal(cs_option_parse(&o, "CACHESHIM_RELEASE_THRESHOLD", "50%"), 0);
+    assert_true(cs_threshold_above_cap(&o.cap, &o.release_threshold, "CACHESHIM_CAP",
+                                       "CACHESHIM_RELEASE_THRESHOLD", 16ull << 30, "device 1",
+                                       line, sizeof line));
+    assert_string_equal(line, "cacheshim: CACHESHIM_RELEASE_THRESHOLD (50% of device memory) is "
+                              "above CACHESHIM_CAP (4 GiB) for device 1: the cap gives idle "
+                              "memory back first, and the threshold never acts");
+    /* 50% of a 4 GiB device is below the cap */
+    assert_false(cs_threshold_above_cap(&o.cap, &o.release_threshold, "CACHESHIM_CAP",
+                                        "CACHESHIM_RELEASE_THRESHOLD", 4ull << 30, "device 1",
+                                        line, sizeof line));
+}
+
 static void test_print_defaults(void **state)
 {
     (void)state;
@@ -983,6 +1048,9 @@ int main(void)
         cmocka_unit_test_setup(test_value_show, setup),
         cmocka_unit_test_setup(test_print_defaults, setup),
         cmocka_unit_test_setup(test_print_set, setup),
+        cmocka_unit_test_setup(test_cap_minimum, setup),
+        cmocka_unit_test_setup(test_cap_resolve, setup),
+        cmocka_unit_test_setup(test_threshold_above_cap, setup),
         cmocka_unit_test_setup(test_size_format, setup),
         cmocka_unit_test_setup(test_bytes_format, setup),
         cmocka_unit_test_setup(test_resolve, setup),

@@ -359,6 +359,39 @@ static void test_exit_table_host_column(void **state)
         assert_false(m[2] >= '0' && m[2] <= '9');  /* no negative number anywhere */
 }
 
+static uint64_t cs_test_host_total(void)
+{
+    return (uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGESIZE);
+}
+
+static int cap_tiny(void)
+{
+    setup(NULL);
+    CUdeviceptr p;
+    return cuMemAlloc(&p, 64 * MiB) == CUDA_SUCCESS ? 0 : 1;
+}
+
+/* A cap in percent that comes to less than one allocation on the device: no cap there, and
+ * a line that says so; the same for pinned memory. */
+static void test_cap_percent_too_small(void **state)
+{
+    (void)state;
+    char err[8192];
+    const char *env[] = {"CACHESHIM_CAP", "0.5%", "FAKE_CUDA_DEVICE_BYTES", "268435456",
+                         "CACHESHIM_HOST_CAP", "0.000001%", NULL};
+    assert_int_equal(shim_run_self("test_paths", "cap-tiny", env, err, sizeof err), 0);
+    assert_non_null(strstr(err, "cacheshim: CACHESHIM_CAP (0.5% of device memory) is 1.28 MiB "
+                                "for device 0, less than one allocation (2.00 MiB): no cap "
+                                "there\n"));
+    /* 0.000001% of the machine's memory: less than 4 KiB below 400 GB */
+    if (cs_test_host_total() < (400ull << 30))
+        assert_non_null(strstr(err, "cacheshim: CACHESHIM_HOST_CAP (0.000001% of the machine's "
+                                    "memory) is "));
+    if (cs_test_host_total() < (400ull << 30))
+        assert_non_null(strstr(err, "for pinned host memory, less than one allocation "
+                                    "(4.00 KiB): no cap there\n"));
+}
+
 /* ================================================================ the host cap */
 
 static void test_host_cap(void **state)
@@ -649,6 +682,8 @@ int main(int argc, char **argv)
         return exit_with_host_blocks();
     if (!strcmp(group, "host-cap-report"))
         return host_cap_report();
+    if (!strcmp(group, "cap-tiny"))
+        return cap_tiny();
 
     const struct CMUnitTest host[] = {T(test_host_paths_are_wrapped), T(test_host_flags_kept_apart),
                                       T(test_host_block_waits_for_its_copy),
@@ -657,7 +692,8 @@ int main(int argc, char **argv)
                                       T(test_host_context_destroyed),
                                       T(test_host_without_context),
                                       T(test_host_threads), T(test_host_fork),
-                                      T(test_exit_table_host_column)};
+                                      T(test_exit_table_host_column),
+                                      T(test_cap_percent_too_small)};
     const struct CMUnitTest host_cap[] = {T(test_host_cap), T(test_host_cap_report_line)};
     const struct CMUnitTest device_cap[] = {T(test_pitch_counted),
                                             T(test_managed_counted_and_makes_room),
