@@ -57,6 +57,9 @@ typedef struct cacheshim_stats {
                                    (whole process only: device -1) */
     uint64_t moves;             /* idle blocks whose memory went to a new block instead of new
                                    memory from the driver (pooled backend) */
+    uint64_t bytes_outside;     /* bytes the program holds now through allocation calls the
+                                   cache passes to the driver (cuMemAllocPitch, managed, async,
+                                   cuMemCreate): counted against the cap */
 } cacheshim_stats;
 
 /* Statistics of one device (its ordinal), or the sum of all devices with device = -1
@@ -66,8 +69,13 @@ typedef struct cacheshim_stats {
  * (device -1). */
 int cacheshim_get_stats(int device, cacheshim_stats *out, size_t size);
 
-/* Give every idle cached block whose last use has completed back to the driver. Returns the
- * number of bytes released. */
+/* Statistics of the pinned host memory cache (cudaMallocHost, cudaHostAlloc): the same fields,
+ * for the whole process. Returns 0, or -1 when no pinned memory went through the shim yet or
+ * the shim is disabled. */
+int cacheshim_get_host_stats(cacheshim_stats *out, size_t size);
+
+/* Give every idle cached block whose last use has completed back to the driver, pinned host
+ * blocks included. Returns the number of bytes released. */
 uint64_t cacheshim_trim(void);
 
 /* ---- debug modes and scopes (docs/usage.md, "Debug modes and scopes") -------------------- */
@@ -103,6 +111,12 @@ int cacheshim_scope_begin(const char *name, unsigned flags);
  * size is sizeof(cacheshim_scope_stats) as the caller compiled it). Returns 0, or -1 when
  * the thread has no open scope. */
 int cacheshim_scope_end(cacheshim_scope_stats *out, size_t size);
+/* PyTorch's pluggable allocator (torch.cuda.memory.CUDAPluggableAllocator loads these by name
+ * from libcacheshim.so; docs/usage.md shows how): device memory from the cache, for `device`,
+ * to be used on `stream` (a cudaStream_t). NULL when it cannot be had. */
+#include <sys/types.h>
+void *cacheshim_torch_alloc(ssize_t size, int device, void *stream);
+void cacheshim_torch_free(void *ptr, ssize_t size, int device, void *stream);
 
 /* ---- with or without the shim: run-time lookups ---------------------------------------------
  * dlsym(RTLD_DEFAULT, ...) finds the functions when libcacheshim.so is loaded (preloaded, or

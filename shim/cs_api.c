@@ -2,6 +2,7 @@
 #include <string.h>
 
 #include "cs_debug.h"
+#include "cs_host.h"
 #include "cs_shim.h"
 #include "cs_streams.h"
 
@@ -18,10 +19,23 @@ CS_EXPORT int cacheshim_get_stats(int device, cacheshim_stats *out, size_t size)
     return 0;
 }
 
+CS_EXPORT int cacheshim_get_host_stats(cacheshim_stats *out, size_t size)
+{
+    cs_shim *s = cs_shim_get();
+    cacheshim_stats st;
+    if (!out || s->disabled || !cs_host_cache() || !cs_cache_stats(cs_host_cache(), 0, &st))
+        return -1;
+    memcpy(out, &st, size < sizeof st ? size : sizeof st);
+    return 0;
+}
+
 CS_EXPORT uint64_t cacheshim_trim(void)
 {
     cs_shim *s = cs_shim_get();
-    return s->cache ? cs_cache_trim(s->cache) : 0;
+    uint64_t released = s->cache ? cs_cache_trim(s->cache) : 0;
+    if (!s->disabled && cs_host_cache())
+        released += cs_cache_trim(cs_host_cache());
+    return released;
 }
 
 CS_EXPORT int cacheshim_debug_check(void)

@@ -202,7 +202,8 @@ static bool block_ready(cs_heap *h, const cs_block *b)
  * change owner only under the lock, so this is exact under it. */
 static uint64_t held(const device_state *d)
 {
-    return cs_load(&d->base) + d->idle_bytes + d->spare_bytes + d->pending_bytes;
+    return cs_load(&d->base) + d->idle_bytes + d->spare_bytes + d->pending_bytes +
+           d->outside_bytes;
 }
 
 /* In use and cached, with what the thread caches hold (their locks taken): exact. */
@@ -507,6 +508,11 @@ void *cs_cache_heap_dev(const cs_heap *h)
     return h->dev;
 }
 
+const void *cs_cache_heap_key(const cs_heap *h)
+{
+    return h->key;
+}
+
 bool cs_cache_heap_pooled(const cs_heap *h)
 {
     return h->pool != NULL;
@@ -745,7 +751,7 @@ static bool reserve_under_cap(cs_cache *c, device_state *d, int device, uint64_t
         /* With the threads' idle blocks back here, base is what is in use (and what a thread
          * freed to its own cache since, counted as in use: room is never overstated). */
         cs_tc_reclaim(c, device, false);
-        uint64_t in_use = cs_load(&d->base);
+        uint64_t in_use = cs_load(&d->base) + d->outside_bytes;
         if (in_use + d->spare_bytes + d->pending_bytes + need > d->cap)
             return false;
         cs_block *released = NULL;
@@ -1075,6 +1081,50 @@ cs_block_state cs_cache_find(cs_cache *c, uint64_t addr, cs_block_info *out)
     return st;
 }
 
+/* ---------------------------------------------------------------- memory outside the cache */
+
+cs_result cs_cache_charge(cs_cache *c, cs_heap *h, uint64_t bytes, cs_alloc_failure *failure)
+{
+    pthread_mutex_lock(&c->lock);
+    device_state *d = &c->devices[h->device];
+    if (!reserve_under_cap(c, d, h->device, bytes)) {
+        d->st.cap_refusals++;
+        fill_failure(failure, c, h->device, bytes, true);
+        pthread_mutex_unlock(&c->lock);
+        return CS_OOM;
+    }
+    d->pending_bytes -= bytes;  /* reserved: now held outside the cache */
+    d->outside_bytes += bytes;
+    if (held(d) > d->st.peak_reserved)
+        d->st.peak_reserved = held(d);
+    pthread_mutex_unlock(&c->lock);
+    return CS_OK;
+}
+
+void cs_cache_uncharge(cs_cache *c, cs_heap *h, uint64_t bytes)
+{
+    pthread_mutex_lock(&c->lock);
+    device_state *d = &c->devices[h->device];
+    d->outside_bytes -= bytes < d->outside_bytes ? bytes : d->outside_bytes;
+    pthread_mutex_unlock(&c->lock);
+}
+
+uint64_t cs_cache_release_idle(cs_cache *c, cs_heap *h)
+{
+    int device = h->device;
+    cs_block *list = NULL;
+    pthread_mutex_lock(&c->lock);
+    if (c->devices[device].present)
+        release_idle_to(c, device, false, 0, &list);
+    pthread_mutex_unlock(&c->lock);
+    uint64_t released = finish_releases(c, device, list, CS_RELEASE_OOM);
+    pthread_mutex_lock(&c->lock);
+    if (c->devices[device].present)
+        released += trim_spare(c, device, UINT64_MAX);
+    pthread_mutex_unlock(&c->lock);
+    return released;
+}
+
 /* ---------------------------------------------------------------- views and statistics */
 
 void cs_cache_mem_view(cs_cache *c, int device, uint64_t driver_free, uint64_t driver_total,
@@ -1085,7 +1135,7 @@ void cs_cache_mem_view(cs_cache *c, int device, uint64_t driver_free, uint64_t d
     if (device >= 0 && device < CS_MAX_DEVICES && c->devices[device].present) {
         device_state *d = &c->devices[device];
         device_bytes(c, device, &in_use, &idle);
-        in_use += d->pending_bytes;
+        in_use += d->pending_bytes + d->outside_bytes;
         cap = d->cap;
     }
     pthread_mutex_unlock(&c->lock);
@@ -1136,6 +1186,7 @@ static void add_stats(cacheshim_stats *to, const cacheshim_stats *from)
         t[i] += f[i];
     to->ordered_hits += from->ordered_hits;  /* after cap_bytes, which is not a sum */
     to->moves += from->moves;
+    to->bytes_outside += from->bytes_outside;
 }
 
 /* One device's statistics: the core's counters and bytes plus the thread caches'. Lock held. */
@@ -1146,6 +1197,7 @@ static void device_stats(cs_cache *c, int device, cacheshim_stats *out)
     out->bytes_in_use = d->in_use;
     out->bytes_requested = d->requested;
     out->bytes_cached = d->idle_bytes + d->spare_bytes;
+    out->bytes_outside = d->outside_bytes;
     cs_tc_add_stats(c, device, out);
     out->peak_in_use = cs_load(&d->peak_in_use);
     out->peak_requested = cs_load(&d->peak_requested);
@@ -1211,15 +1263,30 @@ void cs_cache_unlock(cs_cache *c)
     cs_tc_registry_unlock();
 }
 
-void cs_cache_reset_after_fork(cs_cache *c)
+void cs_cache_lock_also(cs_cache *c)
 {
-    /* Called in the child, which holds the locks: its only thread is the one that took them
-     * in the fork's prepare hook. The other threads' caches are not touched (one may have
-     * been half-way through its fast path): only cut loose. */
+    pthread_mutex_lock(&c->lock);
+}
+
+void cs_cache_unlock_also(cs_cache *c)
+{
+    pthread_mutex_unlock(&c->lock);
+}
+
+void cs_cache_reset_after_fork_also(cs_cache *c)
+{
     cs_tc_detach_all(c);
     free_all(c);
     memset(c->devices, 0, sizeof c->devices);
     c->foreign_frees = 0;
     pthread_mutex_unlock(&c->lock);
+}
+
+void cs_cache_reset_after_fork(cs_cache *c)
+{
+    /* Called in the child, which holds the locks: its only thread is the one that took them
+     * in the fork's prepare hook. The other threads' caches are not touched (one may have
+     * been half-way through its fast path): only cut loose. */
+    cs_cache_reset_after_fork_also(c);
     cs_tc_registry_unlock();
 }

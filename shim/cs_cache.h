@@ -106,8 +106,9 @@ cs_heap *cs_cache_heap(cs_cache *cache, const void *key);
 #define CS_DEFAULT_GRANULARITY (2ull << 20)
 cs_heap *cs_cache_add_heap(cs_cache *cache, const void *key, int device, uint64_t device_total,
                            const cs_backend_ops *ops, void *dev, uint64_t granularity);
-/* The backend state a heap was made with; whether its physical memory is pooled. */
+/* The backend state a heap was made with; its key; whether its physical memory is pooled. */
 void *cs_cache_heap_dev(const cs_heap *heap);
+const void *cs_cache_heap_key(const cs_heap *heap);
 bool cs_cache_heap_pooled(const cs_heap *heap);
 /* The devices allowed to use a pooled heap's memory changed: grant every mapping again
  * (cs_pool_regrant). 0, or the raw driver code of the first failure. */
@@ -138,6 +139,18 @@ typedef struct cs_block_info {
  * for a pooled heap's memory that is in no block (nothing the program holds). */
 cs_block_state cs_cache_find(cs_cache *cache, uint64_t addr, cs_block_info *out);
 
+/* Memory the program takes from the driver past the cache (cuMemAllocPitch, managed, async,
+ * cuMemCreate...) counts against the heap's device's cap. charge reserves `bytes` under the
+ * cap (giving idle cached memory back to make room, as a miss does): CS_OK, or CS_OOM with
+ * *failure filled (may be NULL) when even an empty cache would not make room. uncharge takes
+ * them off once the driver freed them. */
+cs_result cs_cache_charge(cs_cache *cache, cs_heap *heap, uint64_t bytes,
+                          cs_alloc_failure *failure);
+void cs_cache_uncharge(cs_cache *cache, cs_heap *heap, uint64_t bytes);
+/* Out of memory elsewhere: give every idle block and spare chunk of the heap's device back to
+ * the driver, waiting for their fences. Returns the bytes released. */
+uint64_t cs_cache_release_idle(cs_cache *cache, cs_heap *heap);
+
 /* What a capped program should see of the device, given the driver's own numbers. */
 void cs_cache_mem_view(cs_cache *cache, int device, uint64_t driver_free, uint64_t driver_total,
                        uint64_t *free, uint64_t *total);
@@ -157,6 +170,11 @@ void cs_cache_reset_after_fork(cs_cache *cache);
  * process-wide registry of per-thread caches: one cache at a time). */
 void cs_cache_lock(cs_cache *cache);
 void cs_cache_unlock(cs_cache *cache);
+/* A second cache across the same fork, locked after the first (whose cs_cache_lock holds the
+ * registry) and reset in the child before the first. */
+void cs_cache_lock_also(cs_cache *cache);
+void cs_cache_unlock_also(cs_cache *cache);
+void cs_cache_reset_after_fork_also(cs_cache *cache);
 
 /* Size classes: 512-byte steps up to 8 KiB, then 16 steps per power of two (at most 6.25 %
  * rounding). Exposed for tests and the replay tools. */

@@ -73,7 +73,7 @@ struct cs_heap {
 
 /* Bytes of a device. In use = in_use + the in-use bytes thread caches own; cached = idle_bytes
  * + the idle bytes thread caches own + spare_bytes; held (what the cap bounds, the physical
- * memory) = base + idle_bytes + spare_bytes + pending_bytes, exact under the lock since
+ * memory) = base + idle_bytes + spare_bytes + pending_bytes + outside_bytes, exact under the lock since
  * blocks change owner only under it. */
 typedef struct {
     /* Atomic: read by the fast paths, written under the lock (base, base_req) or by anyone
@@ -91,6 +91,10 @@ typedef struct {
     /* Bytes in driver calls made without the lock: allocations under way (reserved against
      * the cap) and blocks being given back. Held all the same. */
     uint64_t pending_bytes;
+    /* Memory the program holds through driver calls the cache does not serve (cuMemAllocPitch,
+     * cuMemAllocManaged, cuMemAllocAsync, cuMemCreate...): charged against the cap
+     * (cs_cache_charge), held like the rest. */
+    uint64_t outside_bytes;
     /* The counters, less what thread caches counted and have not folded in yet. Its byte
      * and peak fields are filled only when read (cs_cache_stats). */
     cacheshim_stats st;

@@ -113,6 +113,17 @@ static void load_driver(void)
         LOAD(cuMemMap);
         LOAD(cuMemUnmap);
         LOAD(cuMemSetAccess);
+        LOAD(cuMemAllocPitch_v2);
+        LOAD(cuMemAllocManaged);
+        LOAD(cuMemAllocAsync);
+        LOAD(cuMemAllocAsync_ptsz);
+        LOAD(cuMemAllocFromPoolAsync);
+        LOAD(cuMemAllocFromPoolAsync_ptsz);
+        LOAD(cuMemFreeAsync);
+        LOAD(cuMemFreeAsync_ptsz);
+        LOAD(cuMemAllocHost_v2);
+        LOAD(cuMemHostAlloc);
+        LOAD(cuMemFreeHost);
         for (int i = 0; i < CS_WORK_COUNT; i++)
             __atomic_store_n(&cs_work_real[i], cs_real_dlsym(driver.handle, cs_work_table[i].name),
                              __ATOMIC_RELEASE);

@@ -4,6 +4,7 @@
 #include "cs_exports.h"
 
 #include "cs_debug.h"
+#include "cs_outside.h"
 #include "cs_shim.h"
 #include "cs_streams.h"
 
@@ -66,6 +67,8 @@ CS_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
         CUresult r = d->cuMemFree_v2(dptr);  /* not ours: the driver decides */
         if (cs_debug_active())
             cs_debug_foreign_free((uint64_t)dptr, (int)r);
+        if (r == CUDA_SUCCESS)
+            cs_outside_pointer_freed((uint64_t)dptr);  /* pitched, managed, stream-ordered */
         return r;
     }
     }

@@ -39,6 +39,19 @@
     X(cuStreamBeginCaptureToGraph_ptsz, cuStreamBeginCaptureToGraph, 0, 1) \
     X(cuStreamEndCapture, cuStreamEndCapture, 0, 0) \
     X(cuStreamEndCapture_ptsz, cuStreamEndCapture, 0, 1) \
+    X(cuMemAllocPitch_v2, cuMemAllocPitch, 3020, 0) \
+    X(cuMemAllocManaged, cuMemAllocManaged, 0, 0) \
+    X(cuMemAllocAsync, cuMemAllocAsync, 0, 0) \
+    X(cuMemAllocAsync_ptsz, cuMemAllocAsync, 0, 1) \
+    X(cuMemAllocFromPoolAsync, cuMemAllocFromPoolAsync, 0, 0) \
+    X(cuMemAllocFromPoolAsync_ptsz, cuMemAllocFromPoolAsync, 0, 1) \
+    X(cuMemFreeAsync, cuMemFreeAsync, 0, 0) \
+    X(cuMemFreeAsync_ptsz, cuMemFreeAsync, 0, 1) \
+    X(cuMemCreate, cuMemCreate, 0, 0) \
+    X(cuMemRelease, cuMemRelease, 0, 0) \
+    X(cuMemAllocHost_v2, cuMemAllocHost, 3020, 0) \
+    X(cuMemHostAlloc, cuMemHostAlloc, 0, 0) \
+    X(cuMemFreeHost, cuMemFreeHost, 0, 0) \
     X(cuGetProcAddress_v2, cuGetProcAddress, 12000, 0) \
     X(cuGetProcAddress, cuGetProcAddress, 0, 0)
 
@@ -157,8 +170,11 @@ static void *wrap_dlsym(void *handle, const char *name)
 __attribute__((optimize("O2", "optimize-sibling-calls"))) CS_NO_SANITIZE
 CS_EXPORT void *dlsym(void *handle, const char *name)
 {
-    /* glibc declares name non-null, as the real dlsym needs it. */
-    if (name[0] == 'c' && name[1] == 'u' && handle != RTLD_NEXT && !cs_driver_loading())
+    /* glibc declares name non-null, as the real dlsym needs it. Driver entry points are "cu"
+     * and a capital (cuMemAlloc_v2); cuDNN, cuBLAS, cuFFT... (cudnn*, cublas*, cufft*) are
+     * not the shim's, and reach the real dlsym by the tail call. */
+    if (name[0] == 'c' && name[1] == 'u' && name[2] >= 'A' && name[2] <= 'Z' &&
+        handle != RTLD_NEXT && !cs_driver_loading())
         return wrap_dlsym(handle, name);
     return cs_real_dlsym_fn()(handle, name);
 }

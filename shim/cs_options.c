@@ -25,6 +25,8 @@ enum {
     OPT_TRACE_FORMAT,
     OPT_TRACE_FILE,
     OPT_TRACE_FILTER,
+    OPT_HOST_CAP,
+    OPT_HOST_RELEASE_THRESHOLD,
     OPT_COUNT
 };
 
@@ -34,15 +36,24 @@ enum {
     "memory, all, or a comma-separated list of names and globs like cuMemAlloc*,cuLaunch*"
 #define ACCEPT_SIZE \
     "a size like 8G, 512MiB, 1.5GB, 4096, a percentage of device memory like 75%, or none"
+#define ACCEPT_CAP \
+    "a size of at least 2MiB like 8G, 512MiB, 1.5GB, a percentage of device memory like " \
+    "75%, or none"
+#define ACCEPT_HOST_SIZE \
+    "a size like 8G, 512MiB, 1.5GB, 4096, a percentage of the machine's memory like 25%, or none"
+#define ACCEPT_HOST_CAP \
+    "a size of at least 4KiB like 8G, 512MiB, 1.5GB, a percentage of the machine's memory " \
+    "like 25%, or none"
 
 /* The fallback text is the only place a default lives: cs_options_load parses it to get the
  * default value, so the documented default and the real one cannot drift apart. */
 static const cs_option_desc option_table[OPT_COUNT] = {
     [OPT_DISABLE] = {"CACHESHIM_DISABLE", "bool", "0", ACCEPT_BOOL,
                      "Forward every call to the driver untouched: no caching, no cap."},
-    [OPT_CAP] = {"CACHESHIM_CAP", "size", "unlimited", ACCEPT_SIZE,
+    [OPT_CAP] = {"CACHESHIM_CAP", "size", "unlimited", ACCEPT_CAP,
                  "Hard ceiling per device on the bytes held through the shim, in use plus "
-                 "cached."},
+                 "cached, memory from cuMemAllocPitch, cuMemAllocManaged, cuMemAllocAsync and "
+                 "cuMemCreate included."},
     [OPT_RELEASE_THRESHOLD] = {"CACHESHIM_RELEASE_THRESHOLD", "size", "unlimited", ACCEPT_SIZE,
                                "Idle cached bytes kept per device; above it, idle cached "
                                "blocks go back to the driver."},
@@ -60,6 +71,13 @@ static const cs_option_desc option_table[OPT_COUNT] = {
                        "Make every free of a cached block wait for all work on the device, "
                        "as the driver's cuMemFree/cudaFree does, for programs that use a free "
                        "as a synchronization point."},
+    [OPT_HOST_CAP] = {"CACHESHIM_HOST_CAP", "size", "unlimited", ACCEPT_HOST_CAP,
+                      "Hard ceiling on the pinned host bytes (cudaMallocHost, cudaHostAlloc) "
+                      "held through the shim, in use plus cached, for the whole process."},
+    [OPT_HOST_RELEASE_THRESHOLD] = {"CACHESHIM_HOST_RELEASE_THRESHOLD", "size", "unlimited",
+                                    ACCEPT_HOST_SIZE,
+                                    "Idle cached pinned host bytes kept; above it, idle pinned "
+                                    "blocks go back to the driver."},
     [OPT_BACKEND] = {"CACHESHIM_BACKEND", "choice", "pooled", "pooled or classic",
                      "Where blocks get their memory: pooled maps physical memory into each "
                      "block's own address range and moves it between blocks as sizes shift "
@@ -103,7 +121,7 @@ typedef enum {
 typedef struct {
     value_type type;
     size_t offset;      /* of the field in cs_options */
-    int min, max;       /* VALUE_INT */
+    int min, max;       /* VALUE_INT; VALUE_SIZE: min is the fewest bytes accepted */
     bool allow_percent; /* VALUE_SIZE */
     const char *const *choices; /* VALUE_CHOICE: the words, their index is the value;
                                    VALUE_FLAGS: word i is bit 1 << i */
@@ -116,12 +134,15 @@ static const char *const debug_modes[] = {"uaf", "uaf-report", "leaks", NULL};
 
 static const option_slot option_slots[OPT_COUNT] = {
     [OPT_DISABLE] = {VALUE_BOOL, offsetof(cs_options, disable), 0, 0, false},
-    [OPT_CAP] = {VALUE_SIZE, offsetof(cs_options, cap), 0, 0, true},
+    [OPT_CAP] = {VALUE_SIZE, offsetof(cs_options, cap), (int)CS_MIN_CAP, 0, true},
     [OPT_RELEASE_THRESHOLD] = {VALUE_SIZE, offsetof(cs_options, release_threshold), 0, 0, true},
     [OPT_STATS] = {VALUE_BOOL, offsetof(cs_options, stats), 0, 0, false},
     [OPT_VERBOSE] = {VALUE_INT, offsetof(cs_options, verbose), 0, 2, false},
     [OPT_REUSE] = {VALUE_CHOICE, offsetof(cs_options, reuse), 0, 0, false, reuse_modes},
     [OPT_SYNC_FREE] = {VALUE_BOOL, offsetof(cs_options, sync_free), 0, 0, false},
+    [OPT_HOST_CAP] = {VALUE_SIZE, offsetof(cs_options, host_cap), (int)CS_MIN_HOST_CAP, 0, true},
+    [OPT_HOST_RELEASE_THRESHOLD] = {VALUE_SIZE, offsetof(cs_options, host_release_threshold), 0,
+                                    0, true},
     [OPT_BACKEND] = {VALUE_CHOICE, offsetof(cs_options, backend), 0, 0, false, backends},
     [OPT_HEADROOM] = {VALUE_INT, offsetof(cs_options, headroom), 0, 1000, false},
     [OPT_DEBUG] = {VALUE_FLAGS, offsetof(cs_options, debug), 0, 0, false, debug_modes},
@@ -501,6 +522,29 @@ uint64_t cs_size_resolve(const cs_size_spec *spec, uint64_t device_total)
     }
 }
 
+uint64_t cs_cap_resolve(const cs_size_spec *cap, uint64_t device_total, uint64_t min)
+{
+    uint64_t c = cs_size_resolve(cap, device_total);
+    return c < min ? UINT64_MAX : c;
+}
+
+bool cs_threshold_above_cap(const cs_size_spec *cap, const cs_size_spec *threshold,
+                            const char *cap_name, const char *threshold_name,
+                            uint64_t device_total, const char *where, char *buf, size_t len)
+{
+    uint64_t c = cs_size_resolve(cap, device_total), t = cs_size_resolve(threshold, device_total);
+    if (c == UINT64_MAX || t == UINT64_MAX || t <= c)
+        return false;
+    char cs[64], ts[64];
+    cs_size_format(cap, cs, sizeof cs);
+    cs_size_format(threshold, ts, sizeof ts);
+    snprintf(buf, len,
+             "cacheshim: %s (%s) is above %s (%s) for %s: the cap gives idle memory back "
+             "first, and the threshold never acts",
+             threshold_name, ts, cap_name, cs, where);
+    return true;
+}
+
 static void format_percent(double percent, char *buf, size_t len)
 {
     uint64_t m = percent_millionths(percent);
@@ -600,8 +644,14 @@ static int parse_into(size_t i, const char *text, cs_options *opts)
         return parse_bool(text, (bool *)slot_field(opts, i));
     case VALUE_INT:
         return parse_int(text, slot->min, slot->max, (int *)slot_field(opts, i));
-    case VALUE_SIZE:
-        return cs_parse_size(text, slot->allow_percent, (cs_size_spec *)slot_field(opts, i));
+    case VALUE_SIZE: {
+        cs_size_spec spec;
+        if (cs_parse_size(text, slot->allow_percent, &spec) != 0 ||
+            (spec.kind == CS_SIZE_BYTES && spec.bytes < (uint64_t)slot->min))
+            return -1;
+        *(cs_size_spec *)slot_field(opts, i) = spec;
+        return 0;
+    }
     case VALUE_CHOICE:
         return parse_choice(text, slot->choices, (int *)slot_field(opts, i));
     case VALUE_PATH:

@@ -37,6 +37,8 @@ typedef struct cs_options {
     bool sync_free;                 /* CACHESHIM_SYNC_FREE: a free waits for the device */
     int debug;                      /* CACHESHIM_DEBUG: CS_DEBUG_* bits, 0 for off */
     cs_size_spec quarantine;        /* CACHESHIM_QUARANTINE: bytes of freed blocks held back */
+    cs_size_spec host_cap;          /* CACHESHIM_HOST_CAP: ceiling on pinned host bytes held */
+    cs_size_spec host_release_threshold; /* CACHESHIM_HOST_RELEASE_THRESHOLD: idle pinned bytes kept */
     /* The tracer (audit/, libcacheaudit.so) reads these; the shim ignores them. */
     int trace_format;               /* CACHESHIM_TRACE_FORMAT: CS_TRACE_TEXT, _JSONL or _PERFETTO */
     char trace_file[CS_TRACE_TEXT_MAX];   /* CACHESHIM_TRACE_FILE: "" for stderr; %p = pid */
@@ -66,6 +68,22 @@ int cs_options_load(cs_options *opts, cs_getenv_fn getenv_fn, cs_report_fn repor
 
 /* Parse a size: "123", "8G", "512MiB", "1.5GB", "75%", "none". Returns 0 on success. */
 int cs_parse_size(const char *text, bool allow_percent, cs_size_spec *out);
+
+/* The smallest caps accepted: one block of the pooled backend's (a 2 MiB granule) on a
+ * device, one page of pinned host memory. A smaller cap could hold no allocation. */
+#define CS_MIN_CAP (2ull << 20)
+#define CS_MIN_HOST_CAP 4096ull
+
+/* A cap's bytes on a device of device_total bytes: UINT64_MAX (no cap) when it resolves below
+ * min, as a percentage of a small device can (such a cap could hold no allocation). */
+uint64_t cs_cap_resolve(const cs_size_spec *cap, uint64_t device_total, uint64_t min);
+
+/* A threshold above the cap does nothing: the cap gives cached memory back first. The line
+ * that says so for one device (or "pinned host memory"), of device_total bytes, into buf;
+ * false (buf untouched) when the two agree. */
+bool cs_threshold_above_cap(const cs_size_spec *cap, const cs_size_spec *threshold,
+                            const char *cap_name, const char *threshold_name,
+                            uint64_t device_total, const char *where, char *buf, size_t len);
 
 /* Bytes a spec stands for on a device of device_total bytes; UINT64_MAX when unlimited. */
 uint64_t cs_size_resolve(const cs_size_spec *spec, uint64_t device_total);

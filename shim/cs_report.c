@@ -51,6 +51,7 @@ static const row detail_rows[] = {
     {"fences", ROW_COUNT, FIELD(fences)},
     {"fence waits", ROW_COUNT, FIELD(fence_waits)},
     {"OOM failures", ROW_COUNT, FIELD(oom_failures)},
+    {"other paths now", ROW_BYTES, FIELD(bytes_outside)},
     {"cap", ROW_CAP, FIELD(cap_bytes)},
 };
 
@@ -103,19 +104,24 @@ static uint64_t field_of(const cacheshim_stats *s, size_t offset)
     return v;
 }
 
-/* Net of the calls the shim added (releases, out-of-memory retries): negative when those
- * outnumber the calls saved. A request the cap refused reached no driver and counts too. */
+/* Net of the calls the shim added (releases, out-of-memory retries, the pooled backend's
+ * several calls for one block), never below zero: a program whose blocks were each allocated
+ * once and released saved nothing, it did not lose calls it would have made anyway. A request
+ * the cap refused reached no driver and counts too. */
 static int64_t allocs_saved(const cacheshim_stats *s)
 {
-    return (int64_t)s->requests - (int64_t)s->driver_allocs;
+    return s->requests > s->driver_allocs ? (int64_t)(s->requests - s->driver_allocs) : 0;
 }
 
 static int64_t frees_saved(const cacheshim_stats *s)
 {
-    return (int64_t)s->frees - (int64_t)s->driver_frees;
+    return s->frees > s->driver_frees ? (int64_t)(s->frees - s->driver_frees) : 0;
 }
 
-static void format_cell(const row *r, const cacheshim_stats *s, char *buf, size_t len)
+/* timed: the time row's costs apply (device memory); for pinned host memory they do not, and
+ * the cell says "-" rather than a number nobody measured. */
+static void format_cell(const row *r, const cacheshim_stats *s, bool timed, char *buf,
+                        size_t len)
 {
     switch (r->kind) {
     case ROW_COUNT:
@@ -136,6 +142,10 @@ static void format_cell(const row *r, const cacheshim_stats *s, char *buf, size_
         snprintf(buf, len, "%" PRId64, allocs_saved(s) + frees_saved(s));
         return;
     case ROW_TIME_SAVED:
+        if (!timed) {
+            snprintf(buf, len, "-");
+            return;
+        }
         cs_duration_format(allocs_saved(s) * CS_REPORT_ALLOC_NS +
                                frees_saved(s) * CS_REPORT_FREE_NS,
                            buf, len);
@@ -172,30 +182,31 @@ typedef struct {
     char cells[CS_REPORT_COLUMNS][CELL];
 } table_line;
 
-/* A heading line and one line per row, for `cols` devices. Returns the lines added. */
+/* A heading line and one line per row, for `cols` columns. Returns the lines added. */
 static size_t add_block(table_line *out, const char *title, const row *rows, size_t nrows,
-                        const int *devices, const cacheshim_stats *st, int cols)
+                        const char (*names)[CELL], const cacheshim_stats *st, int cols,
+                        bool timed)
 {
     out[0].label = title;
     out[0].heading = true;
     for (int c = 0; c < cols; c++)
-        snprintf(out[0].cells[c], CELL, "device %d", devices[c]);
+        snprintf(out[0].cells[c], CELL, "%s", names[c]);
     for (size_t r = 0; r < nrows; r++) {
         out[1 + r].label = rows[r].label;
         out[1 + r].heading = false;
         for (int c = 0; c < cols; c++)
-            format_cell(&rows[r], &st[c], out[1 + r].cells[c], CELL);
+            format_cell(&rows[r], &st[c], timed, out[1 + r].cells[c], CELL);
     }
     return 1 + nrows;
 }
 
-static void emit_group(const int *devices, const cacheshim_stats *st, int cols, bool details,
-                       cs_report_fn emit, void *arg)
+static void emit_group(const char (*names)[CELL], const cacheshim_stats *st, int cols,
+                       bool details, bool timed, cs_report_fn emit, void *arg)
 {
     table_line lines[MAX_LINES];
-    size_t n = add_block(lines, "statistics", summary_rows, NSUMMARY, devices, st, cols);
+    size_t n = add_block(lines, "statistics", summary_rows, NSUMMARY, names, st, cols, timed);
     if (details)
-        n += add_block(lines + n, "details", detail_rows, NDETAILS, devices, st, cols);
+        n += add_block(lines + n, "details", detail_rows, NDETAILS, names, st, cols, timed);
 
     int label_width = 0, width[CS_REPORT_COLUMNS] = {0};
     for (size_t i = 0; i < n; i++) {
@@ -225,9 +236,12 @@ void cs_report_stats(cs_cache *cache, bool details, cs_report_fn emit, void *arg
     for (int first = 0; first < n; first += CS_REPORT_COLUMNS) {
         int cols = n - first < CS_REPORT_COLUMNS ? n - first : CS_REPORT_COLUMNS;
         cacheshim_stats st[CS_REPORT_COLUMNS];
-        for (int c = 0; c < cols; c++)
+        char names[CS_REPORT_COLUMNS][CELL];
+        for (int c = 0; c < cols; c++) {
             cs_cache_stats(cache, devices[first + c], &st[c]);  /* listed, so present */
-        emit_group(devices + first, st, cols, details, emit, arg);
+            snprintf(names[c], CELL, "device %d", devices[first + c]);
+        }
+        emit_group((const char (*)[CELL])names, st, cols, details, true, emit, arg);
     }
     cacheshim_stats all;
     cs_cache_stats(cache, -1, &all);
@@ -236,4 +250,13 @@ void cs_report_stats(cs_cache *cache, bool details, cs_report_fn emit, void *arg
               "foreign frees: %" PRIu64 " (pointers the shim did not hand out, passed to the "
               "driver)",
               all.foreign_frees);
+}
+
+void cs_report_host_stats(cs_cache *host, bool details, cs_report_fn emit, void *arg)
+{
+    cacheshim_stats st;
+    if (!cs_cache_stats(host, 0, &st))
+        return;  /* no pinned host memory was allocated through the shim */
+    static const char names[1][CELL] = {"pinned host"};
+    emit_group(names, &st, 1, details, false, emit, arg);
 }

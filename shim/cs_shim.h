@@ -32,6 +32,9 @@ void cs_shim_context_gone(CUcontext ctx);
 /* A failed allocation, reported on stderr when CACHESHIM_VERBOSE >= 1. */
 void cs_shim_report_failure(const cs_driver *d, const cs_alloc_failure *f);
 
+/* A failed pinned host allocation, likewise. */
+void cs_shim_report_host_failure(const cs_alloc_failure *f);
+
 /* The one-line messages of the shim ("cacheshim: ..."), written to stderr at once. */
 void cs_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 

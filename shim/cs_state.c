@@ -8,6 +8,8 @@
 
 #include "cs_backend.h"
 #include "cs_debug.h"
+#include "cs_host.h"
+#include "cs_outside.h"
 #include "cs_report.h"
 #include "cs_streams.h"
 
@@ -44,7 +46,7 @@ static const char *env(const char *name)
 static uint64_t cap_for(void *arg, uint64_t total)
 {
     (void)arg;
-    return cs_size_resolve(&shim.opts.cap, total);
+    return cs_cap_resolve(&shim.opts.cap, total, CS_MIN_CAP);
 }
 
 static uint64_t threshold_for(void *arg, uint64_t total)
@@ -76,27 +78,95 @@ static void on_release(void *arg, int device, uint64_t addr, uint64_t size, cs_r
            reason_name(why));
 }
 
+static const char *host_reason_name(cs_release_reason why)
+{
+    switch (why) {
+    case CS_RELEASE_THRESHOLD: return "above CACHESHIM_HOST_RELEASE_THRESHOLD";
+    case CS_RELEASE_CAP: return "to stay under CACHESHIM_HOST_CAP";
+    default: return reason_name(why);
+    }
+}
+
+static void on_host_release(void *arg, int device, uint64_t addr, uint64_t size,
+                            cs_release_reason why)
+{
+    (void)arg;
+    (void)device;
+    if (shim.opts.verbose < 2)
+        return;
+    char sz[32];
+    cs_bytes_format(size, sz, sizeof sz);
+    cs_log("released %s of pinned host memory at 0x%llx (%s)", sz, (unsigned long long)addr,
+           host_reason_name(why));
+}
+
+/* A release threshold above the cap does nothing, and a cap in percent may come to less than
+ * one allocation: said once per device (or once for pinned host memory), when its sizes are
+ * known. */
+static void warn_limits(int device, uint64_t total)
+{
+    static uint64_t said;  /* atomic: bit per device, bit 63 for host memory */
+    int bit = device < 0 ? 63 : device % 63;
+    if (__atomic_fetch_or(&said, 1ull << bit, __ATOMIC_RELAXED) & (1ull << bit))
+        return;
+    bool host = device < 0;
+    const cs_size_spec *cap = host ? &shim.opts.host_cap : &shim.opts.cap;
+    const cs_size_spec *threshold =
+        host ? &shim.opts.host_release_threshold : &shim.opts.release_threshold;
+    const char *cap_name = host ? "CACHESHIM_HOST_CAP" : "CACHESHIM_CAP";
+    uint64_t min = host ? CS_MIN_HOST_CAP : CS_MIN_CAP;
+    char where[64], line[512];
+    if (host)
+        snprintf(where, sizeof where, "pinned host memory");
+    else
+        snprintf(where, sizeof where, "device %d", device);
+    uint64_t bytes = cs_size_resolve(cap, total);
+    if (bytes < min) {
+        /* A percentage too small for one allocation here: no cap (cs_cap_resolve). */
+        char spec[96], sz[32], least[32];
+        cs_size_format(cap, spec, sizeof spec);
+        char *dm = strstr(spec, " of device memory");
+        if (host && dm)  /* a host cap's percentage is of the machine's memory */
+            snprintf(dm, sizeof spec - (size_t)(dm - spec), " of the machine's memory");
+        cs_bytes_format(bytes, sz, sizeof sz);
+        cs_bytes_format(min, least, sizeof least);
+        cs_log("%s (%s) is %s for %s, less than one allocation (%s): no cap there", cap_name,
+               spec, sz, where, least);
+    } else if (cs_threshold_above_cap(cap, threshold, cap_name,
+                                      host ? "CACHESHIM_HOST_RELEASE_THRESHOLD"
+                                           : "CACHESHIM_RELEASE_THRESHOLD",
+                                      total, where, line, sizeof line)) {
+        log_line(line, NULL);
+    }
+}
+
 /* ---------------------------------------------------------------- fork and exit */
 
 void cs_shim_before_fork(void)
 {
+    cs_outside_lock();  /* before the cache's lock: uncharging takes it under this one */
     if (shim.cache)
         cs_cache_lock(shim.cache);
+    cs_host_lock();
     cs_streams_lock_all();
 }
 
 void cs_shim_after_fork_parent(void)
 {
     cs_streams_unlock_all();
+    cs_host_unlock();
     if (shim.cache)
         cs_cache_unlock(shim.cache);
+    cs_outside_unlock();
 }
 
 void cs_shim_after_fork_child(void)
 {
     /* The child cannot use the parent's device memory; it starts with an empty cache. */
+    cs_host_reset_after_fork();
     if (shim.cache)
         cs_cache_reset_after_fork(shim.cache);
+    cs_outside_reset_after_fork();
     cs_streams_reset_after_fork();
     __atomic_add_fetch(&heap_generation, 1, __ATOMIC_RELEASE);
 }
@@ -106,6 +176,8 @@ __attribute__((destructor)) static void at_exit(void)
     /* No driver calls here: the driver may already be torn down. */
     if (shim_ready && shim.opts.stats && shim.cache) {
         cs_report_stats(shim.cache, shim.opts.verbose >= 1, log_line, NULL);
+        if (cs_host_cache())
+            cs_report_host_stats(cs_host_cache(), shim.opts.verbose >= 1, log_line, NULL);
         if (shim.opts.verbose >= 1)
             cs_log("work calls seen: %llu (driver calls that put work on a stream)",
                    (unsigned long long)cs_streams_work_calls());
@@ -135,6 +207,11 @@ static void init(void)
         if (!shim.cache) {
             cs_log("out of host memory at start; passing every call to the driver");
             shim.disabled = true;
+        } else if (!cs_host_init(&shim.opts, on_host_release)) {
+            cs_log("out of host memory at start; passing pinned host memory calls to the "
+                   "driver");
+        } else {
+            warn_limits(-1, cs_host_total());
         }
         cs_debug_init(shim.cache, &shim.opts);
     }
@@ -172,6 +249,7 @@ cs_heap *cs_shim_heap_of(const cs_driver *d, CUcontext ctx)
     void *be = cs_backend_for(ctx, dev);
     if (!be)
         return NULL;
+    warn_limits((int)dev, total);
     h = cs_cache_add_heap(shim.cache, ctx, (int)dev, total,
                           gran ? &cs_cuda_pooled_ops : &cs_cuda_ops, be, gran);
     /* Threads that meet a new context at once each make a backend state; one heap is made,
@@ -207,24 +285,37 @@ void cs_shim_context_gone(CUcontext ctx)
     cs_streams_forget(ctx);
     cs_debug_context_gone(ctx);
     __atomic_add_fetch(&heap_generation, 1, __ATOMIC_RELEASE);
+    cs_outside_context_gone(ctx);
+    cs_host_context_gone(ctx);
     cs_cache_forget_heap(shim.cache, ctx);
 }
 
 /* ---------------------------------------------------------------- failures */
 
+/* The sizes of a failure report, formatted. */
+typedef struct {
+    char req[32], use[32], cached[32], cap[32];
+} failure_text;
+
+static void failure_format(const cs_alloc_failure *f, failure_text *t)
+{
+    cs_bytes_format(f->requested, t->req, sizeof t->req);
+    cs_bytes_format(f->in_use, t->use, sizeof t->use);
+    cs_bytes_format(f->cached, t->cached, sizeof t->cached);
+    if (f->cap == CS_UNLIMITED)
+        snprintf(t->cap, sizeof t->cap, "none");
+    else
+        cs_bytes_format(f->cap, t->cap, sizeof t->cap);
+}
+
 void cs_shim_report_failure(const cs_driver *d, const cs_alloc_failure *f)
 {
     if (shim.opts.verbose < 1)
         return;
-    char req[32], use[32], cached[32], cap[32], dfree[32] = "unknown";
+    failure_text t;
+    char dfree[32] = "unknown";
     size_t free_b = 0, total_b = 0;
-    cs_bytes_format(f->requested, req, sizeof req);
-    cs_bytes_format(f->in_use, use, sizeof use);
-    cs_bytes_format(f->cached, cached, sizeof cached);
-    if (f->cap == CS_UNLIMITED)
-        snprintf(cap, sizeof cap, "none");
-    else
-        cs_bytes_format(f->cap, cap, sizeof cap);
+    failure_format(f, &t);
     if (d->cuMemGetInfo_v2 && d->cuMemGetInfo_v2(&free_b, &total_b) == CUDA_SUCCESS)
         cs_bytes_format(free_b, dfree, sizeof dfree);
     /* Two formats, not one with the reason as %s: docs/troubleshooting.md must show both
@@ -232,9 +323,25 @@ void cs_shim_report_failure(const cs_driver *d, const cs_alloc_failure *f)
     if (f->by_cap)
         cs_log("allocation of %s failed: it would exceed CACHESHIM_CAP; in use %s, cached %s, "
                "cap %s, device free %s",
-               req, use, cached, cap, dfree);
+               t.req, t.use, t.cached, t.cap, dfree);
     else
         cs_log("allocation of %s failed: the device is out of memory; in use %s, cached %s, "
                "cap %s, device free %s",
-               req, use, cached, cap, dfree);
+               t.req, t.use, t.cached, t.cap, dfree);
+}
+
+void cs_shim_report_host_failure(const cs_alloc_failure *f)
+{
+    if (shim.opts.verbose < 1)
+        return;
+    failure_text t;
+    failure_format(f, &t);
+    if (f->by_cap)
+        cs_log("pinned host allocation of %s failed: it would exceed CACHESHIM_HOST_CAP; in use "
+               "%s, cached %s, cap %s",
+               t.req, t.use, t.cached, t.cap);
+    else
+        cs_log("pinned host allocation of %s failed: the driver is out of memory; in use %s, "
+               "cached %s, cap %s",
+               t.req, t.use, t.cached, t.cap);
 }

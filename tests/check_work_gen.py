@@ -17,8 +17,7 @@ MUST_HAVE = ["cuLaunchKernel", "cuLaunchKernelEx", "cuMemcpyHtoDAsync_v2", "cuMe
 ALSO = ["cuLaunchKernel_ptsz", "cuLaunchKernelEx_ptsz", "cuLaunchCooperativeKernelMultiDevice",
         "cuLaunch", "cuLaunchGrid", "cuMemcpy_ptds", "cuMemcpyHtoDAsync_v2_ptsz",
         "cuStreamWaitValue32_v2", "cuStreamWriteValue64", "cuStreamBatchMemOp_v2",
-        "cuStreamAddCallback", "cuGraphUpload", "cuMemAllocAsync", "cuMemFreeAsync_ptsz",
-        "cuMemPrefetchAsync_v2", "cuSignalExternalSemaphoresAsync",
+        "cuStreamAddCallback", "cuGraphUpload", "cuMemPrefetchAsync_v2", "cuSignalExternalSemaphoresAsync",
         "cuWaitExternalSemaphoresAsync_ptsz", "cuGraphicsMapResources",
         "cuGraphicsUnmapResources"]
 # Not work: the stream is only read, waited for, or switched to capture.
@@ -26,7 +25,9 @@ NEVER = ["cuStreamQuery", "cuStreamSynchronize_ptsz", "cuStreamDestroy_v2", "cuS
          "cuStreamGetCaptureInfo_v3", "cuStreamSetAttribute", "cuStreamCopyAttributes",
          "cuStreamBeginCapture_v2", "cuStreamEndCapture", "cuStreamIsCapturing",
          "cuStreamUpdateCaptureDependencies_v2", "cuEventRecord", "cuEventRecordWithFlags_ptsz",
-         "cuStreamCreate", "cuMemAlloc_v2", "cuOccupancyMaxActiveClusters"]
+         "cuStreamCreate", "cuMemAlloc_v2", "cuOccupancyMaxActiveClusters",
+         # the shim wraps these itself and tracks their work there (shim/cs_paths.c)
+         "cuMemAllocAsync", "cuMemFreeAsync_ptsz", "cuMemAllocFromPoolAsync"]
 
 failures = 0
 

@@ -10,6 +10,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "cacheshim.h"
 #include "fake_control.h"
@@ -103,6 +105,34 @@ static inline void launch(CUstream s, CUdeviceptr p, size_t n)
     void *params[] = {&p, &n};
     assert_int_equal(cuLaunchKernel(fake_touch_kernel(), 1, 1, 1, 1, 1, 1, 0, s, params, NULL),
                      CUDA_SUCCESS);
+}
+
+/* Runs this program (named prog) again with `mode` and the variables env (name, value, ...,
+ * NULL), returning its exit status and stderr. */
+static inline int shim_run_self(const char *prog, const char *mode, const char *const env[],
+                                char *err, size_t errlen)
+{
+    int fds[2];
+    assert_int_equal(pipe(fds), 0);
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(fds[1], 2);
+        close(fds[0]);
+        for (int i = 0; env && env[i]; i += 2)
+            setenv(env[i], env[i + 1], 1);
+        execl("/proc/self/exe", prog, mode, (char *)NULL);
+        _exit(127);
+    }
+    close(fds[1]);
+    size_t n = 0;
+    ssize_t k;
+    while (n + 1 < errlen && (k = read(fds[0], err + n, errlen - n - 1)) > 0)
+        n += (size_t)k;
+    err[n] = 0;
+    close(fds[0]);
+    int status;
+    waitpid(pid, &status, 0);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
 #endif

@@ -89,6 +89,8 @@ static void assert_defaults(const cs_options *o)
     assert_int_equal(o->trace_format, CS_TRACE_TEXT);
     assert_string_equal(o->trace_file, "");
     assert_string_equal(o->trace_filter, "memory");
+    assert_int_equal(o->host_cap.kind, CS_SIZE_UNLIMITED);
+    assert_int_equal(o->host_release_threshold.kind, CS_SIZE_UNLIMITED);
 }
 
 /* ---- the table ------------------------------------------------------------------------- */
@@ -102,11 +104,13 @@ static void test_table(void **state)
                                         "CACHESHIM_SYNC_FREE", "CACHESHIM_BACKEND",
                                         "CACHESHIM_HEADROOM", "CACHESHIM_DEBUG",
                                         "CACHESHIM_QUARANTINE", "CACHESHIM_TRACE_FORMAT",
-                                        "CACHESHIM_TRACE_FILE", "CACHESHIM_TRACE_FILTER"};
+                                        "CACHESHIM_TRACE_FILE", "CACHESHIM_TRACE_FILTER",
+                                        "CACHESHIM_HOST_CAP",
+                                        "CACHESHIM_HOST_RELEASE_THRESHOLD"};
     size_t n = 0;
     const cs_option_desc *t = cs_option_table(&n);
     assert_non_null(t);
-    assert_int_equal(n, 14);
+    assert_int_equal(n, 16);
     assert_ptr_equal(cs_option_table(NULL), t);
     for (size_t i = 0; i < n; i++) {
         assert_string_equal(t[i].name, names[i]);
@@ -153,7 +157,7 @@ static void test_defaults_when_nothing_set(void **state)
     assert_int_equal(cs_options_load(&o, fake_getenv, collect, &r), 0);
     assert_int_equal(r.count, 0);
     assert_defaults(&o);
-    assert_int_equal(env.misses, 14); /* each variable asked for exactly once */
+    assert_int_equal(env.misses, 16); /* each variable asked for exactly once */
 
     memset(&o, 0xa5, sizeof o);
     assert_int_equal(cs_options_load(&o, NULL, collect, &r), 0);
@@ -175,8 +179,8 @@ static void test_each_variable_read_once(void **state)
     for (int i = 0; i < 5; i++)
         assert_int_equal(env.lookups[i], 1);
     assert_int_equal(env.lookups[5], 0);
-    assert_int_equal(env.misses, 9); /* REUSE, SYNC_FREE, BACKEND, HEADROOM, DEBUG, QUARANTINE,
-                                        TRACE_*: unset */
+    assert_int_equal(env.misses, 11); /* REUSE, SYNC_FREE, BACKEND, HEADROOM, DEBUG, QUARANTINE,
+                                         TRACE_*, HOST_*: unset */
 }
 
 static void test_empty_is_unset(void **state)
@@ -226,8 +230,9 @@ static void test_several_bad_values(void **state)
     assert_int_equal(cs_options_load(&o, fake_getenv, collect, &r), 2);
     assert_int_equal(r.count, 2);
     assert_string_equal(r.line[0], "cacheshim: CACHESHIM_CAP='8X' is not valid: expected a size "
-                                   "like 8G, 512MiB, 1.5GB, 4096, a percentage of device memory "
-                                   "like 75%, or none; using the default (unlimited)");
+                                   "of at least 2MiB like 8G, 512MiB, 1.5GB, a percentage of "
+                                   "device memory like 75%, or none; using the default "
+                                   "(unlimited)");
     assert_string_equal(r.line[1], "cacheshim: CACHESHIM_VERBOSE='9' is not valid: expected 0, "
                                    "1 or 2; using the default (0)");
     assert_int_equal(o.cap.kind, CS_SIZE_UNLIMITED);
@@ -372,15 +377,19 @@ static void test_good_sizes(void **state)
                          (unsigned long long)cases[i].bytes, (unsigned long long)s.bytes);
         }
         /* and the same through the environment, for both size variables */
+        /* (a cap must hold one allocation: 2 MiB at least, test_cap_minimum) */
         env_clear();
-        env_set("CACHESHIM_CAP", cases[i].text);
+        bool cap_ok = cases[i].bytes >= 2 * MiB;
+        if (cap_ok)
+            env_set("CACHESHIM_CAP", cases[i].text);
         env_set("CACHESHIM_RELEASE_THRESHOLD", cases[i].text);
         reports r = {0};
         cs_options o;
         assert_int_equal(cs_options_load(&o, fake_getenv, collect, &r), 0);
         assert_int_equal(r.count, 0);
-        assert_int_equal(o.cap.kind, CS_SIZE_BYTES);
-        assert_int_equal(o.cap.bytes, cases[i].bytes);
+        assert_int_equal(o.cap.kind, cap_ok ? CS_SIZE_BYTES : CS_SIZE_UNLIMITED);
+        if (cap_ok)
+            assert_int_equal(o.cap.bytes, cases[i].bytes);
         assert_int_equal(o.release_threshold.bytes, cases[i].bytes);
     }
 }
@@ -446,6 +455,16 @@ static void test_parse_size_bad_arguments(void **state)
     "is not valid: expected a size like 8G, 512MiB, 1.5GB, 4096, a percentage of device " \
     "memory like 75%, or none; using the default (unlimited)"
 
+#define TAIL_CAP                                                                            \
+    "is not valid: expected a size of at least 2MiB like 8G, 512MiB, 1.5GB, a percentage of " \
+    "device memory like 75%, or none; using the default (unlimited)"
+#define TAIL_HOST_CAP                                                                        \
+    "is not valid: expected a size of at least 4KiB like 8G, 512MiB, 1.5GB, a percentage of " \
+    "the machine's memory like 25%, or none; using the default (unlimited)"
+#define TAIL_HOST_SIZE                                                                      \
+    "is not valid: expected a size like 8G, 512MiB, 1.5GB, 4096, a percentage of the " \
+    "machine's memory like 25%, or none; using the default (unlimited)"
+
 #define TAIL_FORMAT "is not valid: expected text, jsonl or perfetto; using the default (text)"
 #define TAIL_REUSE "is not valid: expected ordered or completed; using the default (ordered)"
 #define TAIL_BACKEND "is not valid: expected pooled or classic; using the default (pooled)"
@@ -498,51 +517,51 @@ static const struct {
     BAD("VERBOSE", "2 2", TAIL_INT),
     BAD("VERBOSE", "yes", TAIL_INT),
     /* sizes */
-    BAD("CAP", "8X", TAIL_SIZE),
-    BAD("CAP", "-5G", TAIL_SIZE),
-    BAD("CAP", "+5G", TAIL_SIZE),
-    BAD("CAP", "1.5", TAIL_SIZE),
-    BAD("CAP", "1.5B", TAIL_SIZE),
-    BAD("CAP", "0.1 b", TAIL_SIZE),
-    BAD("CAP", "%", TAIL_SIZE),
-    BAD("CAP", "101%", TAIL_SIZE),
-    BAD("CAP", "100.0001%", TAIL_SIZE),
-    BAD("CAP", "0%", TAIL_SIZE),
-    BAD("CAP", "0.000%", TAIL_SIZE),
-    BAD("CAP", "-0%", TAIL_SIZE),
-    BAD("CAP", "-5%", TAIL_SIZE),
-    BAD("CAP", "1000%", TAIL_SIZE),
-    BAD("CAP", "75%%", TAIL_SIZE),
-    BAD("CAP", "%75", TAIL_SIZE),
-    BAD("CAP", "8G%", TAIL_SIZE),
-    BAD("CAP", "nan", TAIL_SIZE),
-    BAD("CAP", "NaN", TAIL_SIZE),
-    BAD("CAP", "inf", TAIL_SIZE),
-    BAD("CAP", "Infinity", TAIL_SIZE),
-    BAD("CAP", "1e3", TAIL_SIZE),
-    BAD("CAP", "1E9", TAIL_SIZE),
-    BAD("CAP", "18446744073709551616", TAIL_SIZE),
-    BAD("CAP", "99999999999999999999999", TAIL_SIZE),
-    BAD("CAP", "16777216T", TAIL_SIZE),
-    BAD("CAP", "17179869184G", TAIL_SIZE),
-    BAD("CAP", "18446744073709551.616KB", TAIL_SIZE),
-    BAD("CAP", "8 G B", TAIL_SIZE),
-    BAD("CAP", "8GG", TAIL_SIZE),
-    BAD("CAP", "8 GiBs", TAIL_SIZE),
-    BAD("CAP", "G8", TAIL_SIZE),
-    BAD("CAP", "G", TAIL_SIZE),
-    BAD("CAP", "   ", TAIL_SIZE),
-    BAD("CAP", ".5G", TAIL_SIZE),
-    BAD("CAP", "5.G", TAIL_SIZE),
-    BAD("CAP", "1,5G", TAIL_SIZE),
-    BAD("CAP", "1 000", TAIL_SIZE),
-    BAD("CAP", "0x10", TAIL_SIZE),
-    BAD("CAP", "8P", TAIL_SIZE),
-    BAD("CAP", "8PiB", TAIL_SIZE),
-    BAD("CAP", "none please", TAIL_SIZE),
-    BAD("CAP", "unlimited!", TAIL_SIZE),
-    BAD("CAP", "no", TAIL_SIZE),
-    BAD("CAP", "12 bytes", TAIL_SIZE),
+    BAD("CAP", "8X", TAIL_CAP),
+    BAD("CAP", "-5G", TAIL_CAP),
+    BAD("CAP", "+5G", TAIL_CAP),
+    BAD("CAP", "1.5", TAIL_CAP),
+    BAD("CAP", "1.5B", TAIL_CAP),
+    BAD("CAP", "0.1 b", TAIL_CAP),
+    BAD("CAP", "%", TAIL_CAP),
+    BAD("CAP", "101%", TAIL_CAP),
+    BAD("CAP", "100.0001%", TAIL_CAP),
+    BAD("CAP", "0%", TAIL_CAP),
+    BAD("CAP", "0.000%", TAIL_CAP),
+    BAD("CAP", "-0%", TAIL_CAP),
+    BAD("CAP", "-5%", TAIL_CAP),
+    BAD("CAP", "1000%", TAIL_CAP),
+    BAD("CAP", "75%%", TAIL_CAP),
+    BAD("CAP", "%75", TAIL_CAP),
+    BAD("CAP", "8G%", TAIL_CAP),
+    BAD("CAP", "nan", TAIL_CAP),
+    BAD("CAP", "NaN", TAIL_CAP),
+    BAD("CAP", "inf", TAIL_CAP),
+    BAD("CAP", "Infinity", TAIL_CAP),
+    BAD("CAP", "1e3", TAIL_CAP),
+    BAD("CAP", "1E9", TAIL_CAP),
+    BAD("CAP", "18446744073709551616", TAIL_CAP),
+    BAD("CAP", "99999999999999999999999", TAIL_CAP),
+    BAD("CAP", "16777216T", TAIL_CAP),
+    BAD("CAP", "17179869184G", TAIL_CAP),
+    BAD("CAP", "18446744073709551.616KB", TAIL_CAP),
+    BAD("CAP", "8 G B", TAIL_CAP),
+    BAD("CAP", "8GG", TAIL_CAP),
+    BAD("CAP", "8 GiBs", TAIL_CAP),
+    BAD("CAP", "G8", TAIL_CAP),
+    BAD("CAP", "G", TAIL_CAP),
+    BAD("CAP", "   ", TAIL_CAP),
+    BAD("CAP", ".5G", TAIL_CAP),
+    BAD("CAP", "5.G", TAIL_CAP),
+    BAD("CAP", "1,5G", TAIL_CAP),
+    BAD("CAP", "1 000", TAIL_CAP),
+    BAD("CAP", "0x10", TAIL_CAP),
+    BAD("CAP", "8P", TAIL_CAP),
+    BAD("CAP", "8PiB", TAIL_CAP),
+    BAD("CAP", "none please", TAIL_CAP),
+    BAD("CAP", "unlimited!", TAIL_CAP),
+    BAD("CAP", "no", TAIL_CAP),
+    BAD("CAP", "12 bytes", TAIL_CAP),
     /* the tracer's variables */
     BAD("REUSE", "later", TAIL_REUSE),
     BAD("REUSE", "ordered,completed", TAIL_REUSE),
@@ -572,8 +591,18 @@ static const struct {
     BAD("TRACE_FILTER", "cuMemAlloc,", TAIL_FILTER),
     BAD("TRACE_FILTER", "cu-Mem", TAIL_FILTER),
     BAD("TRACE_FILTER", "   ", TAIL_FILTER),
-    BAD_SHOWN("CAP", "8G\n", "8G\\x0a", TAIL_SIZE),
-    BAD_SHOWN("CAP", "8\x1b[31mG", "8\\x1b[31mG", TAIL_SIZE),
+    BAD_SHOWN("CAP", "8G\n", "8G\\x0a", TAIL_CAP),
+    BAD_SHOWN("CAP", "8\x1b[31mG", "8\\x1b[31mG", TAIL_CAP),
+    /* a cap that cannot hold one allocation */
+    BAD("CAP", "0", TAIL_CAP),
+    BAD("CAP", "0.4K", TAIL_CAP),
+    BAD("CAP", "2097151", TAIL_CAP),
+    BAD("CAP", "1.99MiB", TAIL_CAP),
+    BAD("HOST_CAP", "0", TAIL_HOST_CAP),
+    BAD("HOST_CAP", "4095", TAIL_HOST_CAP),
+    BAD("HOST_CAP", "lots", TAIL_HOST_CAP),
+    BAD("HOST_RELEASE_THRESHOLD", "8X", TAIL_HOST_SIZE),
+    BAD("HOST_RELEASE_THRESHOLD", "150%", TAIL_HOST_SIZE),
     BAD("RELEASE_THRESHOLD", "lots", TAIL_SIZE),
     BAD("RELEASE_THRESHOLD", "1O0", TAIL_SIZE),
     BAD("RELEASE_THRESHOLD", "2^30", TAIL_SIZE),
@@ -629,7 +658,7 @@ static void test_long_bad_value_is_cut(void **state)
     assert_int_equal(cs_options_load(&o, fake_getenv, collect, &r), 1);
     assert_int_equal(r.count, 1);
     char expected[512];
-    snprintf(expected, sizeof expected, "cacheshim: CACHESHIM_CAP='%.64s...' %s", value, TAIL_SIZE);
+    snprintf(expected, sizeof expected, "cacheshim: CACHESHIM_CAP='%.64s...' %s", value, TAIL_CAP);
     assert_string_equal(r.line[0], expected);
 
     /* 64 control characters: every one escaped, still one line */
@@ -771,6 +800,71 @@ static void test_debug_flags(void **state)
 
 /* ---- printing ----------------------------------------------------------------------------------- */
 
+/* The smallest caps accepted are one allocation's worth; the threshold may be anything. */
+static void test_cap_minimum(void **state)
+{
+    (void)state;
+    cs_options o;
+    assert_int_equal(cs_option_parse(&o, "CACHESHIM_CAP", "2MiB"), 0);
+    assert_int_equal(o.cap.bytes, 2 * MiB);
+    assert_int_equal(cs_option_parse(&o, "CACHESHIM_CAP", "2097152"), 0);
+    assert_int_equal(cs_option_parse(&o, "CACHESHIM_CAP", "0.001%"), 0);
+    assert_int_equal(cs_option_parse(&o, "CACHESHIM_CAP", "0.4K"), -1);
+    assert_int_equal(cs_option_parse(&o, "CACHESHIM_CAP", "0"), -1);
+    assert_int_equal(o.cap.kind, CS_SIZE_PERCENT);  /* a refused value changes nothing */
+    assert_int_equal(cs_option_parse(&o, "CACHESHIM_HOST_CAP", "4KiB"), 0);
+    assert_int_equal(o.host_cap.bytes, 4096);
+    assert_int_equal(cs_option_parse(&o, "CACHESHIM_HOST_CAP", "4095"), -1);
+    assert_int_equal(cs_option_parse(&o, "CACHESHIM_RELEASE_THRESHOLD", "0"), 0);
+    assert_int_equal(cs_option_parse(&o, "CACHESHIM_HOST_RELEASE_THRESHOLD", "0"), 0);
+}
+
+/* A cap in percent that comes to less than the least cap on a device is no cap there. */
+static void test_cap_resolve(void **state)
+{
+    (void)state;
+    cs_size_spec s;
+    assert_int_equal(cs_parse_size("1%", true, &s), 0);
+    assert_int_equal(cs_cap_resolve(&s, 1ull << 30, CS_MIN_CAP), 10737418);
+    assert_int_equal(cs_cap_resolve(&s, 100ull << 20, CS_MIN_CAP), UINT64_MAX);  /* 1 MiB */
+    assert_int_equal(cs_parse_size("none", true, &s), 0);
+    assert_int_equal(cs_cap_resolve(&s, 1ull << 30, CS_MIN_CAP), UINT64_MAX);
+    assert_int_equal(cs_parse_size("2M", true, &s), 0);
+    assert_int_equal(cs_cap_resolve(&s, 1ull << 30, CS_MIN_CAP), 2 * MiB);
+}
+
+/* A threshold above the cap does nothing, and is said to, sizes resolved on the device. */
+static void test_threshold_above_cap(void **state)
+{
+    (void)state;
+    cs_options o;
+    char line[512] = "untouched";
+    assert_int_equal(cs_options_load(&o, NULL, NULL, NULL), 0);
+    assert_false(cs_threshold_above_cap(&o.cap, &o.release_threshold, "CACHESHIM_CAP",
+                                        "CACHESHIM_RELEASE_THRESHOLD", 16ull << 30, "device 0",
+                                        line, sizeof line));
+    assert_int_equal(cs_option_parse(&o, "CACHESHIM_CAP", "4G"), 0);
+    assert_false(cs_threshold_above_cap(&o.cap, &o.release_threshold, "CACHESHIM_CAP",
+                                        "CACHESHIM_RELEASE_THRESHOLD", 16ull << 30, "device 0",
+                                        line, sizeof line));  /* no threshold: nothing to say */
+    assert_int_equal(cs_option_parse(&o, "CACHESHIM_RELEASE_THRESHOLD", "4G"), 0);
+    assert_false(cs_threshold_above_cap(&o.cap, &o.release_threshold, "CACHESHIM_CAP",
+                                        "CACHESHIM_RELEASE_THRESHOLD", 16ull << 30, "device 0",
+                                        line, sizeof line));  /* equal: fine */
+    assert_string_equal(line, "untouched");
+    assert_int_equal(cs_option_parse(&o, "CACHESHIM_RELEASE_THRESHOLD", "50%"), 0);
+    assert_true(cs_threshold_above_cap(&o.cap, &o.release_threshold, "CACHESHIM_CAP",
+                                       "CACHESHIM_RELEASE_THRESHOLD", 16ull << 30, "device 1",
+                                       line, sizeof line));
+    assert_string_equal(line, "cacheshim: CACHESHIM_RELEASE_THRESHOLD (50% of device memory) is "
+                              "above CACHESHIM_CAP (4 GiB) for device 1: the cap gives idle "
+                              "memory back first, and the threshold never acts");
+    /* 50% of a 4 GiB device is below the cap */
+    assert_false(cs_threshold_above_cap(&o.cap, &o.release_threshold, "CACHESHIM_CAP",
+                                        "CACHESHIM_RELEASE_THRESHOLD", 4ull << 30, "device 1",
+                                        line, sizeof line));
+}
+
 static void test_print_defaults(void **state)
 {
     (void)state;
@@ -778,7 +872,7 @@ static void test_print_defaults(void **state)
     assert_int_equal(cs_options_load(&o, fake_getenv, NULL, NULL), 0);
     reports r = {0};
     cs_options_print(&o, collect, &r);
-    assert_int_equal(r.count, 14);
+    assert_int_equal(r.count, 16);
     assert_string_equal(r.line[0], "cacheshim: CACHESHIM_DISABLE = 0 (default)");
     assert_string_equal(r.line[1], "cacheshim: CACHESHIM_CAP = unlimited (default)");
     assert_string_equal(r.line[2], "cacheshim: CACHESHIM_RELEASE_THRESHOLD = unlimited (default)");
@@ -793,6 +887,9 @@ static void test_print_defaults(void **state)
     assert_string_equal(r.line[11], "cacheshim: CACHESHIM_TRACE_FORMAT = text (default)");
     assert_string_equal(r.line[12], "cacheshim: CACHESHIM_TRACE_FILE = stderr (default)");
     assert_string_equal(r.line[13], "cacheshim: CACHESHIM_TRACE_FILTER = memory (default)");
+    assert_string_equal(r.line[14], "cacheshim: CACHESHIM_HOST_CAP = unlimited (default)");
+    assert_string_equal(r.line[15],
+                        "cacheshim: CACHESHIM_HOST_RELEASE_THRESHOLD = unlimited (default)");
 }
 
 static void test_print_set(void **state)
@@ -812,11 +909,13 @@ static void test_print_set(void **state)
     env_set("CACHESHIM_TRACE_FORMAT", " Perfetto ");
     env_set("CACHESHIM_TRACE_FILE", " /tmp/trace.%p ");
     env_set("CACHESHIM_TRACE_FILTER", " cuMemAlloc* , cuLaunchKernel ");
+    env_set("CACHESHIM_HOST_CAP", "1G");
+    env_set("CACHESHIM_HOST_RELEASE_THRESHOLD", "256MiB");
     cs_options o;
     assert_int_equal(cs_options_load(&o, fake_getenv, NULL, NULL), 0);
     reports r = {0};
     cs_options_print(&o, collect, &r);
-    assert_int_equal(r.count, 14);
+    assert_int_equal(r.count, 16);
     assert_string_equal(r.line[0], "cacheshim: CACHESHIM_DISABLE = 1 (set)");
     assert_string_equal(r.line[1], "cacheshim: CACHESHIM_CAP = 8 GiB (set)");
     assert_string_equal(r.line[2],
@@ -833,10 +932,13 @@ static void test_print_set(void **state)
     assert_string_equal(r.line[12], "cacheshim: CACHESHIM_TRACE_FILE = /tmp/trace.%p (set)");
     assert_string_equal(r.line[13],
                         "cacheshim: CACHESHIM_TRACE_FILTER = cuMemAlloc*,cuLaunchKernel (set)");
+    assert_string_equal(r.line[14], "cacheshim: CACHESHIM_HOST_CAP = 1 GiB (set)");
+    assert_string_equal(r.line[15],
+                        "cacheshim: CACHESHIM_HOST_RELEASE_THRESHOLD = 256 MiB (set)");
 
     cs_options_print(NULL, collect, &r); /* nothing, no crash */
     cs_options_print(&o, NULL, NULL);
-    assert_int_equal(r.count, 14);
+    assert_int_equal(r.count, 16);
 }
 
 /* ---- formatting ------------------------------------------------------------------------------- */
@@ -994,6 +1096,9 @@ int main(void)
         cmocka_unit_test_setup(test_debug_flags, setup),
         cmocka_unit_test_setup(test_print_defaults, setup),
         cmocka_unit_test_setup(test_print_set, setup),
+        cmocka_unit_test_setup(test_cap_minimum, setup),
+        cmocka_unit_test_setup(test_cap_resolve, setup),
+        cmocka_unit_test_setup(test_threshold_above_cap, setup),
         cmocka_unit_test_setup(test_size_format, setup),
         cmocka_unit_test_setup(test_bytes_format, setup),
         cmocka_unit_test_setup(test_resolve, setup),

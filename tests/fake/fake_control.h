@@ -28,6 +28,22 @@ void fake_set_device_bytes(int device, uint64_t bytes);
 uint64_t fake_device_used(int device);
 long fake_live_allocations(void);
 
+/* --- pinned host memory ------------------------------------------------------------------- */
+/* cuMemAllocHost and cuMemHostAlloc (flags PORTABLE, DEVICEMAP, WRITECOMBINED; others are
+ * CUDA_ERROR_INVALID_VALUE) make a host mapping of their own, in the current context, freed
+ * by cuMemFreeHost (after the context's work, as the real one waits) or with its context.
+ * Bytes and count of live ones; the flags one was allocated with (~0u for none); the host
+ * budget, past which they answer CUDA_ERROR_OUT_OF_MEMORY (unlimited by default; takes
+ * effect for later calls). (Additions to the original API.) */
+uint64_t fake_host_used(void);
+long fake_host_allocations(void);
+unsigned fake_host_flags(const void *p);
+void fake_set_host_bytes(uint64_t bytes);
+/* cuMemAllocPitch (rows padded to 512 bytes; element size 4, 8 or 16), cuMemAllocManaged and
+ * the stream-ordered cuMemAllocAsync / cuMemAllocFromPoolAsync (any non-NULL pool) make
+ * cuMemAlloc allocations, counted in fake_device_used and fake_live_allocations and freed by
+ * cuMemFree; cuMemFreeAsync frees one once its stream's earlier work completed. */
+
 /* --- virtual memory management -------------------------------------------------------------- */
 /* cuMemCreate, cuMemAddressReserve, cuMemMap, cuMemSetAccess and the rest work on host memory:
  * a physical allocation is a memfd of its size, counted against its device like cuMemAlloc

@@ -145,7 +145,18 @@
     X(cuIpcGetMemHandle, INIT)                                                                 \
     X(cuIpcOpenMemHandle, INIT)                                                                \
     X(cuIpcOpenMemHandle_v2, INIT)                                                             \
-    X(cuIpcCloseMemHandle, INIT)
+    X(cuIpcCloseMemHandle, INIT)                                                               \
+    X(cuMemAllocHost_v2, INIT)                                                                 \
+    X(cuMemHostAlloc, INIT)                                                                    \
+    X(cuMemFreeHost, INIT)                                                                     \
+    X(cuMemAllocPitch_v2, INIT)                                                                \
+    X(cuMemAllocManaged, INIT)                                                                 \
+    X(cuMemAllocAsync, INIT)                                                                   \
+    X(cuMemAllocAsync_ptsz, INIT)                                                              \
+    X(cuMemAllocFromPoolAsync, INIT)                                                           \
+    X(cuMemAllocFromPoolAsync_ptsz, INIT)                                                      \
+    X(cuMemFreeAsync, INIT)                                                                    \
+    X(cuMemFreeAsync_ptsz, INIT)
 
 enum fake_entry_id {
 #define FAKE_ID(name, init) ID_##name,
@@ -444,6 +455,13 @@ FAKE_HIDDEN void fake_unmap_check(uint64_t mapping, CUdeviceptr va, size_t n);
 FAKE_HIDDEN void fake_mem_ctx_destroyed(fake_ctx *ctx);
 /* The live cuMemAlloc allocation containing p, or NULL. */
 FAKE_HIDDEN fake_alloc *fake_mem_find(CUdeviceptr p);
+/* A cuMemAlloc allocation in the current context, as cuMemAlloc makes it (capture_guard: it
+ * refuses to run where a capture forbids it); the free of one, after its context's work, as
+ * cuMemFree. The other allocation calls (fake_host.c) use them too. Driver lock held. */
+FAKE_HIDDEN CUresult fake_mem_alloc_current(CUdeviceptr *dptr, size_t size, bool capture_guard);
+FAKE_HIDDEN CUresult fake_mem_free_at(CUdeviceptr p);
+/* Pinned host memory of a destroyed context goes with it (fake_host.c). */
+FAKE_HIDDEN void fake_host_ctx_destroyed(fake_ctx *ctx);
 
 /* ---- virtual memory management (fake_vmm.c) ---------------------------------------------- */
 /* What an address in a reservation is. */

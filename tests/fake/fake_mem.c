@@ -58,6 +58,7 @@ void fake_mem_ctx_destroyed(fake_ctx *ctx)
 {
     while (ctx->allocs)
         release(ctx->allocs);
+    fake_host_ctx_destroyed(ctx);
 }
 
 static CUresult map_new(fake_ctx *c, size_t size, CUdeviceptr *out)
@@ -88,7 +89,17 @@ static CUresult map_new(fake_ctx *c, size_t size, CUdeviceptr *out)
     return CUDA_SUCCESS;
 }
 
-static CUresult mem_alloc(CUdeviceptr *dptr, size_t size)
+CUresult fake_mem_free_at(CUdeviceptr p)
+{
+    fake_alloc *a = containing(p);
+    if (!p || !a || a->base != p)
+        return CUDA_ERROR_INVALID_VALUE;
+    fake_complete_ctx(a->ctx);
+    release(a);
+    return CUDA_SUCCESS;
+}
+
+CUresult fake_mem_alloc_current(CUdeviceptr *dptr, size_t size, bool capture_guard)
 {
     fake_ctx *c;
     CUresult rc = fake_current_ctx(&c);
@@ -96,7 +107,7 @@ static CUresult mem_alloc(CUdeviceptr *dptr, size_t size)
         return rc;
     if (!dptr || size == 0)
         return CUDA_ERROR_INVALID_VALUE;
-    if ((rc = fake_capture_guard_unsafe()) != CUDA_SUCCESS)
+    if (capture_guard && (rc = fake_capture_guard_unsafe()) != CUDA_SUCCESS)
         return rc;
     uint64_t budget = fake_budget(c->device), used = fake_devices[c->device].used;
     if (used > budget || size > budget - used)
@@ -107,7 +118,7 @@ static CUresult mem_alloc(CUdeviceptr *dptr, size_t size)
 FAKE_API CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 {
     ENTER(cuMemAlloc_v2);
-    LOCKED(mem_alloc(dptr, bytesize));
+    LOCKED(fake_mem_alloc_current(dptr, bytesize, true));
 }
 
 /* Like the real cuMemFree, waits for work first: the memory may be in use. The real one
@@ -123,12 +134,7 @@ static CUresult mem_free(CUdeviceptr p)
         return rc;
     if (!p)
         return CUDA_SUCCESS;  /* as the real driver answers (seen on an H100, driver 580) */
-    fake_alloc *a = containing(p);
-    if (!a || a->base != p)
-        return CUDA_ERROR_INVALID_VALUE;
-    fake_complete_ctx(a->ctx);
-    release(a);
-    return CUDA_SUCCESS;
+    return fake_mem_free_at(p);
 }
 
 FAKE_API CUresult cuMemFree_v2(CUdeviceptr dptr)

@@ -109,6 +109,15 @@ static const struct proc g_procs[] = {
     {"cuIpcOpenMemHandle", 11000, FN(cuIpcOpenMemHandle), FN(cuIpcOpenMemHandle_v2), NULL,
      NULL},
     P_SINCE(cuIpcCloseMemHandle, 4010),
+    {"cuMemAllocHost", 3020, NULL, FN(cuMemAllocHost_v2), NULL, NULL},
+    P(cuMemHostAlloc),
+    P(cuMemFreeHost),
+    {"cuMemAllocPitch", 3020, NULL, FN(cuMemAllocPitch_v2), NULL, NULL},
+    P_SINCE(cuMemAllocManaged, 6000),
+    {"cuMemAllocAsync", 11020, NULL, FN(cuMemAllocAsync), NULL, FN(cuMemAllocAsync_ptsz)},
+    {"cuMemAllocFromPoolAsync", 11020, NULL, FN(cuMemAllocFromPoolAsync), NULL,
+     FN(cuMemAllocFromPoolAsync_ptsz)},
+    {"cuMemFreeAsync", 11020, NULL, FN(cuMemFreeAsync), NULL, FN(cuMemFreeAsync_ptsz)},
 };
 
 static void *resolve(const char *symbol, int version, cuuint64_t flags)

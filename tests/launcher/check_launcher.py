@@ -34,6 +34,8 @@ BIND = HOOKS == "audit"
 CACHE_AUDIT = f"{SHIM_REAL}:" if BIND else ""
 SIZE_ACCEPTED = ("a size like 8G, 512MiB, 1.5GB, 4096, a percentage of device memory like 75%, "
                  "or none")
+CAP_ACCEPTED = ("a size of at least 2MiB like 8G, 512MiB, 1.5GB, a percentage of device memory "
+                "like 75%, or none")
 
 
 def fail(msg):
@@ -250,8 +252,10 @@ def case_options_reach_the_shim():
 
 def case_bad_values():
     want = {
-        ("--cap", "8X"): f"--cap='8X' is not valid: expected {SIZE_ACCEPTED}",
-        ("--cap=",): f"--cap='' is not valid: expected {SIZE_ACCEPTED}",
+        ("--cap", "8X"): f"--cap='8X' is not valid: expected {CAP_ACCEPTED}",
+        ("--cap=",): f"--cap='' is not valid: expected {CAP_ACCEPTED}",
+        ("--cap", "0"): f"--cap='0' is not valid: expected {CAP_ACCEPTED}",
+        ("--cap", "0.4K"): f"--cap='0.4K' is not valid: expected {CAP_ACCEPTED}",
         ("--threshold=-1",): f"--threshold='-1' is not valid: expected {SIZE_ACCEPTED}",
         ("--verbose", "3"): "--verbose='3' is not valid: expected 0, 1 or 2",
         ("--verbose", "x\ny"): "--verbose='x\\x0ay' is not valid: expected 0, 1 or 2",
@@ -264,7 +268,7 @@ def case_bad_values():
     env = base_env(CACHESHIM_CAP="8X", CACHESHIM_STATS="maybe", CACHESHIM_VERBOSE="")
     out, err = launch("run", PROG, "args", "0", "ran", rc=2, env=env)
     check(err == f"cacheshim run: CACHESHIM_CAP='8X' in the environment is not valid: expected "
-                 f"{SIZE_ACCEPTED}\n"
+                 f"{CAP_ACCEPTED}\n"
                  "cacheshim run: CACHESHIM_STATS='maybe' in the environment is not valid: "
                  "expected 1, 0, true, false, yes, no, on or off\n", f"environment: {err!r}")
     check(out == "", "the program ran")

@@ -1,0 +1,163 @@
+/* Memory outside the cache, charged against the cap (cs_outside.h): a small map from pointer
+ * or handle to what was charged, under one lock. These calls are slow in the driver already
+ * (a cuMemCreate or a managed allocation costs tens of microseconds): a lock costs nothing
+ * next to them. */
+#include "cs_outside.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+
+#include "cs_shim.h"
+
+#define BUCKETS 1024
+
+typedef struct entry {
+    uint64_t id;
+    cs_outside_kind kind;
+    cs_heap *heap;
+    uint64_t bytes;
+    struct entry *next;
+} entry;
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static entry *buckets[BUCKETS];
+
+static size_t bucket_of(uint64_t id)
+{
+    return (size_t)((id >> 9) ^ (id >> 21) ^ id) % BUCKETS;
+}
+
+/* The entry's link, or where it would be linked. Lock held. */
+static entry **find(cs_outside_kind kind, uint64_t id)
+{
+    entry **e = &buckets[bucket_of(id)];
+    while (*e && ((*e)->id != id || (*e)->kind != kind))
+        e = &(*e)->next;
+    return e;
+}
+
+CUresult cs_outside_alloc(cs_heap *heap, cs_outside_kind kind, uint64_t bytes,
+                          cs_outside_call call, void *args)
+{
+    cs_shim *s = cs_shim_get();
+    cs_alloc_failure failure;
+    if (cs_cache_charge(s->cache, heap, bytes, &failure) != CS_OK) {
+        cs_shim_report_failure(cs_driver_get(), &failure);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    entry *e = malloc(sizeof *e);
+    if (!e) {
+        cs_cache_uncharge(s->cache, heap, bytes);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    uint64_t id = 0;
+    CUresult r = call(args, &id);
+    if (r == CUDA_ERROR_OUT_OF_MEMORY && cs_cache_release_idle(s->cache, heap) > 0)
+        r = call(args, &id);
+    if (r != CUDA_SUCCESS) {
+        cs_cache_uncharge(s->cache, heap, bytes);
+        free(e);
+        return r;
+    }
+    *e = (entry){.id = id, .kind = kind, .heap = heap, .bytes = bytes};
+    pthread_mutex_lock(&lock);
+    entry **at = find(kind, id);
+    if (*at) {  /* the driver reused an id whose free we missed: the old charge goes */
+        entry *old = *at;
+        *at = old->next;
+        cs_cache_uncharge(s->cache, old->heap, old->bytes);
+        free(old);
+    }
+    e->next = buckets[bucket_of(id)];
+    buckets[bucket_of(id)] = e;
+    pthread_mutex_unlock(&lock);
+    return CUDA_SUCCESS;
+}
+
+bool cs_outside_adjust(cs_outside_kind kind, uint64_t id, uint64_t bytes)
+{
+    cs_shim *s = cs_shim_get();
+    pthread_mutex_lock(&lock);
+    entry *e = *find(kind, id);
+    bool ok = e != NULL;
+    if (e && bytes > e->bytes) {
+        ok = cs_cache_charge(s->cache, e->heap, bytes - e->bytes, NULL) == CS_OK;
+        if (ok)
+            e->bytes = bytes;
+    } else if (e && bytes < e->bytes) {
+        cs_cache_uncharge(s->cache, e->heap, e->bytes - bytes);
+        e->bytes = bytes;
+    }
+    pthread_mutex_unlock(&lock);
+    return ok;
+}
+
+bool cs_outside_freed(cs_outside_kind kind, uint64_t id)
+{
+    pthread_mutex_lock(&lock);
+    entry **at = find(kind, id), *e = *at;
+    if (e) {
+        *at = e->next;
+        cs_cache_uncharge(cs_shim_get()->cache, e->heap, e->bytes);
+    }
+    pthread_mutex_unlock(&lock);
+    free(e);
+    return e != NULL;
+}
+
+void cs_outside_pointer_freed(uint64_t ptr)
+{
+    if (!cs_outside_freed(CS_OUTSIDE_POINTER, ptr))
+        cs_outside_freed(CS_OUTSIDE_ASYNC, ptr);
+}
+
+bool cs_outside_known(cs_outside_kind kind, uint64_t id)
+{
+    pthread_mutex_lock(&lock);
+    bool known = *find(kind, id) != NULL;
+    pthread_mutex_unlock(&lock);
+    return known;
+}
+
+void cs_outside_context_gone(const void *ctx)
+{
+    cs_shim *s = cs_shim_get();
+    pthread_mutex_lock(&lock);
+    for (size_t i = 0; i < BUCKETS; i++) {
+        entry **at = &buckets[i];
+        while (*at) {
+            entry *e = *at;
+            if (e->kind == CS_OUTSIDE_POINTER && cs_cache_heap_key(e->heap) == ctx) {
+                *at = e->next;
+                cs_cache_uncharge(s->cache, e->heap, e->bytes);
+                free(e);
+            } else {
+                at = &e->next;
+            }
+        }
+    }
+    pthread_mutex_unlock(&lock);
+}
+
+void cs_outside_lock(void)
+{
+    pthread_mutex_lock(&lock);
+}
+
+void cs_outside_unlock(void)
+{
+    pthread_mutex_unlock(&lock);
+}
+
+void cs_outside_reset_after_fork(void)
+{
+    /* The child's only thread holds the lock; the cache's counters were reset already. */
+    for (size_t i = 0; i < BUCKETS; i++) {
+        while (buckets[i]) {
+            entry *e = buckets[i];
+            buckets[i] = e->next;
+            free(e);
+        }
+    }
+    pthread_mutex_unlock(&lock);
+}
