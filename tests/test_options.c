@@ -89,6 +89,7 @@ static void assert_defaults(const cs_options *o)
     assert_int_equal(o->trace_format, CS_TRACE_TEXT);
     assert_string_equal(o->trace_file, "");
     assert_string_equal(o->trace_filter, "memory");
+    assert_int_equal(o->trace_stack, 0);
 }
 
 /* ---- the table ------------------------------------------------------------------------- */
@@ -101,11 +102,12 @@ static void test_table(void **state)
                                         "CACHESHIM_VERBOSE", "CACHESHIM_REUSE",
                                         "CACHESHIM_SYNC_FREE", "CACHESHIM_BACKEND",
                                         "CACHESHIM_HEADROOM", "CACHESHIM_TRACE_FORMAT",
-                                        "CACHESHIM_TRACE_FILE", "CACHESHIM_TRACE_FILTER"};
+                                        "CACHESHIM_TRACE_FILE", "CACHESHIM_TRACE_FILTER",
+                                        "CACHESHIM_TRACE_STACK"};
     size_t n = 0;
     const cs_option_desc *t = cs_option_table(&n);
     assert_non_null(t);
-    assert_int_equal(n, 12);
+    assert_int_equal(n, 13);
     assert_ptr_equal(cs_option_table(NULL), t);
     for (size_t i = 0; i < n; i++) {
         assert_string_equal(t[i].name, names[i]);
@@ -152,7 +154,7 @@ static void test_defaults_when_nothing_set(void **state)
     assert_int_equal(cs_options_load(&o, fake_getenv, collect, &r), 0);
     assert_int_equal(r.count, 0);
     assert_defaults(&o);
-    assert_int_equal(env.misses, 12); /* each variable asked for exactly once */
+    assert_int_equal(env.misses, 13); /* each variable asked for exactly once */
 
     memset(&o, 0xa5, sizeof o);
     assert_int_equal(cs_options_load(&o, NULL, collect, &r), 0);
@@ -174,7 +176,7 @@ static void test_each_variable_read_once(void **state)
     for (int i = 0; i < 5; i++)
         assert_int_equal(env.lookups[i], 1);
     assert_int_equal(env.lookups[5], 0);
-    assert_int_equal(env.misses, 7); /* REUSE, SYNC_FREE, BACKEND, HEADROOM, TRACE_*: unset */
+    assert_int_equal(env.misses, 8); /* REUSE, SYNC_FREE, BACKEND, HEADROOM, TRACE_*: unset */
 }
 
 static void test_empty_is_unset(void **state)
@@ -447,6 +449,7 @@ static void test_parse_size_bad_arguments(void **state)
 #define TAIL_FORMAT "is not valid: expected text, jsonl or perfetto; using the default (text)"
 #define TAIL_REUSE "is not valid: expected ordered or completed; using the default (ordered)"
 #define TAIL_BACKEND "is not valid: expected pooled or classic; using the default (pooled)"
+#define TAIL_STACK "is not valid: expected a whole number of frames from 0 to 16; using the default (0)"
 #define TAIL_HEADROOM                                                                      \
     "is not valid: expected a whole number of percent from 0 to 1000, without the % sign; " \
     "using the default (0)"
@@ -570,6 +573,9 @@ static const struct {
     BAD("TRACE_FILTER", "cuMemAlloc,", TAIL_FILTER),
     BAD("TRACE_FILTER", "cu-Mem", TAIL_FILTER),
     BAD("TRACE_FILTER", "   ", TAIL_FILTER),
+    BAD("TRACE_STACK", "17", TAIL_STACK),
+    BAD("TRACE_STACK", "-1", TAIL_STACK),
+    BAD("TRACE_STACK", "eight", TAIL_STACK),
     BAD_SHOWN("CAP", "8G\n", "8G\\x0a", TAIL_SIZE),
     BAD_SHOWN("CAP", "8\x1b[31mG", "8\\x1b[31mG", TAIL_SIZE),
     BAD("RELEASE_THRESHOLD", "lots", TAIL_SIZE),
@@ -737,7 +743,7 @@ static void test_print_defaults(void **state)
     assert_int_equal(cs_options_load(&o, fake_getenv, NULL, NULL), 0);
     reports r = {0};
     cs_options_print(&o, collect, &r);
-    assert_int_equal(r.count, 12);
+    assert_int_equal(r.count, 13);
     assert_string_equal(r.line[0], "cacheshim: CACHESHIM_DISABLE = 0 (default)");
     assert_string_equal(r.line[1], "cacheshim: CACHESHIM_CAP = unlimited (default)");
     assert_string_equal(r.line[2], "cacheshim: CACHESHIM_RELEASE_THRESHOLD = unlimited (default)");
@@ -750,6 +756,7 @@ static void test_print_defaults(void **state)
     assert_string_equal(r.line[9], "cacheshim: CACHESHIM_TRACE_FORMAT = text (default)");
     assert_string_equal(r.line[10], "cacheshim: CACHESHIM_TRACE_FILE = stderr (default)");
     assert_string_equal(r.line[11], "cacheshim: CACHESHIM_TRACE_FILTER = memory (default)");
+    assert_string_equal(r.line[12], "cacheshim: CACHESHIM_TRACE_STACK = 0 (default)");
 }
 
 static void test_print_set(void **state)
@@ -767,11 +774,12 @@ static void test_print_set(void **state)
     env_set("CACHESHIM_TRACE_FORMAT", " Perfetto ");
     env_set("CACHESHIM_TRACE_FILE", " /tmp/trace.%p ");
     env_set("CACHESHIM_TRACE_FILTER", " cuMemAlloc* , cuLaunchKernel ");
+    env_set("CACHESHIM_TRACE_STACK", " 8 ");
     cs_options o;
     assert_int_equal(cs_options_load(&o, fake_getenv, NULL, NULL), 0);
     reports r = {0};
     cs_options_print(&o, collect, &r);
-    assert_int_equal(r.count, 12);
+    assert_int_equal(r.count, 13);
     assert_string_equal(r.line[0], "cacheshim: CACHESHIM_DISABLE = 1 (set)");
     assert_string_equal(r.line[1], "cacheshim: CACHESHIM_CAP = 8 GiB (set)");
     assert_string_equal(r.line[2],
@@ -786,10 +794,11 @@ static void test_print_set(void **state)
     assert_string_equal(r.line[10], "cacheshim: CACHESHIM_TRACE_FILE = /tmp/trace.%p (set)");
     assert_string_equal(r.line[11],
                         "cacheshim: CACHESHIM_TRACE_FILTER = cuMemAlloc*,cuLaunchKernel (set)");
+    assert_string_equal(r.line[12], "cacheshim: CACHESHIM_TRACE_STACK = 8 (set)");
 
     cs_options_print(NULL, collect, &r); /* nothing, no crash */
     cs_options_print(&o, NULL, NULL);
-    assert_int_equal(r.count, 12);
+    assert_int_equal(r.count, 13);
 }
 
 /* ---- formatting ------------------------------------------------------------------------------- */
