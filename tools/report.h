@@ -234,7 +234,8 @@ int rp_html_write(FILE *f, const rp_summary *s, const rp_tables *ts);
 #define RP_PLOT_COLUMNS 840
 /* The inline SVG plot of bytes in use over time. */
 void rp_svg_write(FILE *f, const rp_summary *s);
-/* Allocations drawn one band each at most (the largest); the rest as one area. */
+/* Allocations drawn one band each at most (the largest by bytes x lifetime); the rest as one
+ * area. */
 #define RP_MAX_BANDS 2000
 /* The memory timeline (report_timeline.c): each allocation a band over time, stacked, with
  * the driver's reserved bytes beside. 0, or -1 when out of memory. */

@@ -228,6 +228,14 @@ static uint32_t new_band(rp_summary *s, const rp_event *e, uint64_t when)
     return (uint32_t)s->nbands++;
 }
 
+/* A band ends at its free, never before its start: a free of the address that begins
+ * before the allocation's call ended (another thread's, or a made-up trace) ends it there. */
+static void end_band(rp_summary *s, uint32_t band, uint64_t when)
+{
+    if (band != UINT32_MAX)
+        s->bands[band].end = when > s->bands[band].start ? when : s->bands[band].start;
+}
+
 /* Whose allocations are the program's: what it asked of the cache, else of cudart, else the
  * allocation trace, else the driver; the driver beside them is what the process reserved. */
 static void choose_libs(const rp_trace *t, rp_summary *s)
@@ -337,8 +345,7 @@ static int bytes_in_use(const rp_trace *t, rp_summary *s)
                 r->reused++;
                 c->cur -= n->size;
                 n->size = e->size;
-                if (n->band != UINT32_MAX)
-                    s->bands[n->band].end = when;
+                end_band(s, n->band, when);
                 n->band = new_band(s, e, when);
             } else {
                 uint32_t k = m.free_list ? m.free_list : ++m.nused;
@@ -358,8 +365,7 @@ static int bytes_in_use(const rp_trace *t, rp_summary *s)
             node *n = &m.pool[k - 1];
             r->frees++;
             c->cur -= n->size;
-            if (n->band != UINT32_MAX)
-                s->bands[n->band].end = when;
+            end_band(s, n->band, when);
             r->live_end--;
             *p = n->next;
             n->next = m.free_list;

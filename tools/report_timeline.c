@@ -3,9 +3,9 @@
  * allocation order (a free lets the bands above it down), coloured by allocation; all its
  * bytes in use as a grey area behind them (what the bands leave uncovered is the allocations
  * not drawn one by one); the driver's reserved bytes as a dashed line beside. Only the
- * RP_MAX_BANDS largest allocations get a band of their own, so a trace of a million
- * allocations gives a page of the same size: the grey area, taken per pixel column, holds
- * the rest. Plain SVG, no scripts; each band's <title> is its tooltip. */
+ * RP_MAX_BANDS largest allocations (by bytes times lifetime, the area they cover) get a band
+ * of their own, so a trace of a million allocations gives a page of about the same size: the
+ * grey area, taken per pixel column, holds the rest. Plain SVG, no scripts; each band's <title> is its tooltip. */
 #include "report.h"
 
 #include <inttypes.h>
@@ -39,13 +39,22 @@ typedef struct {
     bool start;
 } change;
 
-static const rp_band *g_bands; /* for the comparators */
+static const rp_band *g_bands; /* for the comparator */
+static uint64_t g_t_last;
 
-static int by_size(const void *a, const void *b)
+/* Bytes times nanoseconds: how much of the picture a band covers. */
+static double area(const rp_band *b)
+{
+    uint64_t end = b->end == UINT64_MAX ? g_t_last : b->end;
+    return (double)b->size * (double)(end > b->start ? end - b->start : 0);
+}
+
+static int by_area(const void *a, const void *b)
 {
     const rp_band *x = &g_bands[*(const uint32_t *)a], *y = &g_bands[*(const uint32_t *)b];
-    if (x->size != y->size)
-        return x->size > y->size ? -1 : 1;
+    double ax = area(x), ay = area(y);
+    if (ax != ay)
+        return ax > ay ? -1 : 1;
     return *(const uint32_t *)a < *(const uint32_t *)b ? -1 : 1;
 }
 
@@ -103,6 +112,8 @@ static int layout(const rp_summary *s, const scale *c, const uint32_t *chosen, s
     size_t nch = 0, depth = 0;
     for (size_t i = 0; i < n && !rc; i++) {
         const rp_band *b = &s->bands[chosen[i]];
+        if (b->end == b->start) /* freed as it came: nothing to draw */
+            continue;
         ch[nch++] = (change){b->start, (uint32_t)i, true};
         if (b->end != UINT64_MAX)
             ch[nch++] = (change){b->end, (uint32_t)i, false};
@@ -125,6 +136,8 @@ static int layout(const rp_summary *s, const scale *c, const uint32_t *chosen, s
         size_t at = 0;
         while (at < depth && stack[at] != i)
             at++;
+        if (at == depth) /* not started: its free came first (fuzz_report found this) */
+            continue;
         for (size_t j = at + 1; j < depth && !rc; j++) {
             off[stack[j]] -= size;
             rc = add_vertex(&shapes[stack[j]], x, off[stack[j]]) ? 0 : -1;
@@ -141,6 +154,8 @@ static int layout(const rp_summary *s, const scale *c, const uint32_t *chosen, s
 
 static void band_path(FILE *f, const scale *c, const shape *sh, uint64_t size)
 {
+    if (!sh->n)
+        return;
     const vertex *v = sh->v;
     size_t k = sh->n - 1;
     fprintf(f, "M%.1f %.1f", v[0].x, yof(c, v[0].off + size));
@@ -166,6 +181,16 @@ static void column_path(FILE *f, const rp_summary *s, const scale *c, const uint
         fprintf(f, " V%d Z", MT + PH);
 }
 
+static const char *prog_meaning(int lib)
+{
+    switch (lib) {
+    case RP_LIB_SHIM: return "what the program asked of the cache";
+    case RP_LIB_RUNTIME: return "what the program asked of cudart";
+    case RP_LIB_TRACE: return "the a lines of the allocation trace";
+    default: return "what the process got from the driver";
+    }
+}
+
 int rp_timeline_write(FILE *f, const rp_summary *s)
 {
     const rp_series *prog = &s->series[s->prog_lib];
@@ -189,7 +214,8 @@ int rp_timeline_write(FILE *f, const rp_summary *s)
         for (size_t i = 0; i < s->nbands; i++)
             order[i] = (uint32_t)i;
         g_bands = s->bands;
-        qsort(order, s->nbands, sizeof *order, by_size); /* the largest get bands */
+        g_t_last = s->t_last;
+        qsort(order, s->nbands, sizeof *order, by_area); /* the largest get bands */
         rc = layout(s, &c, order, n, shapes);
     }
     if (rc) {
@@ -198,12 +224,12 @@ int rp_timeline_write(FILE *f, const rp_summary *s)
         return -1;
     }
     const int H = MT + PH + MB;
-    fprintf(f, "<p class=\"note\">Each of the %zu largest of the %zu allocations of %s (%s) is "
-               "a band from its allocation to its free, stacked in allocation order: a free "
+    fprintf(f, "<p class=\"note\">Each of the %zu largest (bytes &#215; lifetime) of the %zu "
+               "allocations through %s (%s) is a band from its allocation to its free, stacked in allocation order: a free "
                "lets the bands above it down. Grey: all of %s's bytes in use (the highest of "
                "each pixel column); what the bands leave of it is the smaller allocations."
                "%s Hover a band for its size and times.</p>\n",
-            n, s->nbands, rp_lib_name(s->prog_lib), rp_series_meaning(s->prog_lib),
+            n, s->nbands, rp_lib_name(s->prog_lib), prog_meaning(s->prog_lib),
             rp_lib_name(s->prog_lib),
             res ? " Dashed: the driver's reserved bytes, what the process held on the device."
                 : "");
