@@ -3,21 +3,14 @@
  * the report computes and writes from what it read: the summary, the tables, the text and
  * the HTML page with its plot and memory timeline (to a memory stream). Call sites are not
  * symbolized here: that opens the files the trace names. */
-#include <stdio.h>
-#include <stdlib.h>
-
+#include "fuzz_quiet.h"
 #include "report.h"
 
 int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size);
 
 int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size)
 {
-    static FILE *null_out;
-    if (!null_out && !(null_out = fopen("/dev/null", "w")))
-        abort();
-    /* The reader's messages would flood the fuzzer's log. */
-    FILE *saved = stderr;
-    stderr = null_out;
+    FILE *saved, *null_out = fuzz_quiet(&saved);
     rp_trace t;
     if (rp_trace_load_mem(&t, "fuzz", data, size) == 0) {
         rp_summary s;
@@ -32,6 +25,6 @@ int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size)
         }
         rp_trace_free(&t);
     }
-    stderr = saved;
+    fuzz_loud(saved);
     return 0;
 }
