@@ -163,8 +163,9 @@ static object *object_of(uintptr_t pc)
     build_id(info.dli_fbase, lm->l_addr, id, sizeof id);
     o->line[0] = '\0';
     if (name[0] && json_escape(name, esc, sizeof esc))
-        snprintf(o->line, sizeof o->line, "\"object\":\"%s\",\"base\":\"0x%lx\",\"build_id\":\"%s\"}",
-                 esc, (unsigned long)lm->l_addr, id);
+        snprintf(o->line, sizeof o->line,
+                 "\"object\":\"%s\",\"base\":\"0x%lx\",\"build_id\":\"%s\"}", esc,
+                 (unsigned long)lm->l_addr, id);
     o->written_pid = 0;
     g_nobj++;
     return o;

@@ -1,5 +1,6 @@
-/* Reading traces (format: shared/traces/README.md), plain or gzipped (trace_input.c). The whole trace is read before the replay
- * starts, so a malformed file fails before any output and sweeps parse it once. */
+/* Reading traces (format: shared/traces/README.md), plain or gzipped (trace_input.c). The
+ * whole trace is read before the replay starts, so a malformed file fails before any output
+ * and sweeps parse it once. */
 #include "replay.h"
 
 #include <errno.h>

@@ -123,7 +123,8 @@ static int alloc_event(rp_trace *t, char *buf, uint64_t line, rp_event *e)
     if (got <= 0)
         return got;
     *e = (rp_event){.t = r.ns, .ptr = r.ptr, .size = r.size, .line = line,
-                    .result_name = RP_NO_STRING, .stack = RP_NO_STRING, .lib = RP_LIB_TRACE, .from = RP_FROM_NONE};
+                    .result_name = RP_NO_STRING, .stack = RP_NO_STRING, .lib = RP_LIB_TRACE,
+                    .from = RP_FROM_NONE};
     if (r.kind == 'f') {
         e->role = RP_ROLE_FREE;
         e->name = rp_intern(t, "free", 4);

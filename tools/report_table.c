@@ -398,8 +398,9 @@ static void sites_table(builder *b, const rp_summary *s)
     char peak[32], at[32];
     rp_fmt_bytes(r->peak, peak, sizeof peak);
     rp_fmt_seconds(r->peak_t, at, sizeof at);
-    t->note = format(b, "What held the %s peak of %s (%s s), by call site (innermost frame first): %zu site%s%s. "
-                     "Frames symbolized from the recorded objects when this report was made.",
+    t->note = format(b, "What held the %s peak of %s (%s s), by call site (innermost frame "
+                     "first): %zu site%s%s. Frames symbolized from the recorded objects when "
+                     "this report was made.",
                      rp_lib_name(s->prog_lib), peak, at, s->nsites, s->nsites == 1 ? "" : "s",
                      s->nsites > RP_MAX_SITES ? ", the first 20 listed" : "");
     for (size_t i = 0; i < s->nsites && i < RP_MAX_SITES; i++) {

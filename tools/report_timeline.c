@@ -5,7 +5,8 @@
  * not drawn one by one); the driver's reserved bytes as a dashed line beside. Only the
  * RP_MAX_BANDS largest allocations (by bytes times lifetime, the area they cover) get a band
  * of their own, so a trace of a million allocations gives a page of about the same size: the
- * grey area, taken per pixel column, holds the rest. Plain SVG, no scripts; each band's <title> is its tooltip. */
+ * grey area, taken per pixel column, holds the rest. Plain SVG, no scripts; each band's
+ * <title> is its tooltip. */
 #include "report.h"
 
 #include <inttypes.h>
@@ -225,9 +226,10 @@ int rp_timeline_write(FILE *f, const rp_summary *s)
     }
     const int H = MT + PH + MB;
     fprintf(f, "<p class=\"note\">Each of the %zu largest (bytes &#215; lifetime) of the %zu "
-               "allocations through %s (%s) is a band from its allocation to its free, stacked in allocation order: a free "
-               "lets the bands above it down. Grey: all of %s's bytes in use (the highest of "
-               "each pixel column); what the bands leave of it is the smaller allocations."
+               "allocations through %s (%s) is a band from its allocation to its free, "
+               "stacked in allocation order: a free lets the bands above it down. Grey: all "
+               "of %s's bytes in use (the highest of each pixel column); what the bands "
+               "leave of it is the smaller allocations."
                "%s Hover a band for its size and times.</p>\n",
             n, s->nbands, rp_lib_name(s->prog_lib), prog_meaning(s->prog_lib),
             rp_lib_name(s->prog_lib),
