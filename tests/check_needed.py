@@ -11,7 +11,9 @@ import re
 import subprocess
 import sys
 
-ALLOWED = re.compile(r"(libc|libdl|libpthread|ld-linux[-\w.]*)\.so(\.\d+)*$")
+# The sanitizer runtimes come with sanitized builds (scripts/test's ASan+UBSan and TSan).
+ALLOWED = re.compile(r"(libc|libdl|libpthread|ld-linux[-\w.]*|libasan|libubsan|libtsan)"
+                     r"\.so(\.\d+)*$")
 bad = []
 for lib in sys.argv[1:]:
     out = subprocess.run(["readelf", "-d", lib], capture_output=True, text=True, check=True).stdout
