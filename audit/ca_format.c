@@ -9,6 +9,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 
+#include "ca_stack.h"
 #include "cs_options.h"
 
 /* ---- a bounded string builder ------------------------------------------------------------- */
@@ -337,6 +338,8 @@ size_t ca_format_rec(const ca_fmt_ctx *c, const ca_rec *r, long tid, char *buf, 
     uint64_t dur = r->t1 >= r->t0 ? r->t1 - r->t0 : 0;
     switch (c->format) {
     case CS_TRACE_JSONL:
+        if (r->nstack) /* the objects of its call site, described before it */
+            b.n = ca_stack_objects(c->pid, r, b.p, b.cap / 2);
         put_str(&b, "{\"pid\":");
         put_i64(&b, c->pid);
         put_str(&b, ",\"tid\":");
@@ -359,7 +362,11 @@ size_t ca_format_rec(const ca_fmt_ctx *c, const ca_rec *r, long tid, char *buf, 
         put_i64(&b, r->result);
         put_str(&b, ",");
         put_result_json(&b, r, "result_name");
-        put_str(&b, "}");
+        for (unsigned i = 0; i < r->nstack; i++) {
+            put_str(&b, i ? "\",\"" : ",\"stack\":[\"");
+            put_hex(&b, r->stack[i]);
+        }
+        put_str(&b, r->nstack ? "\"]}" : "}");
         break;
     case CS_TRACE_PERFETTO:
         put_str(&b, "{\"name\":\"");

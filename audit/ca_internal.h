@@ -62,6 +62,8 @@ enum {
 };
 
 #define CA_MAX_OUTS 4
+/* Most frames recorded per call site (CACHESHIM_TRACE_STACK, ca_stack.c). */
+#define CA_STACK_MAX 16
 
 /* One traced call. Raw values only; ca_format.c gives them meaning through ca_desc(fn). */
 typedef struct {
@@ -74,6 +76,8 @@ typedef struct {
     int64_t bytes;                /* device bytes after the call (Perfetto counter), or -1 */
     uint64_t out[CA_MAX_OUTS];
     uint64_t arg[CA_MAX_PARAMS];
+    uint8_t nstack;               /* call site: return addresses recorded in stack */
+    uint64_t stack[CA_STACK_MAX];
 } ca_rec;
 
 extern const ca_fn_desc ca_gen_desc[CA_GEN_COUNT];

@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include "ca_mem.h"
+#include "ca_stack.h"
 #include "cs_options.h"
 
 /* Records in a chunk: about 200 KiB. */
@@ -280,6 +281,7 @@ void ca_trace_init(void)
     cs_options_load(&o, get_variable, report_line, NULL);
     memcpy(g_path, o.trace_file, sizeof g_path);
     init_common(o.trace_format, o.trace_filter);
+    ca_stack_init(o.trace_format == CS_TRACE_JSONL ? o.trace_stack : 0);
     pthread_mutex_lock(&g_out_lock);
     open_output(0);
     g_ctx.pid = g_pid;
@@ -524,6 +526,7 @@ ca_rec *ca_begin(unsigned fn, int lib, void *ret)
     r->from = (uint8_t)from;
     r->nout = 0;
     r->bytes = -1;
+    r->nstack = ca_stack_fn[fn] ? (uint8_t)ca_stack_capture(r->stack) : 0;
     return r;
 }
 

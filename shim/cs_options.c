@@ -27,6 +27,7 @@ enum {
     OPT_TRACE_FILTER,
     OPT_HOST_CAP,
     OPT_HOST_RELEASE_THRESHOLD,
+    OPT_TRACE_STACK,
     OPT_COUNT
 };
 
@@ -111,6 +112,12 @@ static const cs_option_desc option_table[OPT_COUNT] = {
     [OPT_TRACE_FILTER] = {"CACHESHIM_TRACE_FILTER", "text", "memory", ACCEPT_FILTER,
                           "Which driver calls the tracer records: memory calls, all calls, or "
                           "a comma-separated list of names and globs."},
+    [OPT_TRACE_STACK] = {"CACHESHIM_TRACE_STACK", "int", "0",
+                         "a whole number of frames from 0 to 16",
+                         "Tracer call-site capture: the return addresses of up to this many "
+                         "frames of the program's stack are recorded with every allocation "
+                         "call (JSON Lines), for cacheshim-report's allocation sites; 0 "
+                         "records none."},
 };
 
 /* How each row is parsed and where its value goes; indexed like option_table. */
@@ -151,6 +158,7 @@ static const option_slot option_slots[OPT_COUNT] = {
                           trace_formats},
     [OPT_TRACE_FILE] = {VALUE_PATH, offsetof(cs_options, trace_file), 0, 0, false},
     [OPT_TRACE_FILTER] = {VALUE_FILTER, offsetof(cs_options, trace_filter), 0, 0, false},
+    [OPT_TRACE_STACK] = {VALUE_INT, offsetof(cs_options, trace_stack), 0, 16, false},
 };
 
 const cs_option_desc *cs_option_table(size_t *count)

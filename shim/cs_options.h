@@ -43,6 +43,7 @@ typedef struct cs_options {
     int trace_format;               /* CACHESHIM_TRACE_FORMAT: CS_TRACE_TEXT, _JSONL or _PERFETTO */
     char trace_file[CS_TRACE_TEXT_MAX];   /* CACHESHIM_TRACE_FILE: "" for stderr; %p = pid */
     char trace_filter[CS_TRACE_TEXT_MAX]; /* CACHESHIM_TRACE_FILTER: "memory", "all" or globs */
+    int trace_stack;                /* CACHESHIM_TRACE_STACK: frames recorded per allocation, 0 off */
 } cs_options;
 
 /* How the parser reads a variable; the library passes secure_getenv, tests pass their own. */

@@ -18,7 +18,7 @@
 
 /* ---- a fake environment and a report collector ---------------------------------------- */
 
-#define ENV_MAX 16
+#define ENV_MAX 20
 
 static struct {
     const char *name[ENV_MAX];
@@ -50,7 +50,7 @@ static const char *fake_getenv(const char *name)
     return NULL;
 }
 
-#define LINES_MAX 16
+#define LINES_MAX 20
 
 typedef struct {
     int count;
@@ -91,6 +91,7 @@ static void assert_defaults(const cs_options *o)
     assert_string_equal(o->trace_filter, "memory");
     assert_int_equal(o->host_cap.kind, CS_SIZE_UNLIMITED);
     assert_int_equal(o->host_release_threshold.kind, CS_SIZE_UNLIMITED);
+    assert_int_equal(o->trace_stack, 0);
 }
 
 /* ---- the table ------------------------------------------------------------------------- */
@@ -106,11 +107,12 @@ static void test_table(void **state)
                                         "CACHESHIM_QUARANTINE", "CACHESHIM_TRACE_FORMAT",
                                         "CACHESHIM_TRACE_FILE", "CACHESHIM_TRACE_FILTER",
                                         "CACHESHIM_HOST_CAP",
-                                        "CACHESHIM_HOST_RELEASE_THRESHOLD"};
+                                        "CACHESHIM_HOST_RELEASE_THRESHOLD",
+                                        "CACHESHIM_TRACE_STACK"};
     size_t n = 0;
     const cs_option_desc *t = cs_option_table(&n);
     assert_non_null(t);
-    assert_int_equal(n, 16);
+    assert_int_equal(n, 17);
     assert_ptr_equal(cs_option_table(NULL), t);
     for (size_t i = 0; i < n; i++) {
         assert_string_equal(t[i].name, names[i]);
@@ -157,7 +159,7 @@ static void test_defaults_when_nothing_set(void **state)
     assert_int_equal(cs_options_load(&o, fake_getenv, collect, &r), 0);
     assert_int_equal(r.count, 0);
     assert_defaults(&o);
-    assert_int_equal(env.misses, 16); /* each variable asked for exactly once */
+    assert_int_equal(env.misses, 17); /* each variable asked for exactly once */
 
     memset(&o, 0xa5, sizeof o);
     assert_int_equal(cs_options_load(&o, NULL, collect, &r), 0);
@@ -179,7 +181,7 @@ static void test_each_variable_read_once(void **state)
     for (int i = 0; i < 5; i++)
         assert_int_equal(env.lookups[i], 1);
     assert_int_equal(env.lookups[5], 0);
-    assert_int_equal(env.misses, 11); /* REUSE, SYNC_FREE, BACKEND, HEADROOM, DEBUG, QUARANTINE,
+    assert_int_equal(env.misses, 12); /* REUSE, SYNC_FREE, BACKEND, HEADROOM, DEBUG, QUARANTINE,
                                          TRACE_*, HOST_*: unset */
 }
 
@@ -468,6 +470,7 @@ static void test_parse_size_bad_arguments(void **state)
 #define TAIL_FORMAT "is not valid: expected text, jsonl or perfetto; using the default (text)"
 #define TAIL_REUSE "is not valid: expected ordered or completed; using the default (ordered)"
 #define TAIL_BACKEND "is not valid: expected pooled or classic; using the default (pooled)"
+#define TAIL_STACK "is not valid: expected a whole number of frames from 0 to 16; using the default (0)"
 #define TAIL_HEADROOM                                                                      \
     "is not valid: expected a whole number of percent from 0 to 1000, without the % sign; " \
     "using the default (0)"
@@ -603,6 +606,9 @@ static const struct {
     BAD("HOST_CAP", "lots", TAIL_HOST_CAP),
     BAD("HOST_RELEASE_THRESHOLD", "8X", TAIL_HOST_SIZE),
     BAD("HOST_RELEASE_THRESHOLD", "150%", TAIL_HOST_SIZE),
+    BAD("TRACE_STACK", "17", TAIL_STACK),
+    BAD("TRACE_STACK", "-1", TAIL_STACK),
+    BAD("TRACE_STACK", "eight", TAIL_STACK),
     BAD("RELEASE_THRESHOLD", "lots", TAIL_SIZE),
     BAD("RELEASE_THRESHOLD", "1O0", TAIL_SIZE),
     BAD("RELEASE_THRESHOLD", "2^30", TAIL_SIZE),
@@ -872,7 +878,7 @@ static void test_print_defaults(void **state)
     assert_int_equal(cs_options_load(&o, fake_getenv, NULL, NULL), 0);
     reports r = {0};
     cs_options_print(&o, collect, &r);
-    assert_int_equal(r.count, 16);
+    assert_int_equal(r.count, 17);
     assert_string_equal(r.line[0], "cacheshim: CACHESHIM_DISABLE = 0 (default)");
     assert_string_equal(r.line[1], "cacheshim: CACHESHIM_CAP = unlimited (default)");
     assert_string_equal(r.line[2], "cacheshim: CACHESHIM_RELEASE_THRESHOLD = unlimited (default)");
@@ -890,6 +896,7 @@ static void test_print_defaults(void **state)
     assert_string_equal(r.line[14], "cacheshim: CACHESHIM_HOST_CAP = unlimited (default)");
     assert_string_equal(r.line[15],
                         "cacheshim: CACHESHIM_HOST_RELEASE_THRESHOLD = unlimited (default)");
+    assert_string_equal(r.line[16], "cacheshim: CACHESHIM_TRACE_STACK = 0 (default)");
 }
 
 static void test_print_set(void **state)
@@ -911,11 +918,12 @@ static void test_print_set(void **state)
     env_set("CACHESHIM_TRACE_FILTER", " cuMemAlloc* , cuLaunchKernel ");
     env_set("CACHESHIM_HOST_CAP", "1G");
     env_set("CACHESHIM_HOST_RELEASE_THRESHOLD", "256MiB");
+    env_set("CACHESHIM_TRACE_STACK", " 8 ");
     cs_options o;
     assert_int_equal(cs_options_load(&o, fake_getenv, NULL, NULL), 0);
     reports r = {0};
     cs_options_print(&o, collect, &r);
-    assert_int_equal(r.count, 16);
+    assert_int_equal(r.count, 17);
     assert_string_equal(r.line[0], "cacheshim: CACHESHIM_DISABLE = 1 (set)");
     assert_string_equal(r.line[1], "cacheshim: CACHESHIM_CAP = 8 GiB (set)");
     assert_string_equal(r.line[2],
@@ -935,10 +943,11 @@ static void test_print_set(void **state)
     assert_string_equal(r.line[14], "cacheshim: CACHESHIM_HOST_CAP = 1 GiB (set)");
     assert_string_equal(r.line[15],
                         "cacheshim: CACHESHIM_HOST_RELEASE_THRESHOLD = 256 MiB (set)");
+    assert_string_equal(r.line[16], "cacheshim: CACHESHIM_TRACE_STACK = 8 (set)");
 
     cs_options_print(NULL, collect, &r); /* nothing, no crash */
     cs_options_print(&o, NULL, NULL);
-    assert_int_equal(r.count, 16);
+    assert_int_equal(r.count, 17);
 }
 
 /* ---- formatting ------------------------------------------------------------------------------- */

@@ -205,26 +205,25 @@ static void push_event(trace *t, event e)
     t->ev[t->nev++] = e;
 }
 
-/* The format is read with cacheshim-replay's opener and line parser (tools/replay_trace.c);
+/* The format is read with cacheshim-replay's reader and line parser (tools/trace_input.c,
+ * tools/replay_trace.c);
  * what is the player's own is the PTR -> slot resolution. */
 static void parse_trace(trace *t)
 {
-    bool is_pipe;
-    FILE *f = replay_trace_open(t->path, "trace_player", &is_pipe);
-    if (!f)
+    tr_input in;
+    if (tr_open(&in, t->path, "trace_player"))
         exit(2);
     ptrmap live;
     map_init(&live, 1024);
 
-    char *buf = NULL;
-    size_t bufcap = 0;
-    ssize_t len;
+    char *buf;
+    size_t len;
+    bool cut;
+    int more;
     long lineno = 0;
-    while ((len = getline(&buf, &bufcap, f)) != -1) {
+    while ((more = tr_next(&in, &buf, &len, &cut)) == 1) {
         lineno++;
-        while (len > 0 && (buf[len - 1] == '\n' || buf[len - 1] == '\r'))
-            buf[--len] = '\0';
-        if ((size_t)len != strlen(buf))
+        if (len != strlen(buf))
             malformed(t->path, lineno, "(line contains a NUL byte)");
 
         char copy[256];
@@ -248,14 +247,10 @@ static void parse_trace(trace *t)
         }
         push_event(t, e);
     }
-    if (ferror(f)) {
-        fprintf(stderr, "trace_player: %s: read error\n", t->path);
+    if (more < 0)
         exit(2);
-    }
-    free(buf);
+    tr_close(&in);
     map_free(&live);
-    if (replay_trace_close(f, is_pipe, true, t->path, "trace_player"))
-        exit(2);
 }
 
 /* ------------------------------------------------------------------------------------------ */

@@ -12,6 +12,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "trace_input.h"
+
 #define REPLAY_NAME "cacheshim-replay"
 
 /* ---------------------------------------------------------------- traces (replay_trace.c) */
@@ -30,7 +32,7 @@ typedef struct {
     size_t nev, cap;
 } replay_trace;
 
-/* Reads a whole trace, plain or gzipped (by its magic bytes, through `gzip -dc`). On a
+/* Reads a whole trace, plain or gzipped (by its content, zlib). On a
  * malformed line prints "cacheshim-replay: FILE:LINE: malformed line: TEXT" and returns 2;
  * on an unreadable file a message and 2; 0 on success. */
 int replay_trace_load(replay_trace *t, const char *path);
@@ -38,14 +40,12 @@ void replay_trace_free(replay_trace *t);
 /* Appends e; false when out of memory. */
 bool replay_trace_push(replay_trace *t, replay_event e);
 
-/* The pieces of replay_trace_load that cacheshim-report shares; tool names the program in
- * messages. Open: a stream of the text, plain or through `gzip -dc`, or NULL after a message.
- * Parse: one line (cut up in place) into an event; 1 for an event, 0 for a blank or comment
- * line, -1 if malformed. Close: -1 after a message when gzip failed on a file read to its
- * end (read_all), else 0. */
-FILE *replay_trace_open(const char *path, const char *tool, bool *is_pipe);
+/* The pieces of replay_trace_load that cacheshim-report and tests/trace_player share. Parse:
+ * one line (cut up in place) into an event; 1 for an event, 0 for a blank or comment line,
+ * -1 if malformed. Read: every line of in into t (a cut last line skipped with a note);
+ * 0, or 2 after a message. */
 int replay_trace_parse_line(char *buf, replay_event *e);
-int replay_trace_close(FILE *f, bool is_pipe, bool read_all, const char *path, const char *tool);
+int replay_trace_read(replay_trace *t, tr_input *in);
 
 /* What replay_trace_load_any took from a JSON Lines trace of libcacheaudit.so. */
 typedef struct {

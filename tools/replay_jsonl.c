@@ -12,14 +12,14 @@
  * message when the file cannot be opened. */
 static int is_jsonl(const char *path)
 {
-    bool is_pipe;
-    FILE *f = replay_trace_open(path, REPLAY_NAME, &is_pipe);
-    if (!f)
+    tr_input in;
+    if (tr_open(&in, path, REPLAY_NAME))
         return -1;
-    char *buf = NULL;
-    size_t cap = 0;
+    char *buf;
+    size_t len;
+    bool cut;
     int found = 0;
-    while (getline(&buf, &cap, f) != -1) {
+    while (tr_next(&in, &buf, &len, &cut) == 1) {
         const char *p = buf + strspn(buf, " \t\r\n");
         if (*p == '{') {
             found = 1;
@@ -29,9 +29,7 @@ static int is_jsonl(const char *path)
             break;
         /* Blank, a comment, or a program's own output before the tracer's first record. */
     }
-    free(buf);
-    /* Not read to its end: gzip may be cut off, which is no error here. */
-    replay_trace_close(f, is_pipe, false, path, REPLAY_NAME);
+    tr_close(&in); /* errors, if any, are said when the trace is read */
     return found;
 }
 

@@ -1,5 +1,6 @@
-/* Reading traces (format: shared/traces/README.md). The whole trace is read before the replay
- * starts, so a malformed file fails before any output and sweeps parse it once. */
+/* Reading traces (format: shared/traces/README.md), plain or gzipped (trace_input.c). The
+ * whole trace is read before the replay starts, so a malformed file fails before any output
+ * and sweeps parse it once. */
 #include "replay.h"
 
 #include <errno.h>
@@ -7,9 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int malformed(const char *path, long line, const char *text)
+static int malformed(const tr_input *in, long line, const char *text)
 {
-    fprintf(stderr, REPLAY_NAME ": %s:%ld: malformed line: %.200s\n", path, line, text);
+    fprintf(stderr, "%s: %s:%ld: malformed line: %.200s\n", in->tool, in->path, line, text);
     return 2;
 }
 
@@ -43,46 +44,6 @@ bool replay_trace_push(replay_trace *t, replay_event e)
     return true;
 }
 
-/* Gzipped files are recognised by their magic bytes, not their name, and read through
- * `gzip -dc`: no zlib dependency for one tool. */
-FILE *replay_trace_open(const char *path, const char *tool, bool *is_pipe)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        fprintf(stderr, "%s: %s: %s\n", tool, path, strerror(errno));
-        return NULL;
-    }
-    unsigned char magic[2] = {0, 0};
-    size_t got = fread(magic, 1, 2, f);
-    *is_pipe = false;
-    if (got != 2 || magic[0] != 0x1f || magic[1] != 0x8b) {
-        rewind(f);
-        return f;
-    }
-    fclose(f);
-    /* Single-quote the path for the shell: ' becomes '\''. */
-    size_t n = strlen(path);
-    char *cmd = malloc(n * 4 + 32);
-    if (!cmd)
-        return NULL;
-    char *p = cmd + sprintf(cmd, "gzip -dc -- '");
-    for (const char *s = path; *s; s++) {
-        if (*s == '\'') {
-            memcpy(p, "'\\''", 4);
-            p += 4;
-        } else {
-            *p++ = *s;
-        }
-    }
-    strcpy(p, "'");
-    FILE *pf = popen(cmd, "r");
-    free(cmd);
-    if (!pf)
-        fprintf(stderr, "%s: %s: cannot run gzip -dc: %s\n", tool, path, strerror(errno));
-    *is_pipe = pf != NULL;
-    return pf;
-}
-
 int replay_trace_parse_line(char *buf, replay_event *e)
 {
     char *tok[5];
@@ -109,62 +70,49 @@ int replay_trace_parse_line(char *buf, replay_event *e)
     return -1;
 }
 
-int replay_trace_load(replay_trace *t, const char *path)
+int replay_trace_read(replay_trace *t, tr_input *in)
 {
-    *t = (replay_trace){.path = path};
-    bool is_pipe;
-    FILE *f = replay_trace_open(path, REPLAY_NAME, &is_pipe);
-    if (!f)
-        return 2;
-    int rc = 0;
-    char *buf = NULL;
-    size_t bufcap = 0;
-    ssize_t len;
+    int rc = 0, got;
+    char *buf;
+    size_t len;
+    bool cut;
     long lineno = 0;
-    while (rc == 0 && (len = getline(&buf, &bufcap, f)) != -1) {
+    while (rc == 0 && (got = tr_next(in, &buf, &len, &cut)) == 1) {
         lineno++;
-        while (len > 0 && (buf[len - 1] == '\n' || buf[len - 1] == '\r'))
-            buf[--len] = '\0';
-        if ((size_t)len != strlen(buf)) {
-            rc = malformed(path, lineno, "(line contains a NUL byte)");
-            break;
-        }
         char copy[256];
         snprintf(copy, sizeof copy, "%s", buf);
         replay_event e;
-        int r = replay_trace_parse_line(buf, &e);
-        if (r < 0)
-            rc = malformed(path, lineno, copy);
-        else if (r > 0 && !replay_trace_push(t, e)) {
-            fprintf(stderr, REPLAY_NAME ": out of memory\n");
+        bool nul = len != strlen(buf);
+        int r = nul ? -1 : replay_trace_parse_line(buf, &e);
+        if (r < 0 && cut) { /* the program died while writing it */
+            fprintf(stderr, "%s: %s:%ld: the last line is cut short (the program died while "
+                    "writing it?): skipped\n", in->tool, in->path, lineno);
+        } else if (r < 0) {
+            rc = malformed(in, lineno, nul ? "(line contains a NUL byte)" : copy);
+        } else if (r > 0 && !replay_trace_push(t, e)) {
+            fprintf(stderr, "%s: out of memory\n", in->tool);
             rc = 2;
         }
     }
-    if (rc == 0 && ferror(f)) {
-        fprintf(stderr, REPLAY_NAME ": %s: read error\n", path);
+    if (rc == 0 && got < 0)
         rc = 2;
-    }
-    free(buf);
-    if (replay_trace_close(f, is_pipe, rc == 0, path, REPLAY_NAME) && rc == 0)
-        rc = 2;
-    if (rc)
-        replay_trace_free(t);
+    if (rc == 0 && in->gz_cut)
+        fprintf(stderr, "%s: %s: the gzip stream ends early (cut short): read as far as it "
+                "goes\n", in->tool, in->path);
     return rc;
 }
 
-int replay_trace_close(FILE *f, bool is_pipe, bool read_all, const char *path, const char *tool)
+int replay_trace_load(replay_trace *t, const char *path)
 {
-    if (!is_pipe) {
-        fclose(f);
-        return 0;
-    }
-    /* On an early stop gzip may die of SIGPIPE: only its status on a full read counts. */
-    int st = pclose(f);
-    if (read_all && st != 0) {
-        fprintf(stderr, "%s: %s: gzip -dc failed (status %d)\n", tool, path, st);
-        return -1;
-    }
-    return 0;
+    *t = (replay_trace){.path = path};
+    tr_input in;
+    if (tr_open(&in, path, REPLAY_NAME))
+        return 2;
+    int rc = replay_trace_read(t, &in);
+    tr_close(&in);
+    if (rc)
+        replay_trace_free(t);
+    return rc;
 }
 
 void replay_trace_free(replay_trace *t)

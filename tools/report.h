@@ -1,12 +1,16 @@
 /* cacheshim-report: summary tables and an HTML page from a recorded trace (docs/report.md).
  *
  * One layer a file, each using only the ones above it:
- *   report_json.c   one JSON Lines record of libcacheaudit.so into an event
- *   report_read.c   a whole trace file into events (JSON Lines or the allocation format)
- *   report_sum.c    the numbers: calls, callers, sizes, bytes in use over time, failures
+ *   trace_input.c   a trace file (plain or gzipped, zlib) or a buffer, line by line
+ *   report_json.c   one JSON Lines record of libcacheaudit.so into an event (jansson)
+ *   report_read.c   a whole trace into events (JSON Lines or the allocation format)
+ *   report_sum.c    the numbers: calls, callers, sizes, bytes in use over time, failures,
+ *                   each allocation's lifetime and the call sites holding memory at the peak
+ *   report_sym.c    call sites' addresses into functions, files and lines (libdw)
  *   report_table.c  the numbers as tables of text cells, shared by both outputs
  *   report_text.c   the tables aligned on stdout
- *   report_html.c   the tables and the plot (report_svg.c) as one self-contained HTML page
+ *   report_html.c   the tables, the plot (report_svg.c) and the memory timeline
+ *                   (report_timeline.c) as one self-contained HTML page
  *   report_main.c   the command line */
 #ifndef REPORT_H
 #define REPORT_H
@@ -42,6 +46,7 @@ typedef struct {
     int64_t pid, tid;
     uint32_t name;    /* string index */
     uint32_t result_name; /* string index or RP_NO_STRING */
+    uint32_t stack;   /* call site ("PID 0xPC 0xPC..." interned) or RP_NO_STRING */
     uint8_t lib, from, role;
     uint8_t handle;   /* ptr is a cuMemCreate handle, not an address */
 } rp_event;
@@ -56,6 +61,16 @@ static inline uint64_t rp_when(const rp_event *e)
 
 enum { RP_FORMAT_JSONL, RP_FORMAT_ALLOC };
 
+/* Most frames of one call site. */
+#define RP_STACK_MAX 64
+
+/* Where a library of a traced process was loaded (the tracer's "object" records). */
+typedef struct {
+    int64_t pid;
+    uint64_t base;      /* load bias */
+    uint32_t path, build_id; /* strings; build_id "" when unknown */
+} rp_object;
+
 typedef struct {
     const char *path;
     int format;
@@ -63,6 +78,9 @@ typedef struct {
     rp_event *ev;          /* sorted by rp_when, then line */
     size_t nev, evcap;
     uint64_t other_lines;  /* JSON Lines: lines not starting with '{' (a program's own output) */
+    bool cut;              /* the last line was cut short (and skipped) */
+    rp_object *obj;        /* call sites' objects, in file order */
+    size_t nobj, objcap;
     /* Interned strings: names and result names. */
     char **str;
     size_t nstr, strcap;
@@ -74,6 +92,9 @@ typedef struct {
  * message on stderr and 2 (unreadable, malformed, unsupported format, no events) or 1 (out
  * of host memory). */
 int rp_trace_load(rp_trace *t, const char *path);
+/* The same from len bytes at data (the fuzzers); path names it in messages. */
+int rp_trace_load_mem(rp_trace *t, const char *path, const void *data, size_t len);
+bool rp_object_add(rp_trace *t, const rp_object *o);
 void rp_trace_free(rp_trace *t);
 const char *rp_str(const rp_trace *t, uint32_t i);
 /* The index of s (copied), RP_NO_STRING when out of memory. */
@@ -84,10 +105,11 @@ const char *rp_from_name(int from);
 
 /* ---------------------------------------------------------------- JSON Lines (report_json.c) */
 
-/* Parses one line (changed in place: strings are unescaped where they lie) into e, interning
- * strings in t. 0; -1 when malformed, with a reason in *why and the 1-based column in *col
- * (0 when the JSON is valid but a field is wrong); -2 when out of host memory. */
-int rp_json_record(char *line, rp_trace *t, rp_event *e, const char **why, size_t *col);
+/* Parses one line of len bytes into e, interning strings in t. 0 for a call; 1 for an
+ * object record (added to t); -1 when malformed, with a reason in *why and the 1-based
+ * column in *col (0 when the JSON is valid but a field is wrong); -2 out of host memory. */
+int rp_json_record(const char *line, size_t len, rp_trace *t, rp_event *e, const char **why,
+                   size_t *col);
 
 /* ---------------------------------------------------------------- the numbers (report_sum.c) */
 
@@ -120,6 +142,22 @@ typedef struct {
     uint64_t *col_max;          /* the same per plot column */
 } rp_series;
 
+/* One successful allocation of the program's library, from the end of its call to the start
+ * of its free (UINT64_MAX: not freed in the trace). */
+typedef struct {
+    uint64_t start, end, size;
+    uint32_t stack;     /* call site or RP_NO_STRING */
+} rp_band;
+
+/* A call site's share of the program's bytes at its peak. */
+typedef struct {
+    uint32_t stack;     /* RP_NO_STRING: allocations recorded without a call site */
+    uint64_t bytes, count;
+    char *where;        /* symbolized frames (report_sym.c), or NULL */
+} rp_site;
+
+#define RP_MAX_SITES 20 /* rows of the sites table */
+
 typedef struct {
     size_t ev;          /* index into the trace's events */
     uint64_t in_use;    /* bytes in use through the same library when it failed */
@@ -137,6 +175,13 @@ typedef struct {
     rp_failure *failures;       /* every failed allocation, in time order */
     size_t nfailures;
     size_t nslices, ncols;      /* as asked, or fewer: no slice under 1 ns */
+    int prog_lib;               /* the program's own allocations: shim, runtime, trace or driver */
+    int reserved_lib;           /* what the process held of the driver beside them, or -1 */
+    rp_band *bands;             /* every allocation of prog_lib, in time order */
+    size_t nbands;
+    bool has_stacks;            /* some allocation has a call site */
+    rp_site *sites;             /* at prog_lib's peak, most bytes first */
+    size_t nsites;
 } rp_summary;
 
 /* Computes everything from t with nslices timeline slices and ncols plot columns (both
@@ -145,6 +190,15 @@ int rp_summarize(const rp_trace *t, size_t nslices, size_t ncols, rp_summary *s)
 void rp_summary_free(rp_summary *s);
 /* Start time of slice i of n over the trace's span ([t_first, t_last]). */
 uint64_t rp_slice_start(const rp_summary *s, size_t i, size_t n);
+
+/* ---------------------------------------------------------------- call sites (report_sym.c) */
+
+/* The frames of site (an interned "PID 0xPC ...") as "function (file:line) < ..." from the
+ * trace's objects and their files' debug information; frames that cannot be resolved as
+ * "object+0xOFFSET" or the address. A malloc'ed string, or NULL when out of memory. */
+char *rp_sym_site(const rp_trace *t, uint32_t site);
+/* Symbolizes the summary's first RP_MAX_SITES sites. 0, or -1 when out of memory. */
+int rp_sym_sites(rp_summary *s);
 
 /* ---------------------------------------------------------------- tables (report_table.c) */
 
@@ -180,6 +234,20 @@ int rp_html_write(FILE *f, const rp_summary *s, const rp_tables *ts);
 #define RP_PLOT_COLUMNS 840
 /* The inline SVG plot of bytes in use over time. */
 void rp_svg_write(FILE *f, const rp_summary *s);
+/* Allocations drawn one band each at most (the largest by bytes x lifetime); the rest as one
+ * area. */
+#define RP_MAX_BANDS 2000
+/* The memory timeline (report_timeline.c): each allocation a band over time, stacked, with
+ * the driver's reserved bytes beside. 0, or -1 when out of memory. */
+int rp_timeline_write(FILE *f, const rp_summary *s);
+/* Shared with report_timeline.c: the axes' units and steps. */
+typedef struct {
+    double div;
+    const char *name;
+} rp_unit;
+rp_unit rp_bytes_unit(uint64_t max);
+rp_unit rp_time_unit(uint64_t span);
+double rp_nice_step(double max);
 
 /* Shared formatting (report_table.c): "123.456789" s from ns, bytes as "1.50 MiB". */
 void rp_fmt_seconds(uint64_t ns, char *buf, size_t len);

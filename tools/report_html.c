@@ -120,6 +120,10 @@ int rp_html_write(FILE *f, const rp_summary *s, const rp_tables *ts)
         if (i == 0) {
             fputs("<section id=\"plot\">\n<h2>Bytes in use over time</h2>\n", f);
             rp_svg_write(f, s);
+            fputs("</section>\n<section id=\"memory-timeline\">\n<h2>Memory timeline</h2>\n",
+                  f);
+            if (rp_timeline_write(f, s))
+                return -1;
             fputs("</section>\n", f);
         }
     }

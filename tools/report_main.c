@@ -119,7 +119,7 @@ int main(int argc, char **argv)
     rp_summary s;
     rp_tables ts = {0};
     if (rp_summarize(&t, a.slices, RP_PLOT_COLUMNS, &s) == 0) {
-        if (rp_tables_build(&s, &ts) == 0) {
+        if (rp_sym_sites(&s) == 0 && rp_tables_build(&s, &ts) == 0) {
             if (rp_text_write(stdout, &ts)) {
                 fprintf(stderr, REPORT_NAME ": writing the tables: %s\n", strerror(errno));
                 rc = 1;

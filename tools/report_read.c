@@ -1,4 +1,4 @@
-/* Reading a trace: the file (plain or gzipped, through replay_trace.c's opener), its format
+/* Reading a trace: the file (plain or gzipped, trace_input.c), its format
  * told from the content, every line into an event, the events in time order. The whole
  * trace is read before anything is printed, so a malformed file gives no partial report. */
 #include "report.h"
@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "replay.h"
+#include "trace_input.h"
 
 /* ---- interned strings ------------------------------------------------------------------------ */
 
@@ -122,7 +123,8 @@ static int alloc_event(rp_trace *t, char *buf, uint64_t line, rp_event *e)
     if (got <= 0)
         return got;
     *e = (rp_event){.t = r.ns, .ptr = r.ptr, .size = r.size, .line = line,
-                    .result_name = RP_NO_STRING, .lib = RP_LIB_TRACE, .from = RP_FROM_NONE};
+                    .result_name = RP_NO_STRING, .stack = RP_NO_STRING, .lib = RP_LIB_TRACE,
+                    .from = RP_FROM_NONE};
     if (r.kind == 'f') {
         e->role = RP_ROLE_FREE;
         e->name = rp_intern(t, "free", 4);
@@ -143,27 +145,59 @@ static int by_time(const void *a, const void *b)
     return x->line < y->line ? -1 : x->line > y->line;
 }
 
-int rp_trace_load(rp_trace *t, const char *path)
+bool rp_object_add(rp_trace *t, const rp_object *o)
 {
-    *t = (rp_trace){.path = path, .format = UNKNOWN};
-    bool is_pipe;
-    FILE *f = replay_trace_open(path, REPORT_NAME, &is_pipe);
-    if (!f)
-        return 2;
-    int rc = 0;
-    char *buf = NULL, copy[256], other[256] = "";
-    size_t bufcap = 0;
-    ssize_t len;
+    if (t->nobj == t->objcap) {
+        size_t cap = t->objcap ? t->objcap * 2 : 16;
+        rp_object *p = realloc(t->obj, cap * sizeof *p);
+        if (!p)
+            return false;
+        t->obj = p;
+        t->objcap = cap;
+    }
+    t->obj[t->nobj++] = *o;
+    return true;
+}
+
+/* A line that could not be read as a record. The last line of a trace whose program died
+ * while writing it can be cut anywhere: without a newline after it, it is skipped with a
+ * note, and the report goes on. */
+static int bad_line(rp_trace *t, uint64_t lineno, bool cut, const char *why, size_t col,
+                    const char *copy)
+{
+    if (cut) {
+        fprintf(stderr, REPORT_NAME ": %s:%" PRIu64 ": the last line is cut short (the program "
+                "died while writing it?): skipped\n", t->path, lineno);
+        t->cut = true;
+        return 0;
+    }
+    if (col)
+        fprintf(stderr, REPORT_NAME ": %s:%" PRIu64 ": malformed line (%s at column %zu): "
+                "%.200s\n", t->path, lineno, why, col, copy);
+    else
+        fprintf(stderr, REPORT_NAME ": %s:%" PRIu64 ": malformed line (%s): %.200s\n",
+                t->path, lineno, why, copy);
+    return 2;
+}
+
+static int read_lines(rp_trace *t, tr_input *in)
+{
+    const char *path = t->path;
+    int rc = 0, got;
+    char *buf, copy[256], other[256] = "";
+    size_t len;
+    bool cut;
     uint64_t lineno = 0, first_other = 0;
-    while (rc == 0 && (len = getline(&buf, &bufcap, f)) != -1) {
+    while (rc == 0 && (got = tr_next(in, &buf, &len, &cut)) == 1) {
         lineno++;
-        while (len > 0 && (buf[len - 1] == '\n' || buf[len - 1] == '\r'))
-            buf[--len] = '\0';
         snprintf(copy, sizeof copy, "%s", buf);
-        if ((size_t)len != strlen(buf)) {
-            fprintf(stderr, REPORT_NAME ": %s:%" PRIu64 ": malformed line (a NUL byte)\n", path,
-                    lineno);
-            rc = 2;
+        if (len != strlen(buf)) {
+            if (cut)
+                bad_line(t, lineno, cut, NULL, 0, NULL);
+            else
+                fprintf(stderr, REPORT_NAME ": %s:%" PRIu64 ": malformed line (a NUL byte)\n",
+                        path, lineno);
+            rc = cut ? 0 : 2;
             break;
         }
         if (t->format == UNKNOWN) {
@@ -178,6 +212,8 @@ int rp_trace_load(rp_trace *t, const char *path)
                 t->format = RP_FORMAT_JSONL;
             else if (starts_alloc_line(s))
                 t->format = RP_FORMAT_ALLOC;
+            if (rc)
+                break;
             /* Before the first record: perhaps the program's own output (JSON Lines on
              * stderr); an error if the trace turns out to be an allocation trace. */
             if (t->format == UNKNOWN) {
@@ -197,7 +233,6 @@ int rp_trace_load(rp_trace *t, const char *path)
             }
         }
         rp_event e;
-        int got;
         const char *why = "expected a SIZE PTR NS, f PTR NS or e SIZE ERR NS";
         size_t col = 0;
         if (t->format == RP_FORMAT_ALLOC) {
@@ -206,34 +241,31 @@ int rp_trace_load(rp_trace *t, const char *path)
             t->other_lines += !blank(buf);
             continue;
         } else {
-            got = rp_json_record(buf, t, &e, &why, &col);
-            got = got == 0 ? 1 : got;
+            got = rp_json_record(buf, len, t, &e, &why, &col);
+            got = got == 0 ? 1 : got == 1 ? 0 : got;
             e.line = lineno;
         }
-        if (got == -1) {
-            if (col)
-                fprintf(stderr, REPORT_NAME ": %s:%" PRIu64 ": malformed line (%s at column %zu): "
-                        "%.200s\n", path, lineno, why, col, copy);
-            else
-                fprintf(stderr, REPORT_NAME ": %s:%" PRIu64 ": malformed line (%s): %.200s\n",
-                        path, lineno, why, copy);
-            rc = 2;
-        } else if (got == -2 || (got == 1 && !push(t, &e))) {
+        if (got == -1)
+            rc = bad_line(t, lineno, cut, why, col, copy);
+        else if (got == -2 || (got == 1 && !push(t, &e))) {
             fprintf(stderr, REPORT_NAME ": out of memory\n");
             rc = 1;
         }
     }
-    if (rc == 0 && ferror(f)) {
-        fprintf(stderr, REPORT_NAME ": %s: read error\n", path);
-        rc = 2;
-    }
-    free(buf);
-    if (replay_trace_close(f, is_pipe, rc == 0, path, REPORT_NAME) && rc == 0)
-        rc = 2;
+    if (rc == 0 && got < 0)
+        rc = got == -2 ? 1 : 2;
+    if (rc == 0 && in->gz_cut)
+        fprintf(stderr, REPORT_NAME ": %s: the gzip stream ends early (cut short): reported "
+                "as far as it goes\n", path);
+    return rc;
+}
+
+static int finish(rp_trace *t, int rc)
+{
     if (rc == 0 && t->nev == 0) {
         fprintf(stderr, REPORT_NAME ": %s: no events (expected JSON Lines of libcacheaudit.so, "
                 "CACHESHIM_TRACE_FORMAT=jsonl, or an allocation trace: a SIZE PTR NS, f PTR NS, "
-                "e SIZE ERR NS)\n", path);
+                "e SIZE ERR NS)\n", t->path);
         rc = 2;
     }
     if (rc) {
@@ -245,6 +277,27 @@ int rp_trace_load(rp_trace *t, const char *path)
     return 0;
 }
 
+int rp_trace_load(rp_trace *t, const char *path)
+{
+    *t = (rp_trace){.path = path, .format = UNKNOWN};
+    tr_input in;
+    if (tr_open(&in, path, REPORT_NAME))
+        return 2;
+    int rc = read_lines(t, &in);
+    tr_close(&in);
+    return finish(t, rc);
+}
+
+int rp_trace_load_mem(rp_trace *t, const char *path, const void *data, size_t len)
+{
+    *t = (rp_trace){.path = path, .format = UNKNOWN};
+    tr_input in;
+    tr_open_mem(&in, data, len, path, REPORT_NAME);
+    int rc = read_lines(t, &in);
+    tr_close(&in);
+    return finish(t, rc);
+}
+
 void rp_trace_free(rp_trace *t)
 {
     for (size_t i = 0; i < t->nstr; i++)
@@ -252,6 +305,9 @@ void rp_trace_free(rp_trace *t)
     free(t->str);
     free(t->hash);
     free(t->ev);
+    free(t->obj);
+    t->obj = NULL;
+    t->nobj = t->objcap = 0;
     t->str = NULL;
     t->hash = NULL;
     t->ev = NULL;

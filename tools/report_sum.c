@@ -147,6 +147,7 @@ static int calls_by_caller(const rp_trace *t, rp_summary *s)
 typedef struct {
     uint64_t ptr, size;
     int64_t pid;
+    uint32_t band; /* its band (the program's library), UINT32_MAX none */
     uint32_t next; /* node index + 1, 0 ends the chain */
     uint8_t lib, handle;
 } node;
@@ -217,6 +218,80 @@ static void mark(rp_series *r, const cursor *c)
         r->col_max[c->col] = c->cur;
 }
 
+/* The band of an allocation of the program's library; UINT32_MAX for other libraries. */
+static uint32_t new_band(rp_summary *s, const rp_event *e, uint64_t when)
+{
+    if (e->lib != s->prog_lib)
+        return UINT32_MAX;
+    s->has_stacks |= e->stack != RP_NO_STRING;
+    s->bands[s->nbands] = (rp_band){when, UINT64_MAX, e->size, e->stack};
+    return (uint32_t)s->nbands++;
+}
+
+/* A band ends at its free, never before its start: a free of the address that begins
+ * before the allocation's call ended (another thread's, or a made-up trace) ends it there. */
+static void end_band(rp_summary *s, uint32_t band, uint64_t when)
+{
+    if (band != UINT32_MAX)
+        s->bands[band].end = when > s->bands[band].start ? when : s->bands[band].start;
+}
+
+/* Whose allocations are the program's: what it asked of the cache, else of cudart, else the
+ * allocation trace, else the driver; the driver beside them is what the process reserved. */
+static void choose_libs(const rp_trace *t, rp_summary *s)
+{
+    bool present[RP_NLIB] = {false};
+    for (size_t i = 0; i < t->nev; i++)
+        present[t->ev[i].lib] |= t->ev[i].role != RP_ROLE_NONE;
+    s->prog_lib = present[RP_LIB_SHIM] ? RP_LIB_SHIM : present[RP_LIB_RUNTIME] ? RP_LIB_RUNTIME
+                : present[RP_LIB_TRACE] ? RP_LIB_TRACE : RP_LIB_DRIVER;
+    s->reserved_lib = s->prog_lib != RP_LIB_DRIVER && present[RP_LIB_DRIVER] ? RP_LIB_DRIVER : -1;
+}
+
+static int by_stack(const void *a, const void *b)
+{
+    const rp_site *x = a, *y = b;
+    return x->stack < y->stack ? -1 : x->stack > y->stack;
+}
+
+static int by_bytes(const void *a, const void *b)
+{
+    const rp_site *x = a, *y = b;
+    if (x->bytes != y->bytes)
+        return x->bytes > y->bytes ? -1 : 1;
+    return by_stack(a, b);
+}
+
+/* The call sites of what was live at the program's peak, most bytes first. */
+static int sites_at_peak(rp_summary *s)
+{
+    const rp_series *r = &s->series[s->prog_lib];
+    if (!s->has_stacks || !r->peak)
+        return 0;
+    s->sites = malloc(s->nbands * sizeof *s->sites);
+    if (!s->sites)
+        return -1;
+    size_t n = 0;
+    for (size_t i = 0; i < s->nbands; i++) {
+        const rp_band *b = &s->bands[i];
+        if (b->start <= r->peak_t && b->end > r->peak_t)
+            s->sites[n++] = (rp_site){b->stack, b->size, 1, NULL};
+    }
+    qsort(s->sites, n, sizeof *s->sites, by_stack);
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (k && s->sites[k - 1].stack == s->sites[i].stack) {
+            s->sites[k - 1].bytes += s->sites[i].bytes;
+            s->sites[k - 1].count++;
+        } else {
+            s->sites[k++] = s->sites[i];
+        }
+    }
+    qsort(s->sites, k, sizeof *s->sites, by_bytes);
+    s->nsites = k;
+    return 0;
+}
+
 static int bytes_in_use(const rp_trace *t, rp_summary *s)
 {
     live_map m = {0};
@@ -235,6 +310,12 @@ static int bytes_in_use(const rp_trace *t, rp_summary *s)
         ok = s->series[l].slice_max && s->series[l].col_max;
     }
     if (!ok) {
+        free(m.bucket);
+        free(m.pool);
+        return -1;
+    }
+    s->bands = malloc((nalloc ? nalloc : 1) * sizeof *s->bands);
+    if (!s->bands) {
         free(m.bucket);
         free(m.pool);
         return -1;
@@ -264,11 +345,13 @@ static int bytes_in_use(const rp_trace *t, rp_summary *s)
                 r->reused++;
                 c->cur -= n->size;
                 n->size = e->size;
+                end_band(s, n->band, when);
+                n->band = new_band(s, e, when);
             } else {
                 uint32_t k = m.free_list ? m.free_list : ++m.nused;
                 node *n = &m.pool[k - 1];
                 m.free_list = m.free_list ? n->next : 0;
-                *n = (node){e->ptr, e->size, e->pid, 0, e->lib, e->handle};
+                *n = (node){e->ptr, e->size, e->pid, new_band(s, e, when), 0, e->lib, e->handle};
                 *p = k;
                 r->live_end++;
             }
@@ -282,6 +365,7 @@ static int bytes_in_use(const rp_trace *t, rp_summary *s)
             node *n = &m.pool[k - 1];
             r->frees++;
             c->cur -= n->size;
+            end_band(s, n->band, when);
             r->live_end--;
             *p = n->next;
             n->next = m.free_list;
@@ -351,8 +435,9 @@ int rp_summarize(const rp_trace *t, size_t nslices, size_t ncols, rp_summary *s)
         s->nslices = span ? (size_t)span : 1;
     if (span < s->ncols)
         s->ncols = span ? (size_t)span : 1;
+    choose_libs(t, s);
     if (calls_by_name(t, s) || calls_by_caller(t, s) || bytes_in_use(t, s) ||
-        count_threads(t, s)) {
+        count_threads(t, s) || sites_at_peak(s)) {
         rp_summary_free(s);
         return -1;
     }
@@ -364,6 +449,10 @@ void rp_summary_free(rp_summary *s)
     free(s->calls);
     free(s->callers);
     free(s->failures);
+    free(s->bands);
+    for (size_t i = 0; i < s->nsites; i++)
+        free(s->sites[i].where);
+    free(s->sites);
     for (int l = 0; l < RP_NLIB; l++) {
         free(s->series[l].slice_max);
         free(s->series[l].col_max);

@@ -25,7 +25,7 @@ static const char *colour(int lib)
 }
 
 /* A 1-2-5 step giving at most about six ticks up to max. */
-static double nice_step(double max)
+double rp_nice_step(double max)
 {
     if (max <= 0)
         return 1;
@@ -33,14 +33,9 @@ static double nice_step(double max)
     return p * (m <= 1 ? 1 : m <= 2 ? 2 : m <= 5 ? 5 : 10);
 }
 
-typedef struct {
-    double div;
-    const char *name;
-} unit;
-
-static unit bytes_unit(uint64_t max)
+rp_unit rp_bytes_unit(uint64_t max)
 {
-    static const unit u[] = {{1, "B"}, {1024.0, "KiB"}, {1048576.0, "MiB"},
+    static const rp_unit u[] = {{1, "B"}, {1024.0, "KiB"}, {1048576.0, "MiB"},
                              {1073741824.0, "GiB"}, {1099511627776.0, "TiB"}};
     int k = 0;
     while (k < 4 && (double)max >= u[k + 1].div)
@@ -48,15 +43,15 @@ static unit bytes_unit(uint64_t max)
     return u[k];
 }
 
-static unit time_unit(uint64_t span)
+rp_unit rp_time_unit(uint64_t span)
 {
     if (span >= 10000000000u)
-        return (unit){1e9, "s"};
+        return (rp_unit){1e9, "s"};
     if (span >= 10000000u)
-        return (unit){1e6, "ms"};
+        return (rp_unit){1e6, "ms"};
     if (span >= 10000u)
-        return (unit){1e3, "µs"};
-    return (unit){1, "ns"};
+        return (rp_unit){1e3, "µs"};
+    return (rp_unit){1, "ns"};
 }
 
 /* Peak labels beside their markers, moved a line further (step) while one would overlap a
@@ -92,14 +87,14 @@ void rp_svg_write(FILE *f, const rp_summary *s)
             top = s->series[l].peak;
     }
     const int MT = 14 + LEGEND_LINE * (nseries ? nseries : 1), H = MT + PH + MB;
-    unit yu = bytes_unit(top), xu = time_unit(span);
-    double ystep = nice_step((double)top / yu.div);
+    rp_unit yu = rp_bytes_unit(top), xu = rp_time_unit(span);
+    double ystep = rp_nice_step((double)top / yu.div);
     if (yu.div == 1 && ystep < 1)
         ystep = 1;
     double ymax = ceil((double)top / yu.div / ystep) * ystep; /* axis top, in yu */
     if (ymax <= 0)
         ymax = ystep;
-    double xmax = (double)span / xu.div, xstep = nice_step(xmax > 0 ? xmax : 1);
+    double xmax = (double)span / xu.div, xstep = rp_nice_step(xmax > 0 ? xmax : 1);
     double ytop_bytes = ymax * yu.div;
     char t0[32];
     rp_fmt_seconds(s->t_first, t0, sizeof t0);

@@ -384,6 +384,34 @@ static void failures_table(builder *b, const rp_summary *s)
     }
 }
 
+/* Call sites at the peak of the program's bytes (traces recorded with CACHESHIM_TRACE_STACK). */
+static void sites_table(builder *b, const rp_summary *s)
+{
+    if (!s->has_stacks)
+        return;
+    static const char *const head[] = {">rank", ">bytes", ">share", ">allocations",
+                                       "call site", NULL};
+    rp_table *t = table(b, "sites", "Allocation sites at the peak", head);
+    if (!t)
+        return;
+    const rp_series *r = &s->series[s->prog_lib];
+    char peak[32], at[32];
+    rp_fmt_bytes(r->peak, peak, sizeof peak);
+    rp_fmt_seconds(r->peak_t, at, sizeof at);
+    t->note = format(b, "What held the %s peak of %s (%s s), by call site (innermost frame "
+                     "first): %zu site%s%s. Frames symbolized from the recorded objects when "
+                     "this report was made.",
+                     rp_lib_name(s->prog_lib), peak, at, s->nsites, s->nsites == 1 ? "" : "s",
+                     s->nsites > RP_MAX_SITES ? ", the first 20 listed" : "");
+    for (size_t i = 0; i < s->nsites && i < RP_MAX_SITES; i++) {
+        const rp_site *x = &s->sites[i];
+        row(b, t, (char *[]){u64_cell(b, i + 1), bytes_cell(b, x->bytes),
+                             format(b, "%.1f %%", 100.0 * (double)x->bytes / (double)r->peak),
+                             u64_cell(b, x->count),
+                             format(b, "%s", x->where ? x->where : "-")});
+    }
+}
+
 int rp_tables_build(const rp_summary *s, rp_tables *out)
 {
     *out = (rp_tables){0};
@@ -394,6 +422,7 @@ int rp_tables_build(const rp_summary *s, rp_tables *out)
     sizes_table(&b, s);
     in_use_table(&b, s);
     timeline_table(&b, s);
+    sites_table(&b, s);
     failures_table(&b, s);
     if (b.failed) {
         rp_tables_free(out);

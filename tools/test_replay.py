@@ -221,7 +221,7 @@ def part_malformed(replay, data):
     # Generated: a NUL byte, a truncated line, garbage after a valid line, in gzip too.
     with tempfile.TemporaryDirectory() as d:
         for i, (content, line) in enumerate([(b"a 1 10 1\nf 1\x00 2\n", 2),
-                                             (b"a 1 10 1\nf", 2),
+                                             (b"a 1 10 1\nf\na 2 20 3\n", 2),
                                              (b"a 1 10 1 junk\n", 1),
                                              (b"e 1 2\n", 1),
                                              (b"a -5 10 1\n", 1)]):
@@ -234,6 +234,28 @@ def part_malformed(replay, data):
                 check(f"case {i} gz={gz}: prefix",
                       p.stderr.startswith(f"cacheshim-replay: {path}:{line}: malformed line: "),
                       True)
+
+
+    # A trace cut anywhere in its last record (a program killed while it was written), with
+    # and without a zero-filled tail, plain and gzipped (a gzip stream cut short too): the
+    # records before it are replayed, the cut one skipped with a note.
+    full = b"a 4096 10 1\na 8192 20 2\nf 10 3\nf 20 4\n"
+    last = full.rindex(b"f 20 4")
+    with tempfile.TemporaryDirectory() as d:
+        for cut in range(last, len(full)):
+            for tail in (b"", b"\0" * 4096):
+                for gz in (False, True):
+                    path = os.path.join(d, f"cut{cut}-{len(tail)}{'.gz' if gz else ''}")
+                    body = full[:cut] + tail
+                    with open(path, "wb") as f:
+                        f.write(gzip.compress(full)[:len(gzip.compress(full)) - 8 - (len(full) - cut)]
+                                if gz and not tail else gzip.compress(body) if gz else body)
+                    p = run(replay, path)
+                    what = f"cut at {cut} tail {len(tail)} gz={gz}"
+                    check(f"{what}: exit", p.returncode, 0)
+                    partial = full[last:cut].rstrip(b"\n") not in (b"", b"f 20 4")
+                    if partial and not gz:
+                        check(f"{what}: note", "the last line is cut short" in p.stderr, True)
 
 
 def part_sweep(replay, data):

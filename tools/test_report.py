@@ -126,6 +126,8 @@ def jsonl_events(path):
             if not line.lstrip().startswith("{"):
                 continue
             r = json.loads(line)
+            if "object" in r:  # where a library was loaded (call sites)
+                continue
             e = dict(line=n, lib=r["lib"], frm=r["from"], name=r["name"], t=r["ts_ns"],
                      dur=r["dur_ns"], result=r["result"], result_name=r.get("result_name"),
                      pid=r["pid"], tid=r["tid"], role=None, ptr=0, size=0, space="")
@@ -431,19 +433,26 @@ def part_malformed(report, data, version):
         return f"cacheshim-report: FILE:{n}: malformed line ({why}{at}): {text}"
 
     cases = [
-        ("truncated", '{"pid":1,"tid"', 2, "expected ':'", 15),
-        ("member-name", '{"pid":1,}', 2, "expected a member name", 10),
-        ("separator", '{"pid":1 "tid":2}', 2, "expected ',' or '}'", 10),
-        ("escape", '{"name":"a\\q"}', 2, "bad escape in a string", 11),
-        ("uescape", '{"name":"\\u12g4"}', 2, "bad \\u escape", 10),
-        ("nul-escape", '{"name":"a\\u0000"}', 2, "\\u0000 in a string", 11),
-        ("control", '{"name":"a\tb"}', 2, "control character in a string", 11),
-        ("unterminated", '{"name":"ab', 2, "unterminated string", 12),
-        ("leading-zero", '{"pid":01}', 2, "bad number (leading zero)", 8),
-        ("number", '{"pid":-}', 2, "bad number", 8),
-        ("literal", '{"pid":nul}', 2, "expected a value", 8),
-        ("after", REC + " x", 2, "text after the object", len(REC) + 2),
-        ("deep", '{"x":' + "[" * 40 + "]" * 40 + "}", 2, "nested too deeply", 38),
+        # JSON errors in jansson's words, with its column.
+        ("truncated", '{"pid":1,"tid"', 2, "JSON: ':' expected near end of file", 14),
+        ("member-name", '{"pid":1,}', 2, "JSON: string or '}' expected near '}'", 10),
+        ("separator", '{"pid":1 "tid":2}', 2, "JSON: '}' expected near '\"tid\"'", 14),
+        ("escape", '{"name":"a\\q"}', 2, "JSON: invalid escape near '\"a\\q'", 12),
+        ("uescape", '{"name":"\\u12g4"}', 2, "JSON: invalid escape near '\"\\u12g'", 14),
+        ("nul-escape", '{"name":"a\\u0000"}', 2,
+         "JSON: \\u0000 is not allowed without JSON_ALLOW_NUL near '\"a\\u0000\"'", 17),
+        ("control", '{"name":"a\tb"}', 2, "JSON: control character 0x9 near '\"a'", 10),
+        ("unterminated", '{"name":"ab', 2, "JSON: premature end of input near '\"ab'", 11),
+        ("leading-zero", '{"pid":01}', 2, "JSON: invalid token near '0'", 8),
+        ("number", '{"pid":-}', 2, "JSON: invalid token near '-'", 8),
+        ("literal", '{"pid":nul}', 2, "JSON: invalid token near 'nul'", 10),
+        ("after", REC + " x", 2, "JSON: end of file expected near 'x'", len(REC) + 2),
+        ("args", rec(args=[1]), 2, '"args" and "out" must be objects', None),
+        ("stack", rec(stack="0x1"), 2, '"stack" must be an array of at most 64 addresses', None),
+        ("stack-item", rec(stack=["0x1", 5.5]), 2,
+         '"stack" must be an array of at most 64 addresses', None),
+        ("object", '{"pid":1,"object":"/lib/x.so"}', 2,
+         'an object record needs "pid", "object" (a path) and "base" (an address)', None),
         ("pid", rec(pid=1.5), 2, '"pid" and "tid" must be integers', None),
         ("tid", rec(tid=DROP), 2, '"pid" and "tid" must be integers', None),
         ("ts", rec(ts_ns=-1), 2, '"ts_ns" and "dur_ns" must be integers >= 0', None),
@@ -466,6 +475,9 @@ def part_malformed(report, data, version):
         bad(f"{name}.jsonl", REC + "\n" + text + "\n" + REC + "\n", line(n, why, text[:200], col))
     bad("nul.jsonl", (REC + "\n" + REC + "\n{\"a\0\n").encode(),
         "cacheshim-report: FILE:3: malformed line (a NUL byte)")
+    bad("utf8.jsonl", (REC + "\n" + rec(name="bad@@").replace("@@", "\udcff") + "\n").encode(
+        "utf-8", "surrogateescape"), line(2, "JSON: unable to decode byte 0xff near '\"bad'",
+                                          rec(name="bad@@").replace("@@", "\ufffd"), 77))
     alloc_why = "expected a SIZE PTR NS, f PTR NS or e SIZE ERR NS"
     bad("alloc-ptr.trace", "a 12 7f00 5\na 12 zz 6\n", line(2, alloc_why, "a 12 zz 6"))
     bad("alloc-kind.trace", "# c\na 12 7f00 5\n\nx 1 2\n", line(4, alloc_why, "x 1 2"))
@@ -487,10 +499,31 @@ def part_malformed(report, data, version):
     with open(os.path.join(d, "broken.gz"), "wb") as f:
         f.write(b"\x1f\x8b" + b"\x00" * 30)
     out, err = run(report, os.path.join(d, "broken.gz"), rc=2)
-    check("broken gzip: message", "broken.gz: gzip -dc failed" in err, True)
+    check("broken gzip: message", err, f"cacheshim-report: {os.path.join(d, 'broken.gz')}: "
+          "unknown compression method\n")
     missing = os.path.join(d, "missing.jsonl")
     out, err = run(report, missing, rc=2)
     check("missing file", err, f"cacheshim-report: {missing}: No such file or directory\n")
+
+    # A trace cut anywhere in its last record (a program killed while the tracer wrote it),
+    # with and without a zero-filled tail: the records before it are reported, the cut one
+    # skipped with a note; a complete last record without its newline counts.
+    free = rec(name="cuMemFree_v2", args={"dptr": "0x20"}, out={}, ts_ns=9)
+    full = (REC + "\n" + free + "\n").encode()
+    last = len(REC) + 1
+    for cut in range(last, len(full) + 1):
+        for tail in (b"", b"\0" * 5000):
+            path = os.path.join(d, f"cut-{cut}-{len(tail)}.jsonl")
+            with open(path, "wb") as f:
+                f.write(full[:cut] + tail)
+            out, err = run(report, path)
+            what = f"cut at {cut} of {len(full)}, {len(tail)} zeros"
+            whole = full[last:cut].rstrip(b"\n") == free.encode()
+            check(f"{what}: events", re.search(r"events +(\d+) calls", out).group(1)
+                  if re.search(r"events +(\d+) calls", out) else None, "2" if whole else "1")
+            check(f"{what}: note", err, "" if whole or cut == last else
+                  f"cacheshim-report: {path}:2: the last line is cut short (the program died "
+                  "while writing it?): skipped\n")
 
     good = os.path.join(d, "good.jsonl")
     with open(good, "w") as f:
@@ -687,7 +720,7 @@ def check_page_tables(what, text_out, page):
     tables = parse_tables(text_out)
     ids = {"Trace": "trace", "Calls by name": "calls", "Calls by caller": "callers",
            "Allocation sizes": "sizes", "Bytes in use": "in_use", "Timeline": "timeline",
-           "Failed allocations": "failures"}
+           "Allocation sites at the peak": "sites", "Failed allocations": "failures"}
     for title, t in tables.items():
         rows = page.tables.get(ids[title])
         if not t["rows"]:
@@ -695,6 +728,28 @@ def check_page_tables(what, text_out, page):
             continue
         want = ([t["head"]] if t["head"] else []) + t["rows"]
         check(f"{what}: {title} cells", rows, want)
+
+
+def check_timeline(what, text, evs):
+    """The memory timeline's SVG: well-formed, one band per allocation of the program's
+    library (the shim's when there are any) up to the budget, each band's bytes, the
+    driver's reserved line when the cache's driver calls are in the trace."""
+    m = re.search(r'<svg [^>]*class="plot timeline".*?</svg>', text, re.S)
+    if not m:
+        failures.append(f"{what}: no memory timeline")
+        return
+    svg = ET.fromstring(m.group(0))
+    libs = {e["lib"] for e in evs if e["role"]}
+    prog = "shim" if "shim" in libs else "runtime" if "runtime" in libs else "driver"
+    sizes = sorted((e["size"] for e in evs
+                    if e["lib"] == prog and e["role"] == "alloc" and e["result"] == 0),
+                   reverse=True)
+    check(f"{what}: timeline allocations", svg.get("data-allocations"), str(len(sizes)))
+    bands = [int(p.get("data-bytes")) for p in svg.iter(NS + "path") if p.get("class") == "band"]
+    # Under the budget of 2000 every allocation is a band.
+    check(f"{what}: timeline bands", sorted(bands, reverse=True), sizes)
+    reserved = [p for p in svg.iter(NS + "path") if p.get("class") == "reserved"]
+    check(f"{what}: reserved line", len(reserved), int(prog != "driver" and "driver" in libs))
 
 
 def part_html(report, data):
@@ -709,7 +764,8 @@ def part_html(report, data):
             if k in a:
                 failures.append(f"external resource: <{tag} {k}={a[k]!r}>")
     check("no url() or @import in the style", re.search(r"url\(|@import", text), None)
-    check("one svg", sum(t == "svg" for t, _ in page.tags), 1)
+    check("two svgs: the plot and the memory timeline", sum(t == "svg" for t, _ in page.tags), 2)
+    check_timeline("basic", text, jsonl_events(jl))
 
     # A random trace: 3 threads of a program with the cache loaded, written thread by thread
     # as the tracer does; the plot and the timeline against the reference.
@@ -749,8 +805,28 @@ def part_html(report, data):
     out, text, page = load_page(report, path, "--slices", "7")
     check_page_tables("random", out, page)
     check_plot("random", svg_of("random", text), ref)
+    check_timeline("random", text, jsonl_events(path))
     check("random: failures listed", len(page.tables.get("failures", [])) - 1,
           min(20, sum(len(s["failed"]) for s in ref["series"].values())))
+
+    # Over the budget: 2500 allocations, the 2000 covering most bytes x time get bands.
+    many = os.path.join(d, "many.trace")
+    allocs = []
+    with open(many, "w") as f:
+        for i in range(2500):
+            size, life = rnd.randrange(1, 1 << 20), rnd.randrange(1, 10 ** 6)
+            f.write(f"a {size} {0x1000 + i:x} {10 * i + 1}\n")
+            allocs.append((size, 10 * i + 1, life))
+        end = 10 * 2500 + 10 ** 6
+        for i, (size, t, life) in sorted(enumerate(allocs), key=lambda x: x[1][1] + x[1][2]):
+            f.write(f"f {0x1000 + i:x} {t + life}\n")
+    out, text, page = load_page(report, many)
+    svg = ET.fromstring(re.search(r'<svg [^>]*class="plot timeline".*?</svg>', text, re.S).group(0))
+    check("many: bands", svg.get("data-bands"), "2000")
+    by_area = sorted(range(2500), key=lambda i: (-allocs[i][0] * allocs[i][2], i))[:2000]
+    bands = sorted(int(p.get("data-bytes")) for p in svg.iter(NS + "path")
+                   if p.get("class") == "band")
+    check("many: the largest by bytes x lifetime", bands, sorted(allocs[i][0] for i in by_area))
 
     # Names, results and the file name from the trace are escaped; bytes that are not UTF-8
     # become U+FFFD; control characters too.
@@ -759,8 +835,8 @@ def part_html(report, data):
     with open(evil, "wb") as f:
         f.write(rec(name=evil_name).encode() + b"\n")
         f.write(rec(result=2, result_name="<b>bold</b>", out={}).encode() + b"\n")
-        # json.dumps writes the bell as \u0007; the two bytes that are not UTF-8 go in raw
-        f.write(rec(name="bad@@bytes\u0007bell").encode().replace(b"@@", b"\xff\xfe") + b"\n")
+        # json.dumps writes the bell as \u0007 and U+FFFD as \ufffd
+        f.write(rec(name="bad\ufffd\ufffdbytes\u0007bell").encode() + b"\n")
     out, text, page = load_page(report, evil)
     check("escaped: no script element", any(t == "script" for t, _ in page.tags), False)
     check("escaped: no b element", any(t == "b" for t, _ in page.tags), False)
@@ -883,6 +959,25 @@ def part_recorded(report, audit, prog, fake_dir, cudart_dir, shim):
     out, text, page = load_page(report, path)
     check_page_tables("shim page", out, page)
     check_plot("shim page", svg_of("shim page", text), reference(jsonl_events(path), 10))
+
+    # Call sites (CACHESHIM_TRACE_STACK): the allocation sites at the peak, symbolized from
+    # the objects the tracer recorded, down to audit_prog.c's line.
+    path = record("runtime", "sites.jsonl", CACHESHIM_TRACE_STACK="4")
+    objects = [json.loads(l) for l in open(path) if '"object"' in l]
+    check("sites: objects recorded", any(o["object"].endswith("audit_prog") for o in objects), True)
+    check("sites: build-ids", all(re.fullmatch(r"[0-9a-f]{40}", o["build_id"]) for o in objects),
+          True)
+    stacks = [json.loads(l)["stack"] for l in open(path) if '"stack"' in l]
+    check("sites: every allocation has a stack of at most 4", bool(stacks) and
+          all(1 <= len(st) <= 4 for st in stacks), True)
+    t = table(report, path)
+    sites = t.get("Allocation sites at the peak", {"rows": []})["rows"]
+    check("sites: one site holds the runtime peak", [r[1:4] for r in sites],
+          [["2.00 MiB", "100.0 %", "1"]])
+    check("sites: symbolized to the line", bool(sites) and
+          re.match(r"main \(audit_prog\.c:\d+\) < ", sites[0][4]) is not None, True)
+    out, text, page = load_page(report, path)
+    check_page_tables("sites page", out, page)
 
     # Through a shared cudart: the program's cudaMalloc and cudart's cuMemAlloc_v2.
     path = record("runtime", "runtime.jsonl")

@@ -1,0 +1,188 @@
+/* Call sites: glibc's backtrace() at each traced allocation (when CACHESHIM_TRACE_STACK asks
+ * for it), the tracer's own frames left out; at format time (the writer thread), the object
+ * of each address through dladdr1, its path, load bias and GNU build-id read from its
+ * program headers in memory, written once per object and file. Only libc and libdl. */
+#include "ca_stack.h"
+
+#include <dlfcn.h>
+#include <elf.h>
+#include <execinfo.h>
+#include <link.h>
+#include <stdio.h>
+#include <unistd.h>
+
+unsigned char ca_stack_fn[CA_FN_COUNT];
+static int g_depth;
+static uintptr_t g_self_lo, g_self_hi; /* the tracer's own mapping */
+
+/* The allocation calls (ca_mem.c's roles, frees and pitch included minus the frees). */
+static const char *const alloc_names[] = {
+    "cuMemAlloc", "cuMemAlloc_v2", "cuMemAllocManaged", "cuMemAllocAsync",
+    "cuMemAllocAsync_ptsz", "cuMemAllocFromPoolAsync", "cuMemAllocFromPoolAsync_ptsz",
+    "cuMemCreate", "cuMemAllocPitch", "cuMemAllocPitch_v2",
+};
+
+/* [lo, hi) of the PT_LOAD segments of the object whose ELF header is at base. */
+static void object_range(const void *base, uintptr_t bias, uintptr_t *lo, uintptr_t *hi)
+{
+    const ElfW(Ehdr) *eh = base;
+    const ElfW(Phdr) *ph = (const ElfW(Phdr) *)((const char *)base + eh->e_phoff);
+    *lo = UINTPTR_MAX;
+    *hi = 0;
+    for (int i = 0; i < eh->e_phnum; i++) {
+        if (ph[i].p_type != PT_LOAD)
+            continue;
+        uintptr_t a = bias + ph[i].p_vaddr, b = a + ph[i].p_memsz;
+        *lo = a < *lo ? a : *lo;
+        *hi = b > *hi ? b : *hi;
+    }
+}
+
+void ca_stack_init(int depth)
+{
+    g_depth = depth < 0 ? 0 : depth > CA_STACK_MAX ? CA_STACK_MAX : depth;
+    if (!g_depth)
+        return;
+    for (size_t i = 0; i < sizeof alloc_names / sizeof alloc_names[0]; i++) {
+        int fn = ca_lookup_gen(alloc_names[i]);
+        if (fn >= 0)
+            ca_stack_fn[fn] = 1;
+    }
+    ca_stack_fn[CA_RT_cudaMalloc] = 1;
+    ca_stack_fn[CA_RT_cudaMallocAsync] = 1;
+    ca_stack_fn[CA_RT_cudaMallocAsync_ptsz] = 1;
+    Dl_info info;
+    struct link_map *lm = NULL;
+    if (dladdr1((void *)ca_stack_capture, &info, (void **)&lm, RTLD_DL_LINKMAP) && lm)
+        object_range(info.dli_fbase, lm->l_addr, &g_self_lo, &g_self_hi);
+}
+
+unsigned ca_stack_capture(uint64_t *pcs)
+{
+    void *frames[CA_STACK_MAX + 8];
+    int n = backtrace(frames, g_depth + 8);
+    unsigned k = 0;
+    for (int i = 0; i < n && k < (unsigned)g_depth; i++) /* the tracer's wrappers left out */
+        if ((uintptr_t)frames[i] < g_self_lo || (uintptr_t)frames[i] >= g_self_hi)
+            pcs[k++] = (uint64_t)(uintptr_t)frames[i];
+    return k;
+}
+
+/* ---- objects, at format time ------------------------------------------------------------- */
+
+#define MAX_OBJECTS 512
+
+typedef struct {
+    uintptr_t lo, hi;
+    int written_pid; /* the process whose file has its line; 0 none */
+    char line[1200]; /* its JSON line without pid, "" when it has no usable path */
+} object;
+
+static object g_obj[MAX_OBJECTS];
+static int g_nobj;
+
+static size_t hex_of(const unsigned char *p, size_t n, char *out, size_t cap)
+{
+    static const char digits[] = "0123456789abcdef";
+    size_t o = 0;
+    for (size_t i = 0; i < n && o + 3 <= cap; i++) {
+        out[o++] = digits[p[i] >> 4];
+        out[o++] = digits[p[i] & 15];
+    }
+    out[o] = '\0';
+    return o;
+}
+
+/* The GNU build-id in the object's PT_NOTE segments, as hex; "" without one. */
+static void build_id(const void *base, uintptr_t bias, char *out, size_t cap)
+{
+    const ElfW(Ehdr) *eh = base;
+    const ElfW(Phdr) *ph = (const ElfW(Phdr) *)((const char *)base + eh->e_phoff);
+    out[0] = '\0';
+    for (int i = 0; i < eh->e_phnum; i++) {
+        if (ph[i].p_type != PT_NOTE)
+            continue;
+        const char *p = (const char *)(bias + ph[i].p_vaddr), *end = p + ph[i].p_memsz;
+        while (p + sizeof(ElfW(Nhdr)) <= end) {
+            const ElfW(Nhdr) *nh = (const ElfW(Nhdr) *)p;
+            const char *name = p + sizeof *nh;
+            const unsigned char *desc = (const unsigned char *)name + ((nh->n_namesz + 3) & ~3u);
+            if (nh->n_type == NT_GNU_BUILD_ID && nh->n_namesz == 4 && !memcmp(name, "GNU", 4) &&
+                (const char *)desc + nh->n_descsz <= end) {
+                hex_of(desc, nh->n_descsz, out, cap);
+                return;
+            }
+            p = (const char *)desc + ((nh->n_descsz + 3) & ~3u);
+        }
+    }
+}
+
+/* s as a JSON string body into out; false when it does not fit. */
+static int json_escape(const char *s, char *out, size_t cap)
+{
+    size_t o = 0;
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (o + 7 >= cap)
+            return 0;
+        if (c == '"' || c == '\\') {
+            out[o++] = '\\';
+            out[o++] = (char)c;
+        } else if (c < 0x20 || c == 0x7f) {
+            o += (size_t)snprintf(out + o, cap - o, "\\u%04x", c);
+        } else {
+            out[o++] = (char)c;
+        }
+    }
+    out[o] = '\0';
+    return 1;
+}
+
+/* The object holding pc: known, or found through dladdr1 and added; NULL when none. */
+static object *object_of(uintptr_t pc)
+{
+    for (int i = 0; i < g_nobj; i++)
+        if (pc >= g_obj[i].lo && pc < g_obj[i].hi)
+            return &g_obj[i];
+    Dl_info info;
+    struct link_map *lm = NULL;
+    if (g_nobj == MAX_OBJECTS || !dladdr1((void *)pc, &info, (void **)&lm, RTLD_DL_LINKMAP) ||
+        !lm || !info.dli_fbase)
+        return NULL;
+    object *o = &g_obj[g_nobj];
+    object_range(info.dli_fbase, lm->l_addr, &o->lo, &o->hi);
+    if (pc < o->lo || pc >= o->hi)
+        return NULL;
+    char path[1024] = "", esc[800], id[130];
+    const char *name = lm->l_name;
+    if (!name || !name[0]) { /* the main program */
+        ssize_t n = readlink("/proc/self/exe", path, sizeof path - 1);
+        path[n > 0 ? n : 0] = '\0';
+        name = path;
+    }
+    build_id(info.dli_fbase, lm->l_addr, id, sizeof id);
+    o->line[0] = '\0';
+    if (name[0] && json_escape(name, esc, sizeof esc))
+        snprintf(o->line, sizeof o->line,
+                 "\"object\":\"%s\",\"base\":\"0x%lx\",\"build_id\":\"%s\"}", esc,
+                 (unsigned long)lm->l_addr, id);
+    o->written_pid = 0;
+    g_nobj++;
+    return o;
+}
+
+size_t ca_stack_objects(int pid, const ca_rec *r, char *buf, size_t cap)
+{
+    size_t n = 0;
+    for (unsigned i = 0; i < r->nstack; i++) {
+        object *o = object_of((uintptr_t)r->stack[i]);
+        if (!o || o->written_pid == pid || !o->line[0])
+            continue;
+        int k = snprintf(buf + n, cap - n, "{\"pid\":%d,%s\n", pid, o->line);
+        if (k < 0 || (size_t)k >= cap - n) /* no room now: with a later record */
+            break;
+        n += (size_t)k;
+        o->written_pid = pid;
+    }
+    return n;
+}
