@@ -91,6 +91,8 @@ typedef struct {
     /* Bytes in driver calls made without the lock: allocations under way (reserved against
      * the cap) and blocks being given back. Held all the same. */
     uint64_t pending_bytes;
+    /* What the group (config.group_charge) was charged: held, once settled. */
+    uint64_t group_charged;
     /* The counters, less what thread caches counted and have not folded in yet. Its byte
      * and peak fields are filled only when read (cs_cache_stats). */
     cacheshim_stats st;

@@ -6,6 +6,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "cs_group.h"
+
 typedef enum {
     CS_SIZE_UNLIMITED = 0, /* no limit ("none", "unlimited", "off", or unset with that default) */
     CS_SIZE_BYTES,         /* an absolute number of bytes */
@@ -32,6 +34,7 @@ typedef struct cs_options {
     int backend;                    /* CACHESHIM_BACKEND: 0 pooled, 1 classic */
     int headroom;                   /* CACHESHIM_HEADROOM: percent over the program's peak */
     bool sync_free;                 /* CACHESHIM_SYNC_FREE: a free waits for the device */
+    char group[CS_GROUP_NAME_MAX + 1]; /* CACHESHIM_GROUP: "" for none (cs_group.h) */
     /* The tracer (audit/, libcacheaudit.so) reads these; the shim ignores them. */
     int trace_format;               /* CACHESHIM_TRACE_FORMAT: CS_TRACE_TEXT, _JSONL or _PERFETTO */
     char trace_file[CS_TRACE_TEXT_MAX];   /* CACHESHIM_TRACE_FILE: "" for stderr; %p = pid */

@@ -156,7 +156,8 @@ static int setup_mode(void **state, uint64_t cap, uint64_t threshold, uint64_t b
     cap_limit = cap;
     threshold_limit = threshold;
     released_count = 0;
-    cs_cache_config cfg = {cap_for, thr_for, NULL, on_release, NULL, reuse, fb_capturing, 0};
+    cs_cache_config cfg = {.cap_for = cap_for, .threshold_for = thr_for, .on_release = on_release,
+                           .reuse = reuse, .capturing = fb_capturing};
     fx *f = calloc(1, sizeof *f);
     f->cache = cs_cache_create(&cfg);
     f->heap = cs_cache_add_heap(f->cache, (void *)0x1, 0, 80 * 1024 * MiB, &ops, NULL, 0);
