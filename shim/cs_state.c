@@ -309,7 +309,7 @@ void cs_shim_report_failure(const cs_driver *d, const cs_alloc_failure *f)
         cs_bytes_format(cs_group_others(group, f->device), others, sizeof others);
         cs_log("allocation of %s failed: it would exceed the CACHESHIM_CAP of group %s; in use "
                "%s, cached %s, other members %s, cap %s, device free %s",
-               req, use, cached, shim.opts.group, others, cap, dfree);
+               req, shim.opts.group, use, cached, others, cap, dfree);
     } else if (f->by_cap)
         cs_log("allocation of %s failed: it would exceed CACHESHIM_CAP; in use %s, cached %s, "
                "cap %s, device free %s",
