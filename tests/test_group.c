@@ -543,6 +543,12 @@ static void test_foreign_files_are_refused(void **state)
      * caller's uid that differs from the file's). */
     assert_int_equal(open_error(f, uid + 1, &detail), CS_GROUP_NOT_OWNED);
     assert_int_equal(detail, uid);
+    if (uid == 0) {  /* root can make the real thing: a file of another user */
+        assert_int_equal(chown(f->path, 4242, (gid_t)-1), 0);
+        assert_int_equal(open_error(f, uid, &detail), CS_GROUP_NOT_OWNED);
+        assert_int_equal(detail, 4242);
+        assert_int_equal(chown(f->path, uid, (gid_t)-1), 0);
+    }
     /* Open to others: anyone could have written it. */
     assert_int_equal(chmod(f->path, 0644), 0);
     assert_int_equal(open_error(f, uid, &detail), CS_GROUP_OPEN_TO_OTHERS);
