@@ -634,6 +634,8 @@ uint64_t cs_group_others(cs_group *g, int ordinal)
     seg_device *e = my_device(g, ordinal);
     if (!e)
         return 0;
+    /* What the program is shown as free leaves out the shares of the dead. */
+    reap_dead(g->seg, __atomic_load_n(&g->slot, __ATOMIC_SEQ_CST));
     uint64_t total = group_total(g->seg, e->uuid, true);
     uint64_t mine = load(&e->bytes) + load(&e->want);
     return total > mine ? total - mine : 0;

@@ -104,7 +104,8 @@ uint64_t cs_group_device(cs_group *g, int ordinal, const uint8_t uuid[16], uint6
 bool cs_group_charge(cs_group *g, int ordinal, uint64_t bytes, uint64_t cap, uint64_t *short_by);
 /* Those bytes went back to the driver. */
 void cs_group_uncharge(cs_group *g, int ordinal, uint64_t bytes);
-/* Bytes the other live members hold (or are charging) on that device. */
+/* Bytes the other live members hold (or are charging) on that device; the dead members'
+ * slots are freed first. */
 uint64_t cs_group_others(cs_group *g, int ordinal);
 /* What this member has charged on that device (for tests and the statistics). */
 uint64_t cs_group_mine(cs_group *g, int ordinal);

@@ -127,6 +127,12 @@ static int take_half(cs_group *g, void *arg)
     return cs_group_charge(g, 0, 400000, CAP, NULL) ? 0 : 3;
 }
 
+static int take_some(cs_group *g, void *arg)
+{
+    (void)arg;
+    return cs_group_charge(g, 0, 300000, CAP, NULL) && cs_group_mine(g, 0) == 300000 ? 0 : 1;
+}
+
 static void test_members_share_the_cap(void **state)
 {
     fx *f = *state;
@@ -134,10 +140,14 @@ static void test_members_share_the_cap(void **state)
     assert_true(cs_group_charge(g, 0, 600000, CAP, NULL));
     pid_t pid = child(g, take_half, NULL);
     assert_int_equal(child_status(pid), 0);
-    /* The child exited holding 400000 without leaving: the slot is reclaimed by the next
-     * charge that needs the room. */
-    assert_int_equal(cs_group_others(g, 0), 400000);
+    /* The child exited holding 400000 without leaving: the next charge that needs the room
+     * frees its slot. */
     assert_true(cs_group_charge(g, 0, 400000, CAP, NULL));
+    assert_int_equal(cs_group_others(g, 0), 0);
+    /* What the others hold, as the memory view asks, leaves the dead out too. */
+    cs_group_uncharge(g, 0, CAP);
+    pid = child(g, take_some, NULL);
+    assert_int_equal(child_status(pid), 0);
     assert_int_equal(cs_group_others(g, 0), 0);
     cs_group_close(g);
 }
