@@ -168,16 +168,20 @@ bool cs_group_path(const char *dir, unsigned uid, const char *name, char *buf, s
     return n > 0 && (size_t)n < len;
 }
 
+/* The reasons without a detail; the others are formatted in cs_group_explain. */
+static const char *const plain_reason[] = {
+    [CS_GROUP_OK] = "usable",
+    [CS_GROUP_BAD_NAME] = "not a valid group name",
+    [CS_GROUP_NOT_FILE] = "is not a regular file: refused",
+    [CS_GROUP_MALFORMED] = "is malformed (not a segment this cacheshim writes): refused",
+    [CS_GROUP_OTHER_NAMESPACE] = "was made in another PID namespace, whose pids are not ours: "
+                                 "refused",
+};
+
 void cs_group_explain(const cs_group_status *st, char *buf, size_t len)
 {
     long v = st->detail;
     switch (st->error) {
-    case CS_GROUP_OK:
-        snprintf(buf, len, "usable");
-        return;
-    case CS_GROUP_BAD_NAME:
-        snprintf(buf, len, "not a valid group name");
-        return;
     case CS_GROUP_SYSTEM:
         snprintf(buf, len, "cannot be used (%s)", strerror((int)v));
         return;
@@ -188,18 +192,9 @@ void cs_group_explain(const cs_group_status *st, char *buf, size_t len)
     case CS_GROUP_OPEN_TO_OTHERS:
         snprintf(buf, len, "has mode %04lo, open to other users: refused", (unsigned long)v);
         return;
-    case CS_GROUP_NOT_FILE:
-        snprintf(buf, len, "is not a regular file: refused");
-        return;
-    case CS_GROUP_MALFORMED:
-        snprintf(buf, len, "is malformed (not a segment this cacheshim writes): refused");
-        return;
     case CS_GROUP_OTHER_VERSION:
         snprintf(buf, len, "has layout version %ld, this cacheshim uses version %d: refused", v,
                  CS_GROUP_VERSION);
-        return;
-    case CS_GROUP_OTHER_NAMESPACE:
-        snprintf(buf, len, "was made in another PID namespace, whose pids are not ours: refused");
         return;
     case CS_GROUP_FULL:
         snprintf(buf, len, "has %ld live members already, the most a group can have", v);
@@ -208,8 +203,9 @@ void cs_group_explain(const cs_group_status *st, char *buf, size_t len)
         snprintf(buf, len, "cannot be joined: /proc/self/stat cannot be read (%s)",
                  strerror((int)v));
         return;
+    default:
+        snprintf(buf, len, "%s", plain_reason[st->error]);
     }
-    snprintf(buf, len, "unknown error");
 }
 
 /* ---------------------------------------------------------------- checking a segment */

@@ -320,11 +320,8 @@ static void test_good_group(void **state)
                  {"1234567890123456789012345678901234567890123456789012345678901234",
                   "1234567890123456789012345678901234567890123456789012345678901234"}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        env_clear();
-        env_set("CACHESHIM_GROUP", cases[i].value);
-        reports r = {0};
         cs_options o;
-        assert_int_equal(cs_options_load(&o, fake_getenv, collect, &r), 0);
+        assert_int_equal(cs_option_parse(&o, "CACHESHIM_GROUP", cases[i].value), 0);
         assert_string_equal(o.group, cases[i].group);
     }
 }
