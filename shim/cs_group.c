@@ -316,7 +316,11 @@ static cs_group_error create(const char *dir, const char *path, unsigned uid, co
 {
     char tmp[320];
     snprintf(tmp, sizeof tmp, "%s/." CS_GROUP_PREFIX "%u-%s.%d", dir, uid, name, (int)getpid());
-    int fd = open(tmp, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    int flags = O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC;
+    int fd = open(tmp, flags, 0600);
+    /* Our pid's name: left by a process killed here before us (another user's stays). */
+    if (fd < 0 && errno == EEXIST && unlink(tmp) == 0)
+        fd = open(tmp, flags, 0600);
     if (fd < 0)
         return fail(st, CS_GROUP_SYSTEM, errno);
     seg_header h;

@@ -576,8 +576,15 @@ static void test_foreign_files_are_refused(void **state)
     assert_int_equal(mkdir(f->path, 0700), 0);
     assert_true(open_error(f, uid, NULL) != CS_GROUP_OK);
     assert_int_equal(rmdir(f->path), 0);
-    /* And nothing there: made anew, mode 0600. */
+    /* And nothing there, but the half-made file of a process killed while it made the
+     * segment, under our pid: made anew, mode 0600. */
+    char tmp[320];
+    snprintf(tmp, sizeof tmp, "%s/." CS_GROUP_PREFIX "%u-g.%d", f->dir, uid, (int)getpid());
+    int fd = open(tmp, O_RDWR | O_CREAT | O_EXCL, 0600);
+    assert_true(fd >= 0);
+    close(fd);
     assert_int_equal(open_error(f, uid, NULL), CS_GROUP_OK);
+    assert_int_equal(access(tmp, F_OK), -1);
     struct stat sb;
     assert_int_equal(stat(f->path, &sb), 0);
     assert_int_equal(sb.st_mode & 07777, 0600);

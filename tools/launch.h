@@ -35,6 +35,7 @@ typedef enum { LAUNCH_RUN, LAUNCH_TRACE } launch_cmd;
 typedef enum {
     LOPT_CAP,
     LOPT_THRESHOLD,
+    LOPT_GROUP,
     LOPT_STATS,
     LOPT_VERBOSE,
     LOPT_DISABLE,
