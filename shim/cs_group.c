@@ -10,6 +10,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -94,8 +95,10 @@ uint64_t cs_group_token(int pid, uint64_t start)
 
 static int token_pid(uint64_t token) { return (int)((token & ~JOINING) >> PID_SHIFT); }
 
-/* /proc/PID/stat: its state and start time, and (comm may be NULL) its command name. */
-static bool read_stat(int pid, char *state, uint64_t *start, char *comm, size_t comm_len)
+/* /proc/PID/stat: its state, kernel flags and start time, and (comm may be NULL) its
+ * command name. */
+static bool read_stat(int pid, char *state, uint64_t *flags, uint64_t *start, char *comm,
+                      size_t comm_len)
 {
     char path[64], buf[1024];
     snprintf(path, sizeof path, "/proc/%d/stat", pid);
@@ -119,12 +122,14 @@ static bool read_stat(int pid, char *state, uint64_t *start, char *comm, size_t 
     }
     char *p = close_paren + 2;
     *state = *p;
-    /* Field 3 is the state; the start time is field 22. */
+    /* Field 3 is the state, 9 the flags, 22 the start time. */
     for (int field = 3; field < 22; field++) {
         p = strchr(p, ' ');
         if (!p)
             return false;
         p++;
+        if (field + 1 == 9)
+            *flags = strtoull(p, NULL, 10);
     }
     char *end;
     errno = 0;
@@ -135,18 +140,46 @@ static bool read_stat(int pid, char *state, uint64_t *start, char *comm, size_t 
     return true;
 }
 
+/* SIGKILL sent to the process and not yet acted on (/proc/PID/status): it is dying. */
+static bool kill_pending(int pid)
+{
+    char path[64], buf[4096];
+    snprintf(path, sizeof path, "/proc/%d/status", pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return false;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return false;
+    buf[n] = '\0';
+    static const char *const fields[] = {"\nSigPnd:", "\nShdPnd:"};
+    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
+        const char *f = strstr(buf, fields[i]);
+        if (f && (strtoull(f + strlen(fields[i]), NULL, 16) & (1ull << (SIGKILL - 1))))
+            return true;
+    }
+    return false;
+}
+
+#define PF_EXITING 0x4 /* the kernel's flag of a task in exit */
+
 bool cs_group_start_time(int pid, uint64_t *start)
 {
     char state;
-    return read_stat(pid, &state, start, NULL, 0) && state != 'Z' && state != 'X';
+    uint64_t flags = 0;
+    return read_stat(pid, &state, &flags, start, NULL, 0) && state != 'Z' && state != 'X' &&
+           !(flags & PF_EXITING);
 }
 
-/* Does the member instance the token names still run? A zombie has let go of its memory. */
+/* Does the member instance the token names still run? A process that is gone, a zombie, one
+ * that is exiting or has a SIGKILL on its way is done with its memory (the driver frees it
+ * as it exits): its share is the others'. */
 static bool alive(uint64_t token)
 {
     uint64_t start;
     int pid = token_pid(token);
-    return pid > 0 && cs_group_start_time(pid, &start) &&
+    return pid > 0 && !kill_pending(pid) && cs_group_start_time(pid, &start) &&
            (start & START_MASK) == (token & START_MASK);
 }
 
@@ -380,7 +413,8 @@ static cs_group_error join(cs_group *g, cs_group_status *st)
     segment *seg = g->seg;
     uint64_t start;
     char state, comm[16];
-    if (!read_stat(getpid(), &state, &start, comm, sizeof comm))
+    uint64_t flags;
+    if (!read_stat(getpid(), &state, &flags, &start, comm, sizeof comm))
         return fail(st, CS_GROUP_NO_PROC, errno);
     uint64_t token = cs_group_token(getpid(), start);
     /* Our own token from before an exec: that image's memory went with it. */

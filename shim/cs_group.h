@@ -8,8 +8,8 @@
  * member's bytes and wants of that UUID, and turns want into bytes when the sum is within the
  * cap (two members charging at once: at least one of them sees the other). A slot belongs to
  * a member instance, named by a token of pid and start time (/proc/PID/stat), so a reused pid
- * is never taken for the member. A member that is gone (no such process, a zombie, another
- * start time) still counts until someone needs its room: a charge that does not fit first
+ * is never taken for the member. A member that is gone (no such process, a zombie, exiting,
+ * a SIGKILL on its way, another start time) still counts until someone needs its room: a charge that does not fit first
  * frees the slots of dead members and tries again, so a process killed with SIGKILL costs
  * the others nothing and nobody ever waits for it.
  *
@@ -135,7 +135,7 @@ cs_group_error cs_group_read(const char *dir, const char *name, unsigned uid,
 /* The member's token from pid and start time (for tests that forge slots). */
 uint64_t cs_group_token(int pid, uint64_t start);
 /* A process's start time in clock ticks since boot, from /proc/PID/stat; false when it is
- * gone or a zombie. */
+ * gone, a zombie or exiting. */
 bool cs_group_start_time(int pid, uint64_t *start);
 
 #endif
