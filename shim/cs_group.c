@@ -95,21 +95,30 @@ uint64_t cs_group_token(int pid, uint64_t start)
 
 static int token_pid(uint64_t token) { return (int)((token & ~JOINING) >> PID_SHIFT); }
 
+/* /proc/PID/FILE into buf, NUL-terminated: false when the process (or the file) is gone. */
+static bool read_proc(int pid, const char *file, char *buf, size_t len)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/%s", pid, file);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return false;
+    ssize_t n = read(fd, buf, len - 1);
+    close(fd);
+    if (n <= 0)
+        return false;
+    buf[n] = '\0';
+    return true;
+}
+
 /* /proc/PID/stat: its state, kernel flags and start time, and (comm may be NULL) its
  * command name. */
 static bool read_stat(int pid, char *state, uint64_t *flags, uint64_t *start, char *comm,
                       size_t comm_len)
 {
-    char path[64], buf[1024];
-    snprintf(path, sizeof path, "/proc/%d/stat", pid);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
+    char buf[1024];
+    if (!read_proc(pid, "stat", buf, sizeof buf))
         return false;
-    ssize_t n = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    if (n <= 0)
-        return false;
-    buf[n] = '\0';
     char *open_paren = strchr(buf, '('), *close_paren = strrchr(buf, ')');
     if (!open_paren || !close_paren || close_paren < open_paren || close_paren[1] != ' ')
         return false;
@@ -143,16 +152,9 @@ static bool read_stat(int pid, char *state, uint64_t *flags, uint64_t *start, ch
 /* SIGKILL sent to the process and not yet acted on (/proc/PID/status): it is dying. */
 static bool kill_pending(int pid)
 {
-    char path[64], buf[4096];
-    snprintf(path, sizeof path, "/proc/%d/status", pid);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
+    char buf[4096];
+    if (!read_proc(pid, "status", buf, sizeof buf))
         return false;
-    ssize_t n = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    if (n <= 0)
-        return false;
-    buf[n] = '\0';
     static const char *const fields[] = {"\nSigPnd:", "\nShdPnd:"};
     for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
         const char *f = strstr(buf, fields[i]);
