@@ -206,6 +206,21 @@ static uint64_t held(const device_state *d)
            d->outside_bytes;
 }
 
+/* The group is charged exactly what the device holds (memory went back). Lock held. */
+static void group_settle(cs_cache *c, int device)
+{
+    device_state *d = &c->devices[device];
+    uint64_t now = held(d), over = 0;
+    if (!c->config.group_charge || now == d->group_charged)
+        return;
+    if (now < d->group_charged)
+        c->config.group_uncharge(c->config.group_arg, device, d->group_charged - now);
+    else  /* never expected: held grows only through over_cap; counted all the same */
+        c->config.group_charge(c->config.group_arg, device, now - d->group_charged,
+                               CS_UNLIMITED, &over);
+    d->group_charged = now;
+}
+
 /* In use and cached, with what the thread caches hold (their locks taken): exact. */
 static void device_bytes(cs_cache *c, int device, uint64_t *in_use, uint64_t *cached)
 {
@@ -311,6 +326,7 @@ static uint64_t finish_releases(cs_cache *c, int device, cs_block *list, cs_rele
             if (c->config.on_release)
                 c->config.on_release(c->config.release_arg, device, b->addr, b->size, why);
         }
+        group_settle(c, device);
         pthread_mutex_unlock(&c->lock);
         free(b);
     }
@@ -351,6 +367,7 @@ static uint64_t trim_spare(cs_cache *c, int device, uint64_t bytes)
             c->devices[device].st.releases++;
         }
     }
+    group_settle(c, device);
     return total;
 }
 
@@ -567,6 +584,7 @@ void cs_cache_forget_heap(cs_cache *c, const void *key)
         }
         d->spare_bytes -= h->spare_bytes;
         h->spare_bytes = 0;
+        group_settle(c, h->device);
         /* Kept: a thread that dropped the lock around a driver call may still hold it. */
         h->dead = true;
         h->next = c->dead_heaps;
@@ -706,6 +724,7 @@ static void fill_failure(cs_alloc_failure *f, cs_cache *c, int device, uint64_t 
     if (!f)
         return;
     f->requested = size;
+    f->device = device;
     device_bytes(c, device, &f->in_use, &f->cached);
     f->cap = c->devices[device].cap;
     f->by_cap = by_cap;
@@ -739,24 +758,42 @@ static int backend_take(cs_cache *c, cs_heap *h, uint64_t bytes, uint64_t need, 
     return r;
 }
 
-/* Reserve `need` bytes under the cap, giving idle memory back to make room. Called with the
- * lock held and returns with it held; the lock is dropped while memory goes to the driver.
- * False when even an empty cache would not make room. */
+/* Bytes over the cap if `need` more were held: the process's own cap, then the group's,
+ * which is charged what held(d) + need adds to what it was charged (0: charged). Lock held. */
+static uint64_t over_cap(cs_cache *c, device_state *d, int device, uint64_t need)
+{
+    uint64_t target = held(d) + need, over = 0;
+    if (d->cap != CS_UNLIMITED && target > d->cap)
+        return target - d->cap;
+    if (!c->config.group_charge)
+        return 0;
+    if (target <= d->group_charged)
+        c->config.group_uncharge(c->config.group_arg, device, d->group_charged - target);
+    else if (!c->config.group_charge(c->config.group_arg, device, target - d->group_charged,
+                                     d->cap, &over))
+        return over ? over : 1;
+    d->group_charged = target;
+    return 0;
+}
+
+/* Reserve `need` bytes under the cap (and the group's), giving idle memory back to make room.
+ * Called with the lock held and returns with it held; the lock is dropped while memory goes
+ * to the driver. False when even an empty cache would not make room. */
 static bool reserve_under_cap(cs_cache *c, device_state *d, int device, uint64_t need)
 {
-    while (d->cap != CS_UNLIMITED && held(d) + need > d->cap) {
+    uint64_t over;
+    while ((over = over_cap(c, d, device, need)) != 0) {
         /* Spare memory first: no block loses its memory for it. */
-        if (d->spare_bytes && trim_spare(c, device, held(d) + need - d->cap))
+        if (d->spare_bytes && trim_spare(c, device, over))
             continue;
         /* With the threads' idle blocks back here, base is what is in use (and what a thread
-         * freed to its own cache since, counted as in use: room is never overstated). */
+         * freed to its own cache since, counted as in use: room is never overstated), and
+         * held - need - over is what may stay. */
         cs_tc_reclaim(c, device, false);
-        uint64_t in_use = cs_load(&d->base) + d->outside_bytes;
-        if (in_use + d->spare_bytes + d->pending_bytes + need > d->cap)
+        if (over > d->idle_bytes)
             return false;
         cs_block *released = NULL;
-        release_idle_to(c, device, false,
-                        d->cap - in_use - d->spare_bytes - d->pending_bytes - need, &released);
+        release_idle_to(c, device, false, d->idle_bytes - over, &released);
         if (!released)
             return false;  /* nothing idle can go now (a capture runs) */
         pthread_mutex_unlock(&c->lock);
@@ -905,6 +942,7 @@ static cs_result alloc_miss(cs_cache *c, cs_heap *h, uint64_t size, uint64_t byt
     if (h->dead) {
         /* The context was destroyed while the driver was asked: whatever it gave went with
          * it. */
+        group_settle(c, h->device);
         pthread_mutex_unlock(&c->lock);
         return CS_GONE;
     }
@@ -926,6 +964,7 @@ static cs_result alloc_miss(cs_cache *c, cs_heap *h, uint64_t size, uint64_t byt
             d->st.oom_failures++;
             fill_failure(failure, c, h->device, size, false);
         }
+        group_settle(c, h->device);
         pthread_mutex_unlock(&c->lock);
         return r == CS_BE_OOM ? CS_OOM : CS_ERROR;
     }
@@ -1136,6 +1175,8 @@ void cs_cache_mem_view(cs_cache *c, int device, uint64_t driver_free, uint64_t d
         device_state *d = &c->devices[device];
         device_bytes(c, device, &in_use, &idle);
         in_use += d->pending_bytes + d->outside_bytes;
+        if (c->config.group_others)  /* the group's other members hold their part of the cap */
+            in_use += c->config.group_others(c->config.group_arg, device);
         cap = d->cap;
     }
     pthread_mutex_unlock(&c->lock);

@@ -73,6 +73,16 @@ typedef struct cs_cache_config {
     /* Pooled heaps: memory held may exceed the program's peak by this much (per mille)
      * before misses move idle memory instead of taking new memory. */
     unsigned pool_headroom_permille;
+    /* A cap shared with other processes (cs_group.h), NULL for none. What the device holds
+     * is charged to the group before it is taken (false: the group's total would exceed cap,
+     * *short_by bytes short; idle memory is then given back as for the cap) and uncharged once
+     * given back; group_others is what the other members hold, for the memory view. Called
+     * under the lock; must not block. */
+    bool (*group_charge)(void *arg, int device, uint64_t bytes, uint64_t cap,
+                         uint64_t *short_by);
+    void (*group_uncharge)(void *arg, int device, uint64_t bytes);
+    uint64_t (*group_others)(void *arg, int device);
+    void *group_arg;
 } cs_cache_config;
 
 typedef enum {
@@ -87,7 +97,8 @@ typedef enum {
 /* Filled when an allocation fails, for the one-line report. */
 typedef struct cs_alloc_failure {
     uint64_t requested, in_use, cached, cap;
-    bool by_cap;   /* refused by the cap, not by the driver */
+    int device;
+    bool by_cap;   /* refused by the cap (or the group's), not by the driver */
 } cs_alloc_failure;
 
 typedef struct cs_cache cs_cache;

@@ -95,6 +95,8 @@ typedef struct {
      * cuMemAllocManaged, cuMemAllocAsync, cuMemCreate...): charged against the cap
      * (cs_cache_charge), held like the rest. */
     uint64_t outside_bytes;
+    /* What the group (config.group_charge) was charged: held, once settled. */
+    uint64_t group_charged;
     /* The counters, less what thread caches counted and have not folded in yet. Its byte
      * and peak fields are filled only when read (cs_cache_stats). */
     cacheshim_stats st;

@@ -92,6 +92,9 @@ static void load_driver(void)
         LOAD(cuCtxPopCurrent_v2);
         LOAD(cuCtxGetApiVersion);
         LOAD(cuDeviceTotalMem_v2);
+        LOAD(cuDeviceGetUuid_v2);
+        if (!driver.cuDeviceGetUuid_v2)  /* drivers before CUDA 11.4 */
+            *(void **)&driver.cuDeviceGetUuid_v2 = cs_real_dlsym(driver.handle, "cuDeviceGetUuid");
         LOAD(cuDevicePrimaryCtxGetState);
         LOAD(cuDevicePrimaryCtxRetain);
         LOAD(cuStreamGetCtx);

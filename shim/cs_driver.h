@@ -55,6 +55,7 @@ typedef struct cs_driver {
     CUresult (*cuCtxPopCurrent_v2)(CUcontext *);
     CUresult (*cuCtxGetApiVersion)(CUcontext, unsigned int *);
     CUresult (*cuDeviceTotalMem_v2)(size_t *, CUdevice);
+    CUresult (*cuDeviceGetUuid_v2)(CUuuid *, CUdevice);  /* or cuDeviceGetUuid: the same ABI */
     CUresult (*cuDevicePrimaryCtxGetState)(CUdevice, unsigned int *, int *);
     CUresult (*cuDevicePrimaryCtxRetain)(CUcontext *, CUdevice);
     CUresult (*cuStreamGetCtx)(CUstream, CUcontext *);

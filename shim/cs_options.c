@@ -22,6 +22,7 @@ enum {
     OPT_HEADROOM,
     OPT_DEBUG,
     OPT_QUARANTINE,
+    OPT_GROUP,
     OPT_TRACE_FORMAT,
     OPT_TRACE_FILE,
     OPT_TRACE_FILTER,
@@ -103,6 +104,12 @@ static const cs_option_desc option_table[OPT_COUNT] = {
                         "CACHESHIM_DEBUG=uaf: bytes of freed blocks held in the quarantine "
                         "(all devices together); past it the oldest are checked and go back "
                         "to the cache. 0 holds only the most recently freed block."},
+    [OPT_GROUP] = {"CACHESHIM_GROUP", "name", "none",
+                   "none, or a name of 1 to 64 letters, digits, '.', '_' and '-' that does not "
+                   "start with '.'",
+                   "Share CACHESHIM_CAP with every process of the same user that sets the same "
+                   "name: the group's bytes held on each device (identified by UUID) stay within "
+                   "the cap. See docs/usage.md, a cap for a group of processes."},
     [OPT_TRACE_FORMAT] = {"CACHESHIM_TRACE_FORMAT", "choice", "text", "text, jsonl or perfetto",
                           "Tracer (LD_AUDIT=libcacheaudit.so) output format: text lines, JSON "
                           "Lines, or a Chrome-trace/Perfetto JSON file."},
@@ -122,7 +129,8 @@ static const cs_option_desc option_table[OPT_COUNT] = {
 
 /* How each row is parsed and where its value goes; indexed like option_table. */
 typedef enum {
-    VALUE_BOOL, VALUE_INT, VALUE_SIZE, VALUE_CHOICE, VALUE_PATH, VALUE_FILTER, VALUE_FLAGS
+    VALUE_BOOL, VALUE_INT, VALUE_SIZE, VALUE_CHOICE, VALUE_PATH, VALUE_FILTER, VALUE_FLAGS,
+    VALUE_GROUP
 } value_type;
 
 typedef struct {
@@ -154,6 +162,7 @@ static const option_slot option_slots[OPT_COUNT] = {
     [OPT_HEADROOM] = {VALUE_INT, offsetof(cs_options, headroom), 0, 1000, false},
     [OPT_DEBUG] = {VALUE_FLAGS, offsetof(cs_options, debug), 0, 0, false, debug_modes},
     [OPT_QUARANTINE] = {VALUE_SIZE, offsetof(cs_options, quarantine), 0, 0, false},
+    [OPT_GROUP] = {VALUE_GROUP, offsetof(cs_options, group), 0, 0, false},
     [OPT_TRACE_FORMAT] = {VALUE_CHOICE, offsetof(cs_options, trace_format), 0, 0, false,
                           trace_formats},
     [OPT_TRACE_FILE] = {VALUE_PATH, offsetof(cs_options, trace_file), 0, 0, false},
@@ -358,6 +367,28 @@ static int parse_filter(const char *text, char *out)
     }
     buf[o] = '\0';
     memcpy(out, buf, o + 1);
+    return 0;
+}
+
+/* A group name (cs_group_name_ok), blanks around it ignored; "none" or "off" for no group,
+ * kept as "". */
+static int parse_group(const char *text, char *out)
+{
+    const char *s;
+    size_t n;
+    trim(text, &s, &n);
+    char name[CS_GROUP_NAME_MAX + 1];
+    if (word_is(s, n, "none") || word_is(s, n, "off")) {
+        out[0] = '\0';
+        return 0;
+    }
+    if (n > CS_GROUP_NAME_MAX)
+        return -1;
+    memcpy(name, s, n);
+    name[n] = '\0';
+    if (!cs_group_name_ok(name))
+        return -1;
+    memcpy(out, name, n + 1);
     return 0;
 }
 
@@ -668,6 +699,8 @@ static int parse_into(size_t i, const char *text, cs_options *opts)
         return parse_filter(text, (char *)slot_field(opts, i));
     case VALUE_FLAGS:
         return parse_flags(text, slot->choices, (int *)slot_field(opts, i));
+    case VALUE_GROUP:
+        return parse_group(text, (char *)slot_field(opts, i));
     }
     return -1;
 }
@@ -801,6 +834,10 @@ void cs_options_print(const cs_options *opts, cs_report_fn report, void *arg)
         case VALUE_PATH:
         case VALUE_FILTER:
             snprintf(value, sizeof value, "%s", *(const char *)have ? (const char *)have : "stderr");
+            is_default = strcmp(have, dflt) == 0;
+            break;
+        case VALUE_GROUP:
+            snprintf(value, sizeof value, "%s", *(const char *)have ? (const char *)have : "none");
             is_default = strcmp(have, dflt) == 0;
             break;
         }

@@ -6,6 +6,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "cs_group.h"
+
 typedef enum {
     CS_SIZE_UNLIMITED = 0, /* no limit ("none", "unlimited", "off", or unset with that default) */
     CS_SIZE_BYTES,         /* an absolute number of bytes */
@@ -39,6 +41,7 @@ typedef struct cs_options {
     cs_size_spec quarantine;        /* CACHESHIM_QUARANTINE: bytes of freed blocks held back */
     cs_size_spec host_cap;          /* CACHESHIM_HOST_CAP: ceiling on pinned host bytes held */
     cs_size_spec host_release_threshold; /* CACHESHIM_HOST_RELEASE_THRESHOLD: idle pinned bytes kept */
+    char group[CS_GROUP_NAME_MAX + 1]; /* CACHESHIM_GROUP: "" for none (cs_group.h) */
     /* The tracer (audit/, libcacheaudit.so) reads these; the shim ignores them. */
     int trace_format;               /* CACHESHIM_TRACE_FORMAT: CS_TRACE_TEXT, _JSONL or _PERFETTO */
     char trace_file[CS_TRACE_TEXT_MAX];   /* CACHESHIM_TRACE_FILE: "" for stderr; %p = pid */

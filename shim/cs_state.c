@@ -5,15 +5,20 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cs_backend.h"
 #include "cs_debug.h"
 #include "cs_host.h"
 #include "cs_outside.h"
+#include "cs_group.h"
 #include "cs_report.h"
 #include "cs_streams.h"
 
 static cs_shim shim;
+/* CACHESHIM_GROUP's segment, joined at start; NULL without a group. */
+static cs_group *group;
+static uint64_t group_devices;  /* atomic: ordinals told to the group (bit = ordinal) */
 static pthread_once_t shim_once = PTHREAD_ONCE_INIT;
 static bool shim_ready;
 
@@ -140,6 +145,71 @@ static void warn_limits(int device, uint64_t total)
     }
 }
 
+/* ---------------------------------------------------------------- the group */
+
+static bool group_charge(void *arg, int device, uint64_t bytes, uint64_t cap, uint64_t *short_by)
+{
+    return cs_group_charge(arg, device, bytes, cap, short_by);  /* CS_UNLIMITED: none */
+}
+
+static void group_uncharge(void *arg, int device, uint64_t bytes)
+{
+    cs_group_uncharge(arg, device, bytes);
+}
+
+static uint64_t group_others(void *arg, int device)
+{
+    return cs_group_others(arg, device);
+}
+
+/* Joins CACHESHIM_GROUP; a segment that cannot be used is said in one line, and the process
+ * runs with its own cap alone. */
+static void group_join(cs_cache_config *config)
+{
+    cs_group_status st;
+    group = cs_group_open(CS_GROUP_DIR, shim.opts.group, (unsigned)getuid(), &st);
+    if (!group) {
+        char why[160];
+        cs_group_explain(&st, why, sizeof why);
+        cs_log("CACHESHIM_GROUP=%s: %s: %s; running without the group, CACHESHIM_CAP "
+               "applies to this process alone",
+               shim.opts.group, st.path, why);
+        return;
+    }
+    config->group_charge = group_charge;
+    config->group_uncharge = group_uncharge;
+    config->group_others = group_others;
+    config->group_arg = group;
+}
+
+/* A device's first heap: the group learns its UUID and this process's cap there. */
+static void group_device(const cs_driver *d, CUdevice dev, uint64_t total)
+{
+    if (!group || dev < 0 || dev >= CS_GROUP_DEVICES ||
+        (__atomic_fetch_or(&group_devices, 1ull << dev, __ATOMIC_ACQ_REL) & (1ull << dev)))
+        return;
+    CUuuid uuid;
+    CUresult r = d->cuDeviceGetUuid_v2 ? d->cuDeviceGetUuid_v2(&uuid, dev)
+                                       : CUDA_ERROR_NOT_SUPPORTED;
+    if (r != CUDA_SUCCESS) {
+        cs_log("CACHESHIM_GROUP=%s: device %d cannot be identified (cuDeviceGetUuid failed "
+               "with error %d): its memory is not counted in the group",
+               shim.opts.group, (int)dev, (int)r);
+        return;
+    }
+    uint64_t cap = cap_for(NULL, total);
+    uint64_t other = cs_group_device(group, (int)dev, (const uint8_t *)uuid.bytes, cap);
+    if (other) {
+        char mine[32], theirs[32];
+        cs_bytes_format(cap, mine, sizeof mine);
+        cs_bytes_format(other, theirs, sizeof theirs);
+        cs_log("CACHESHIM_GROUP=%s: CACHESHIM_CAP on device %d is %s here and %s in another "
+               "member; each member's own cap bounds the group's total when it allocates",
+               shim.opts.group, (int)dev, cap == CS_UNLIMITED ? "unlimited" : mine,
+               other == CS_UNLIMITED ? "unlimited" : theirs);
+    }
+}
+
 /* ---------------------------------------------------------------- fork and exit */
 
 void cs_shim_before_fork(void)
@@ -169,6 +239,10 @@ void cs_shim_after_fork_child(void)
     cs_outside_reset_after_fork();
     cs_streams_reset_after_fork();
     __atomic_add_fetch(&heap_generation, 1, __ATOMIC_RELEASE);
+    /* The parent's slot in the group is the parent's: the child takes its own when it first
+     * allocates, and tells the group its devices again with its first heaps. */
+    cs_group_after_fork(group);
+    group_devices = 0;
 }
 
 __attribute__((destructor)) static void at_exit(void)
@@ -184,6 +258,9 @@ __attribute__((destructor)) static void at_exit(void)
     }
     if (shim_ready && shim.cache)
         cs_debug_exit_report(shim.opts.stats);
+    /* Our share of the group is free for the others (the driver frees our memory as we
+     * exit); a thread still allocating counts for nothing from here. */
+    cs_group_leave(group);
 }
 
 /* ---------------------------------------------------------------- init */
@@ -203,6 +280,8 @@ static void init(void)
             .capturing = cs_streams_capturing,
             .pool_headroom_permille = (unsigned)shim.opts.headroom * 10,
         };
+        if (shim.opts.group[0])
+            group_join(&config);
         shim.cache = cs_cache_create(&config);
         if (!shim.cache) {
             cs_log("out of host memory at start; passing every call to the driver");
@@ -250,6 +329,7 @@ cs_heap *cs_shim_heap_of(const cs_driver *d, CUcontext ctx)
     if (!be)
         return NULL;
     warn_limits((int)dev, total);
+    group_device(d, dev, total);
     h = cs_cache_add_heap(shim.cache, ctx, (int)dev, total,
                           gran ? &cs_cuda_pooled_ops : &cs_cuda_ops, be, gran);
     /* Threads that meet a new context at once each make a backend state; one heap is made,
@@ -320,7 +400,13 @@ void cs_shim_report_failure(const cs_driver *d, const cs_alloc_failure *f)
         cs_bytes_format(free_b, dfree, sizeof dfree);
     /* Two formats, not one with the reason as %s: docs/troubleshooting.md must show both
      * (tests/check_messages_doc.py). */
-    if (f->by_cap)
+    if (f->by_cap && group) {
+        char others[32];
+        cs_bytes_format(cs_group_others(group, f->device), others, sizeof others);
+        cs_log("allocation of %s failed: it would exceed the CACHESHIM_CAP of group %s; in use "
+               "%s, cached %s, other members %s, cap %s, device free %s",
+               t.req, shim.opts.group, t.use, t.cached, others, t.cap, dfree);
+    } else if (f->by_cap)
         cs_log("allocation of %s failed: it would exceed CACHESHIM_CAP; in use %s, cached %s, "
                "cap %s, device free %s",
                t.req, t.use, t.cached, t.cap, dfree);

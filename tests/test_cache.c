@@ -156,7 +156,8 @@ static int setup_mode(void **state, uint64_t cap, uint64_t threshold, uint64_t b
     cap_limit = cap;
     threshold_limit = threshold;
     released_count = 0;
-    cs_cache_config cfg = {cap_for, thr_for, NULL, on_release, NULL, reuse, fb_capturing, 0};
+    cs_cache_config cfg = {.cap_for = cap_for, .threshold_for = thr_for, .on_release = on_release,
+                           .reuse = reuse, .capturing = fb_capturing};
     fx *f = calloc(1, sizeof *f);
     f->cache = cs_cache_create(&cfg);
     f->heap = cs_cache_add_heap(f->cache, (void *)0x1, 0, 80 * 1024 * MiB, &ops, NULL, 0);
@@ -178,6 +179,51 @@ static int setup_ordered(void **state)
 static int setup_ordered_cap(void **state)
 {
     return setup_mode(state, 10 * MiB, CS_UNLIMITED, 1ull << 40, CS_REUSE_ORDERED);
+}
+
+/* A cap shared with other processes (cs_group.h), as the cache sees it: grp_others bytes held
+ * by the other members, grp_mine charged by this cache. */
+static uint64_t grp_mine, grp_others;
+static bool grp_charge(void *a, int d, uint64_t bytes, uint64_t cap, uint64_t *short_by)
+{
+    (void)a;
+    (void)d;
+    if (cap != CS_UNLIMITED && grp_others + grp_mine + bytes > cap) {
+        *short_by = grp_others + grp_mine + bytes - cap;
+        return false;
+    }
+    grp_mine += bytes;
+    return true;
+}
+static void grp_uncharge(void *a, int d, uint64_t bytes)
+{
+    (void)a;
+    (void)d;
+    assert_true(bytes <= grp_mine);
+    grp_mine -= bytes;
+}
+static uint64_t grp_others_of(void *a, int d)
+{
+    (void)a;
+    (void)d;
+    return grp_others;
+}
+
+static int setup_group(void **state)
+{
+    setup_mode(state, 10 * MiB, CS_UNLIMITED, 1ull << 40, CS_REUSE_COMPLETED);
+    fx *f = *state;
+    cs_cache_forget_heap(f->cache, (void *)0x1);
+    cs_cache_destroy(f->cache);
+    grp_mine = 0;
+    grp_others = 4 * MiB;
+    cs_cache_config cfg = {.cap_for = cap_for, .threshold_for = thr_for, .on_release = on_release,
+                           .reuse = CS_REUSE_COMPLETED, .capturing = fb_capturing,
+                           .group_charge = grp_charge, .group_uncharge = grp_uncharge,
+                           .group_others = grp_others_of};
+    f->cache = cs_cache_create(&cfg);
+    f->heap = cs_cache_add_heap(f->cache, (void *)0x1, 0, 80 * 1024 * MiB, &ops, NULL, 0);
+    return 0;
 }
 
 /* A release threshold (here one no test reaches) turns the thread caches off: every block
@@ -569,6 +615,55 @@ static void test_cap_waits_for_busy_block(void **state)
     cacheshim_stats s = stats(f);
     assert_int_equal(s.fence_waits, 1);
     assert_int_equal(s.cap_refusals, 0);
+}
+
+/* The group is charged what the cache holds, no more and no less, after every call; the
+ * group's cap refuses what the other members' bytes leave no room for, and idle memory goes
+ * back to make room as for the process's own cap. */
+static void test_group_charged_what_is_held(void **state)
+{
+    fx *f = *state;
+    uint64_t a = must_alloc(f, 4 * MiB);
+    assert_int_equal(grp_mine, 4 * MiB);
+    uint64_t x;
+    int raw;
+    cs_alloc_failure fail;
+    /* 4 of ours, 4 of theirs: 4 more would pass our cap of 10, not the group's. */
+    assert_int_equal(cs_cache_alloc(f->cache, f->heap, 4 * MiB, &x, &raw, &fail), CS_OOM);
+    assert_true(fail.by_cap);
+    assert_int_equal(fail.device, 0);
+    assert_int_equal(stats(f).cap_refusals, 1);
+    assert_int_equal(grp_mine, 4 * MiB);
+    uint64_t vf, vt;
+    cs_cache_mem_view(f->cache, 0, 80 * 1024 * MiB, 80 * 1024 * MiB, &vf, &vt);
+    assert_int_equal(vt, 10 * MiB);
+    assert_int_equal(vf, 2 * MiB);  /* 10 - 4 (theirs) - 4 (ours) */
+    /* Idle, a's memory makes room for a block of another size. */
+    cs_cache_free(f->cache, a);
+    assert_int_equal(grp_mine, 4 * MiB);  /* cached: still held */
+    uint64_t b = must_alloc(f, 6 * MiB);
+    assert_int_equal(grp_mine, 6 * MiB);
+    assert_true(stats(f).releases >= 1);
+    /* The other members let go: the whole cap is ours again. */
+    grp_others = 0;
+    uint64_t c = must_alloc(f, 4 * MiB);
+    assert_int_equal(grp_mine, 10 * MiB);
+    cs_cache_free(f->cache, b);
+    cs_cache_free(f->cache, c);
+    cs_cache_trim(f->cache);
+    cacheshim_stats s = stats(f);
+    assert_int_equal(grp_mine, s.bytes_in_use + s.bytes_cached);
+    assert_int_equal(grp_mine, 0);
+    /* A failed driver allocation gives its reservation back to the group. */
+    be.budget = be.used;
+    assert_int_equal(cs_cache_alloc(f->cache, f->heap, 4 * MiB, &x, &raw, &fail), CS_OOM);
+    assert_false(fail.by_cap);
+    assert_int_equal(grp_mine, 0);
+    be.budget = 1ull << 40;
+    /* A context gone takes its memory with it. */
+    must_alloc(f, 4 * MiB);
+    cs_cache_forget_heap(f->cache, (void *)0x1);
+    assert_int_equal(grp_mine, 0);
 }
 
 /* Another thread destroys the context while this one waits for a busy block at the cap,
@@ -1564,6 +1659,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_size_classes),
         cmocka_unit_test_setup_teardown(test_hit_and_miss, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_group_charged_what_is_held, setup_group, teardown),
         cmocka_unit_test_setup_teardown(test_reuse_small_within_an_eighth, setup, teardown),
         cmocka_unit_test_setup_teardown(test_reuse_small_within_an_eighth, setup_no_tc, teardown),
         cmocka_unit_test_setup_teardown(test_reuse_large_exact_granules, setup, teardown),

@@ -86,6 +86,7 @@ static void assert_defaults(const cs_options *o)
     assert_false(o->sync_free);
     assert_int_equal(o->backend, 0); /* pooled */
     assert_int_equal(o->headroom, 0);
+    assert_string_equal(o->group, "");
     assert_int_equal(o->trace_format, CS_TRACE_TEXT);
     assert_string_equal(o->trace_file, "");
     assert_string_equal(o->trace_filter, "memory");
@@ -104,7 +105,8 @@ static void test_table(void **state)
                                         "CACHESHIM_VERBOSE", "CACHESHIM_REUSE",
                                         "CACHESHIM_SYNC_FREE", "CACHESHIM_BACKEND",
                                         "CACHESHIM_HEADROOM", "CACHESHIM_DEBUG",
-                                        "CACHESHIM_QUARANTINE", "CACHESHIM_TRACE_FORMAT",
+                                        "CACHESHIM_QUARANTINE", "CACHESHIM_GROUP",
+                                        "CACHESHIM_TRACE_FORMAT",
                                         "CACHESHIM_TRACE_FILE", "CACHESHIM_TRACE_FILTER",
                                         "CACHESHIM_HOST_CAP",
                                         "CACHESHIM_HOST_RELEASE_THRESHOLD",
@@ -112,7 +114,7 @@ static void test_table(void **state)
     size_t n = 0;
     const cs_option_desc *t = cs_option_table(&n);
     assert_non_null(t);
-    assert_int_equal(n, 17);
+    assert_int_equal(n, 18);
     assert_ptr_equal(cs_option_table(NULL), t);
     for (size_t i = 0; i < n; i++) {
         assert_string_equal(t[i].name, names[i]);
@@ -122,7 +124,8 @@ static void test_table(void **state)
         assert_non_null(t[i].help);
         assert_true(strcmp(t[i].type, "bool") == 0 || strcmp(t[i].type, "int") == 0 ||
                     strcmp(t[i].type, "size") == 0 || strcmp(t[i].type, "choice") == 0 ||
-                    strcmp(t[i].type, "flags") == 0 || strcmp(t[i].type, "text") == 0);
+                    strcmp(t[i].type, "flags") == 0 || strcmp(t[i].type, "text") == 0 ||
+                    strcmp(t[i].type, "name") == 0);
         /* The doc table is built from these texts: no cell separators, no newlines. */
         assert_null(strchr(t[i].help, '|'));
         assert_null(strchr(t[i].help, '\n'));
@@ -159,7 +162,7 @@ static void test_defaults_when_nothing_set(void **state)
     assert_int_equal(cs_options_load(&o, fake_getenv, collect, &r), 0);
     assert_int_equal(r.count, 0);
     assert_defaults(&o);
-    assert_int_equal(env.misses, 17); /* each variable asked for exactly once */
+    assert_int_equal(env.misses, 18); /* each variable asked for exactly once */
 
     memset(&o, 0xa5, sizeof o);
     assert_int_equal(cs_options_load(&o, NULL, collect, &r), 0);
@@ -181,8 +184,8 @@ static void test_each_variable_read_once(void **state)
     for (int i = 0; i < 5; i++)
         assert_int_equal(env.lookups[i], 1);
     assert_int_equal(env.lookups[5], 0);
-    assert_int_equal(env.misses, 12); /* REUSE, SYNC_FREE, BACKEND, HEADROOM, DEBUG, QUARANTINE,
-                                         TRACE_*, HOST_*: unset */
+    assert_int_equal(env.misses, 13); /* REUSE, SYNC_FREE, BACKEND, HEADROOM, DEBUG, QUARANTINE,
+                                         GROUP, TRACE_*, HOST_*: unset */
 }
 
 static void test_empty_is_unset(void **state)
@@ -313,6 +316,23 @@ static void test_good_backend_and_headroom(void **state)
         if (o.backend != cases[i].b || o.headroom != cases[i].h)
             fail_msg("'%s', '%s': got backend %d, headroom %d", cases[i].backend,
                      cases[i].headroom, o.backend, o.headroom);
+    }
+}
+
+/* Group names: kept as written without the blanks around; none and off for no group. */
+static void test_good_group(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *value, *group;
+    } cases[] = {{"train", "train"},       {" a.b_c-1 ", "a.b_c-1"}, {"None", ""},
+                 {"off", ""},              {"-", "-"},
+                 {"1234567890123456789012345678901234567890123456789012345678901234",
+                  "1234567890123456789012345678901234567890123456789012345678901234"}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        cs_options o;
+        assert_int_equal(cs_option_parse(&o, "CACHESHIM_GROUP", cases[i].value), 0);
+        assert_string_equal(o.group, cases[i].group);
     }
 }
 
@@ -474,6 +494,9 @@ static void test_parse_size_bad_arguments(void **state)
 #define TAIL_HEADROOM                                                                      \
     "is not valid: expected a whole number of percent from 0 to 1000, without the % sign; " \
     "using the default (0)"
+#define TAIL_GROUP                                                                           \
+    "is not valid: expected none, or a name of 1 to 64 letters, digits, '.', '_' and '-' that " \
+    "does not start with '.'; using the default (none)"
 #define TAIL_FILE                                                                            \
     "is not valid: expected stderr or a file path of at most 1023 bytes, %p standing for the " \
     "process id; using the default (stderr)"
@@ -582,6 +605,14 @@ static const struct {
     BAD("HEADROOM", "ten", TAIL_HEADROOM),
     BAD("HEADROOM", "+5", TAIL_HEADROOM),
     BAD("HEADROOM", "99999999999999999999", TAIL_HEADROOM),
+    BAD("GROUP", "a/b", TAIL_GROUP),
+    BAD("GROUP", "..", TAIL_GROUP),
+    BAD("GROUP", ".hidden", TAIL_GROUP),
+    BAD("GROUP", "two words", TAIL_GROUP),
+    BAD("GROUP", "   ", TAIL_GROUP),
+    BAD("GROUP", "caf\xc3\xa9", TAIL_GROUP),
+    BAD_SHOWN("GROUP", "x1234567890123456789012345678901234567890123456789012345678901234",
+              "x123456789012345678901234567890123456789012345678901234567890123...", TAIL_GROUP),
     BAD("TRACE_FORMAT", "json", TAIL_FORMAT),
     BAD("TRACE_FORMAT", "chrome", TAIL_FORMAT),
     BAD("TRACE_FORMAT", "text,jsonl", TAIL_FORMAT),
@@ -878,7 +909,7 @@ static void test_print_defaults(void **state)
     assert_int_equal(cs_options_load(&o, fake_getenv, NULL, NULL), 0);
     reports r = {0};
     cs_options_print(&o, collect, &r);
-    assert_int_equal(r.count, 17);
+    assert_int_equal(r.count, 18);
     assert_string_equal(r.line[0], "cacheshim: CACHESHIM_DISABLE = 0 (default)");
     assert_string_equal(r.line[1], "cacheshim: CACHESHIM_CAP = unlimited (default)");
     assert_string_equal(r.line[2], "cacheshim: CACHESHIM_RELEASE_THRESHOLD = unlimited (default)");
@@ -890,13 +921,14 @@ static void test_print_defaults(void **state)
     assert_string_equal(r.line[8], "cacheshim: CACHESHIM_HEADROOM = 0 (default)");
     assert_string_equal(r.line[9], "cacheshim: CACHESHIM_DEBUG = off (default)");
     assert_string_equal(r.line[10], "cacheshim: CACHESHIM_QUARANTINE = 256 MiB (default)");
-    assert_string_equal(r.line[11], "cacheshim: CACHESHIM_TRACE_FORMAT = text (default)");
-    assert_string_equal(r.line[12], "cacheshim: CACHESHIM_TRACE_FILE = stderr (default)");
-    assert_string_equal(r.line[13], "cacheshim: CACHESHIM_TRACE_FILTER = memory (default)");
-    assert_string_equal(r.line[14], "cacheshim: CACHESHIM_HOST_CAP = unlimited (default)");
-    assert_string_equal(r.line[15],
+    assert_string_equal(r.line[11], "cacheshim: CACHESHIM_GROUP = none (default)");
+    assert_string_equal(r.line[12], "cacheshim: CACHESHIM_TRACE_FORMAT = text (default)");
+    assert_string_equal(r.line[13], "cacheshim: CACHESHIM_TRACE_FILE = stderr (default)");
+    assert_string_equal(r.line[14], "cacheshim: CACHESHIM_TRACE_FILTER = memory (default)");
+    assert_string_equal(r.line[15], "cacheshim: CACHESHIM_HOST_CAP = unlimited (default)");
+    assert_string_equal(r.line[16],
                         "cacheshim: CACHESHIM_HOST_RELEASE_THRESHOLD = unlimited (default)");
-    assert_string_equal(r.line[16], "cacheshim: CACHESHIM_TRACE_STACK = 0 (default)");
+    assert_string_equal(r.line[17], "cacheshim: CACHESHIM_TRACE_STACK = 0 (default)");
 }
 
 static void test_print_set(void **state)
@@ -913,6 +945,7 @@ static void test_print_set(void **state)
     env_set("CACHESHIM_HEADROOM", "025");
     env_set("CACHESHIM_DEBUG", " Leaks , UAF ");
     env_set("CACHESHIM_QUARANTINE", "1G");
+    env_set("CACHESHIM_GROUP", " train-1.a_b ");
     env_set("CACHESHIM_TRACE_FORMAT", " Perfetto ");
     env_set("CACHESHIM_TRACE_FILE", " /tmp/trace.%p ");
     env_set("CACHESHIM_TRACE_FILTER", " cuMemAlloc* , cuLaunchKernel ");
@@ -923,7 +956,7 @@ static void test_print_set(void **state)
     assert_int_equal(cs_options_load(&o, fake_getenv, NULL, NULL), 0);
     reports r = {0};
     cs_options_print(&o, collect, &r);
-    assert_int_equal(r.count, 17);
+    assert_int_equal(r.count, 18);
     assert_string_equal(r.line[0], "cacheshim: CACHESHIM_DISABLE = 1 (set)");
     assert_string_equal(r.line[1], "cacheshim: CACHESHIM_CAP = 8 GiB (set)");
     assert_string_equal(r.line[2],
@@ -936,18 +969,19 @@ static void test_print_set(void **state)
     assert_string_equal(r.line[8], "cacheshim: CACHESHIM_HEADROOM = 25 (set)");
     assert_string_equal(r.line[9], "cacheshim: CACHESHIM_DEBUG = uaf,leaks (set)");
     assert_string_equal(r.line[10], "cacheshim: CACHESHIM_QUARANTINE = 1 GiB (set)");
-    assert_string_equal(r.line[11], "cacheshim: CACHESHIM_TRACE_FORMAT = perfetto (set)");
-    assert_string_equal(r.line[12], "cacheshim: CACHESHIM_TRACE_FILE = /tmp/trace.%p (set)");
-    assert_string_equal(r.line[13],
+    assert_string_equal(r.line[11], "cacheshim: CACHESHIM_GROUP = train-1.a_b (set)");
+    assert_string_equal(r.line[12], "cacheshim: CACHESHIM_TRACE_FORMAT = perfetto (set)");
+    assert_string_equal(r.line[13], "cacheshim: CACHESHIM_TRACE_FILE = /tmp/trace.%p (set)");
+    assert_string_equal(r.line[14],
                         "cacheshim: CACHESHIM_TRACE_FILTER = cuMemAlloc*,cuLaunchKernel (set)");
-    assert_string_equal(r.line[14], "cacheshim: CACHESHIM_HOST_CAP = 1 GiB (set)");
-    assert_string_equal(r.line[15],
+    assert_string_equal(r.line[15], "cacheshim: CACHESHIM_HOST_CAP = 1 GiB (set)");
+    assert_string_equal(r.line[16],
                         "cacheshim: CACHESHIM_HOST_RELEASE_THRESHOLD = 256 MiB (set)");
-    assert_string_equal(r.line[16], "cacheshim: CACHESHIM_TRACE_STACK = 8 (set)");
+    assert_string_equal(r.line[17], "cacheshim: CACHESHIM_TRACE_STACK = 8 (set)");
 
     cs_options_print(NULL, collect, &r); /* nothing, no crash */
     cs_options_print(&o, NULL, NULL);
-    assert_int_equal(r.count, 17);
+    assert_int_equal(r.count, 18);
 }
 
 /* ---- formatting ------------------------------------------------------------------------------- */
@@ -1093,6 +1127,7 @@ int main(void)
         cmocka_unit_test_setup(test_good_bools, setup),
         cmocka_unit_test_setup(test_good_ints, setup),
         cmocka_unit_test_setup(test_good_backend_and_headroom, setup),
+        cmocka_unit_test_setup(test_good_group, setup),
         cmocka_unit_test_setup(test_good_sizes, setup),
         cmocka_unit_test_setup(test_good_percents, setup),
         cmocka_unit_test_setup(test_unlimited_words, setup),

@@ -145,8 +145,9 @@ static int setup_config(void **state, config k)
     cap_limit = k.cap ? k.cap : CS_UNLIMITED;
     threshold_limit = k.threshold ? k.threshold : CS_UNLIMITED;
     released_count = moved_count = 0;
-    cs_cache_config cfg = {cap_for, thr_for, NULL, on_release, NULL, k.reuse, fb_capturing,
-                           k.headroom_permille};
+    cs_cache_config cfg = {.cap_for = cap_for, .threshold_for = thr_for, .on_release = on_release,
+                           .reuse = k.reuse, .capturing = fb_capturing,
+                           .pool_headroom_permille = k.headroom_permille};
     fx *f = calloc(1, sizeof *f);
     f->cache = cs_cache_create(&cfg);
     f->heap = cs_cache_add_heap(f->cache, (void *)0x1, 0, 80 * 1024 * MiB, &pooled_ops, &sim, 0);

@@ -15,6 +15,7 @@ static void usage(FILE *f)
 {
     fputs("usage: " LAUNCH_NAME " COMMAND [OPTIONS] [--] PROGRAM [ARGS...]\n"
           "       " LAUNCH_NAME " report|replay [ARGS...]\n"
+          "       " LAUNCH_NAME " status [--dir DIR] [GROUP...]\n"
           "       " LAUNCH_NAME " --help | --version\n"
           "\n"
           "Commands:\n"
@@ -22,6 +23,8 @@ static void usage(FILE *f)
           "  trace    run PROGRAM with the driver-call tracer (libcacheaudit.so as LD_AUDIT)\n"
           "  report   summarise a trace (runs cacheshim-report)\n"
           "  replay   replay allocation traces through the cache, offline (runs cacheshim-replay)\n"
+          "  status   list the groups of processes sharing a cap (CACHESHIM_GROUP), their members\n"
+          "           and bytes per device\n"
           "\n"
           "'" LAUNCH_NAME " COMMAND --help' describes each command; see also cacheshim(1).\n",
           f);
@@ -90,6 +93,8 @@ int main(int argc, char **argv)
         return launch(LAUNCH_RUN, argc - 1, argv + 1);
     if (strcmp(cmd, "trace") == 0)
         return launch(LAUNCH_TRACE, argc - 1, argv + 1);
+    if (strcmp(cmd, "status") == 0)
+        return status_main(argc - 1, argv + 1);
     if (strcmp(cmd, "report") == 0 || strcmp(cmd, "replay") == 0) {
         char dir[PATH_MAX];
         int rc = launch_self_dir(dir, sizeof dir);

@@ -5,6 +5,7 @@
  *   launch_env.c    the environment the program gets: CACHESHIM_* checked and set, LD_PRELOAD
  *                   / LD_AUDIT, the trace file
  *   launch_exec.c   where the launcher lies, and the exec of the program or of a sibling tool
+ *   status.c        cacheshim status: the groups of processes sharing a cap (cs_group.h)
  */
 #ifndef LAUNCH_H
 #define LAUNCH_H
@@ -34,6 +35,7 @@ typedef enum { LAUNCH_RUN, LAUNCH_TRACE } launch_cmd;
 typedef enum {
     LOPT_CAP,
     LOPT_THRESHOLD,
+    LOPT_GROUP,
     LOPT_STATS,
     LOPT_VERBOSE,
     LOPT_DISABLE,
@@ -50,6 +52,11 @@ typedef struct {
     const char *value[LOPT_COUNT]; /* as given on the command line ("1" for a flag); NULL: absent */
     char **program;                /* the program and its arguments, NULL-terminated */
 } launch_args;
+
+/* ---- status.c */
+
+/* `cacheshim status [--dir DIR] [GROUP...]` (argv[0] is "status"): the exit status. */
+int status_main(int argc, char **argv);
 
 /* ---- cacheshim.c */
 

@@ -21,6 +21,8 @@ static const option_row options[LOPT_COUNT] = {
                   "hard ceiling per device on the bytes held, in use plus cached"},
     [LOPT_THRESHOLD] = {"--threshold", 0, "SIZE", "CACHESHIM_RELEASE_THRESHOLD", false, true,
                         "idle cached bytes kept per device; above it they go back"},
+    [LOPT_GROUP] = {"--group", 0, "NAME", "CACHESHIM_GROUP", false, true,
+                    "share the cap with this user's processes of the same group name"},
     [LOPT_STATS] = {"--stats", 0, NULL, "CACHESHIM_STATS", false, true,
                     "print the cache's statistics on stderr at exit"},
     [LOPT_VERBOSE] = {"--verbose", 0, "N", "CACHESHIM_VERBOSE", false, true,
@@ -36,7 +38,7 @@ static const option_row options[LOPT_COUNT] = {
                      "memory (default), all, or names and globs: cuMemAlloc*,cuLaunch*"},
     [LOPT_CACHE] = {"--cache", 0, NULL, NULL, true, false,
                     "also load the cache (libcacheshim.so) and take its options:\n"
-                    "--cap, --threshold, --stats, --verbose, --disable as for run"},
+                    "--cap, --threshold, --group, --stats, --verbose, --disable as for run"},
 };
 
 const char *launch_opt_variable(launch_opt o) { return options[o].variable; }

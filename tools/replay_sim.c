@@ -320,9 +320,10 @@ int replay_run(const replay_trace *t, const replay_config *cfg, replay_result *r
         free(dev.blocks.s);
         return -1;
     }
-    cs_cache_config cc = {cap_for, threshold_for, (void *)cfg, NULL, NULL,
-                          cfg->reuse_completed ? CS_REUSE_COMPLETED : CS_REUSE_ORDERED, NULL,
-                          cfg->headroom_pct * 10};
+    cs_cache_config cc = {.cap_for = cap_for, .threshold_for = threshold_for,
+                          .limit_arg = (void *)cfg,
+                          .reuse = cfg->reuse_completed ? CS_REUSE_COMPLETED : CS_REUSE_ORDERED,
+                          .pool_headroom_permille = cfg->headroom_pct * 10};
     cs_cache *c = cs_cache_create(&cc);
     cs_heap *h = c ? cs_cache_add_heap(c, (void *)1, 0, cfg->device_size, cfg->classic ? &sim_classic : &sim_pooled,
                                         &dev, cfg->granularity)

@@ -412,6 +412,32 @@ FAKE_API CUresult cuDeviceGetName(char *name, int len, CUdevice dev)
     LOCKED(device_name(name, len, dev));
 }
 
+/* "fake-cuda-gpu-" and the ordinal in the last two bytes: the same device in every process. */
+static CUresult device_uuid(CUuuid *uuid, CUdevice dev)
+{
+    static const char prefix[14] = {'f', 'a', 'k', 'e', '-', 'c', 'u', 'd', 'a', '-', 'g', 'p', 'u', '-'};
+    if (!uuid)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_device(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
+    memcpy(uuid->bytes, prefix, sizeof prefix);
+    uuid->bytes[14] = (char)(dev >> 8);
+    uuid->bytes[15] = (char)dev;
+    return CUDA_SUCCESS;
+}
+
+FAKE_API CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev)
+{
+    ENTER(cuDeviceGetUuid);
+    LOCKED(device_uuid(uuid, dev));
+}
+
+FAKE_API CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev)
+{
+    ENTER(cuDeviceGetUuid_v2);
+    LOCKED(device_uuid(uuid, dev));
+}
+
 static CUresult total_mem(uint64_t *bytes, CUdevice dev)
 {
     if (!valid_device(dev))

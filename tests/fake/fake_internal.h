@@ -37,6 +37,8 @@
     X(cuDeviceGet, INIT)                                                                       \
     X(cuDeviceGetCount, INIT)                                                                  \
     X(cuDeviceGetName, INIT)                                                                   \
+    X(cuDeviceGetUuid, INIT)                                                                   \
+    X(cuDeviceGetUuid_v2, INIT)                                                                \
     X(cuDeviceTotalMem, INIT)                                                                  \
     X(cuDeviceTotalMem_v2, INIT)                                                               \
     X(cuDeviceGetAttribute, INIT)                                                              \

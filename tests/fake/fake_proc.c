@@ -36,6 +36,7 @@ static const struct proc g_procs[] = {
     P(cuDeviceGet),
     P(cuDeviceGetCount),
     P(cuDeviceGetName),
+    P_V(cuDeviceGetUuid, 11040, cuDeviceGetUuid, cuDeviceGetUuid_v2),
     P_V(cuDeviceTotalMem, 3020, cuDeviceTotalMem, cuDeviceTotalMem_v2),
     P(cuDeviceGetAttribute),
     P(cuDeviceCanAccessPeer),

@@ -100,13 +100,14 @@ def case_version():
 def case_help():
     out, err = launch("--help")
     check(out.startswith("usage: cacheshim COMMAND") and err == "", f"--help: {out!r}")
-    for cmd in ("run", "trace", "report", "replay"):
+    for cmd in ("run", "trace", "report", "replay", "status"):
         check(f"\n  {cmd} " in out, f"--help does not list {cmd}")
     check(launch("-h")[0] == out, "-h differs from --help")
     out, _ = launch("run", "--help")
     check(out.startswith("usage: cacheshim run [OPTIONS] [--] PROGRAM [ARGS...]\n"), out)
     for opt, var in (("--cap SIZE", "CACHESHIM_CAP"), ("--threshold SIZE",
-                     "CACHESHIM_RELEASE_THRESHOLD"), ("--stats", "CACHESHIM_STATS"),
+                     "CACHESHIM_RELEASE_THRESHOLD"), ("--group NAME", "CACHESHIM_GROUP"),
+                     ("--stats", "CACHESHIM_STATS"),
                      ("--verbose N", "CACHESHIM_VERBOSE"), ("--disable", "CACHESHIM_DISABLE")):
         check(any(l.startswith(f"  {opt} ") and l.endswith(f"({var})") for l in out.splitlines()),
               f"run --help: no line for {opt} ({var})")
@@ -258,6 +259,8 @@ def case_bad_values():
         ("--cap", "0.4K"): f"--cap='0.4K' is not valid: expected {CAP_ACCEPTED}",
         ("--threshold=-1",): f"--threshold='-1' is not valid: expected {SIZE_ACCEPTED}",
         ("--verbose", "3"): "--verbose='3' is not valid: expected 0, 1 or 2",
+        ("--group", "a/b"): "--group='a/b' is not valid: expected none, or a name of 1 to 64 "
+                            "letters, digits, '.', '_' and '-' that does not start with '.'",
         ("--verbose", "x\ny"): "--verbose='x\\x0ay' is not valid: expected 0, 1 or 2",
     }
     for args, line in want.items():
