@@ -470,7 +470,10 @@ cs_heap *cs_cache_add_heap(cs_cache *c, const void *key, int device, uint64_t de
     if (!h && (h = alloc_lines(sizeof *h))) {
         h->gran = granularity;
         h->slab_max = cs_pool_slab_max(granularity);
-        if (ops->vmm && !(h->pool = cs_pool_create(ops->vmm, dev, granularity))) {
+        /* An arena of twice the device's memory: room to carve with little fragmentation. */
+        uint64_t arena = device_total && device_total < (1ull << 40) ? 2 * device_total
+                                                                      : 1ull << 38;
+        if (ops->vmm && !(h->pool = cs_pool_create(ops->vmm, dev, granularity, arena))) {
             free(h);
             pthread_mutex_unlock(&c->lock);
             return NULL;
@@ -819,8 +822,27 @@ static cs_block *new_block(cs_cache *c, cs_heap *h, uint64_t addr, uint64_t byte
  * returns the new bytes the block still needs. */
 static uint64_t move_for(cs_cache *c, cs_heap *h, uint64_t bytes)
 {
-    uint64_t need = cs_pool_need(h->pool, bytes);
     device_state *d = &c->devices[h->device];
+    if (bytes > h->slab_max && !cs_pool_fits(h->pool, bytes) &&
+        !(c->config.capturing && c->config.capturing())) {
+        /* No free span takes it: every large idle block the GPU is done with goes back to
+         * the pool first, where it joins the free spans beside it. That costs no driver
+         * call, and a block carved from free spans is as cheap as a hit. */
+        cs_tc_reclaim(c, h->device, true);
+        cs_block *list = NULL;
+        for (cs_block *b = h->lru_head; b && block_ready(h, b);) {
+            cs_block *next = b->lru_next;
+            if (b->size > h->slab_max)
+                defer_release(c, b, &list);
+            b = next;
+        }
+        if (list) {
+            pthread_mutex_unlock(&c->lock);
+            finish_releases(c, h->device, list, CS_RELEASE_MOVE);
+            pthread_mutex_lock(&c->lock);
+        }
+    }
+    uint64_t need = cs_pool_need(h->pool, bytes);
     /* Within the headroom over the program's own peak, new memory keeps more blocks cached
      * (more hits); beyond it, idle memory moves. */
     uint64_t peak = cs_load(&d->peak_requested);

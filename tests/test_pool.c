@@ -28,7 +28,7 @@ static int setup(void **state)
 {
     fx *f = calloc(1, sizeof *f);
     sim_init(&f->sim, 1ull << 40);
-    f->p = cs_pool_create(&sim_vmm_ops, &f->sim, G);
+    f->p = cs_pool_create(&sim_vmm_ops, &f->sim, G, 128 * G);
     assert_non_null(f->p);
     *state = f;
     return 0;
@@ -129,8 +129,8 @@ static void test_create(void **state)
     sim_init(&sim, 0);
     static const uint64_t bad[] = {0, 512, 1000, 3 * 1024, 3 * MiB};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
-        assert_null(cs_pool_create(&sim_vmm_ops, &sim, bad[i]));
-    cs_pool *p = cs_pool_create(&sim_vmm_ops, &sim, 1024);
+        assert_null(cs_pool_create(&sim_vmm_ops, &sim, bad[i], 1ull << 30));
+    cs_pool *p = cs_pool_create(&sim_vmm_ops, &sim, 1024, 1ull << 30);
     assert_non_null(p);
     cs_pool_destroy(p);
     cs_pool_destroy(NULL);
