@@ -842,14 +842,18 @@ static uint64_t move_for(cs_cache *c, cs_heap *h, uint64_t bytes)
             pthread_mutex_lock(&c->lock);
         }
     }
-    uint64_t need = cs_pool_need(h->pool, bytes);
-    /* Within the headroom over the program's own peak, new memory keeps more blocks cached
-     * (more hits); beyond it, idle memory moves. */
-    uint64_t peak = cs_load(&d->peak_requested);
+    /* Within the headroom over the program's own peak, new memory fills the pool's holes (it
+     * stays, free, for blocks of other sizes later); beyond it, memory moves: free chunks
+     * of the pool into the holes, then idle small blocks' memory. */
+    uint64_t peak = cs_load(&d->peak_in_use);
     uint64_t permille = c->config.pool_headroom_permille;
     uint64_t budget = peak + peak / 1000 * permille + peak % 1000 * permille / 1000;
+    uint64_t grow = cs_pool_need(h->pool, bytes, false);
+    if (!grow || held(d) + grow <= budget || (c->config.capturing && c->config.capturing()))
+        return grow;
+    uint64_t need = cs_pool_need(h->pool, bytes, true);
     uint64_t after = held(d) + need;
-    if (!need || after <= budget || (c->config.capturing && c->config.capturing()))
+    if (!need || after <= budget)
         return need;
     uint64_t excess = after - budget < need ? after - budget : need;
     cs_tc_reclaim(c, h->device, true);
@@ -872,7 +876,7 @@ static uint64_t move_for(cs_cache *c, cs_heap *h, uint64_t bytes)
     pthread_mutex_unlock(&c->lock);
     finish_releases(c, h->device, list, CS_RELEASE_MOVE);
     pthread_mutex_lock(&c->lock);
-    return cs_pool_need(h->pool, bytes);
+    return cs_pool_need(h->pool, bytes, true);
 }
 
 /* A miss: called with the lock held, returns with it released. */

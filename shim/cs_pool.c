@@ -611,6 +611,8 @@ static bool best_window(const cs_pool *p, uint64_t size, window *w)
                     uint64_t va = starts[t];
                     if (va < lo || va > hi - size || (t == 1 && span_end(&a->spans[s]) < size))
                         continue;
+                    if (a->spans[span_at(a, va)].kind == SPAN_HOLE)
+                        va = va / p->gran * p->gran;  /* chunks map at whole granules */
                     uint64_t holes = holes_in(a, span_at(a, va), va, size);
                     if (!found || holes < w->holes) {
                         *w = (window){a, va, holes};
@@ -739,7 +741,7 @@ static int plan_make(cs_pool *p, const window *w, uint64_t size, uint64_t max_ne
     size_t first = span_at(a, w->va), n = 0;
     for (size_t i = first; i < a->nspans && a->spans[i].va < w->va + size; i++)
         n++;
-    pl->pieces = malloc(n * sizeof *pl->pieces);
+    pl->pieces = n ? malloc(n * sizeof *pl->pieces) : NULL;  /* n >= 1: size > 0 */
     if (!pl->pieces)
         return CS_BE_OOM;
     for (size_t i = first; i < first + n; i++) {
@@ -747,6 +749,13 @@ static int plan_make(cs_pool *p, const window *w, uint64_t size, uint64_t max_ne
         uint64_t lo = s->va > w->va ? s->va : w->va;
         uint64_t hi = span_end(s) < w->va + size ? span_end(s) : w->va + size;
         pl->pieces[pl->npieces++] = (piece){lo, hi - lo, s->kind == SPAN_HOLE};
+    }
+    /* A window that ends in a hole fills it to a whole granule: the rest is a free span
+     * after the block. */
+    size_t last = pl->npieces - 1;
+    if (pl->pieces[last].hole) {
+        pl->over = round_up(w->va + size, p->gran) - (w->va + size);
+        pl->pieces[last].size += pl->over;
     }
     /* Each hole from its start: spare chunks, largest first; what is left is its tail. */
     uint64_t left = 0;
@@ -772,9 +781,9 @@ static int plan_make(cs_pool *p, const window *w, uint64_t size, uint64_t max_ne
     }
     /* The last hole may take a larger chunk, the rest of it a free span past the window, where
      * its hole goes on: a spare one first (the memory is held anyway). */
-    size_t last = pl->npieces - 1;
-    const span *end_span = &a->spans[span_at(a, w->va + size - 1)];
-    uint64_t ext = end_span->kind == SPAN_HOLE ? span_end(end_span) - (w->va + size) : 0;
+    uint64_t fill_end = w->va + size + pl->over, extra = 0;
+    const span *end_span = &a->spans[span_at(a, fill_end - 1)];
+    uint64_t ext = end_span->kind == SPAN_HOLE ? span_end(end_span) - fill_end : 0;
     for (int e = 0; e < p->max_exp && tail[last] && ext; e++) {
         uint64_t sz = p->gran << e;
         if (p->spare[e].n && sz > tail[last] && sz - tail[last] <= ext) {
@@ -786,7 +795,7 @@ static int plan_make(cs_pool *p, const window *w, uint64_t size, uint64_t max_ne
                 plan_undo(p, pl);
                 return CS_BE_OOM;
             }
-            pl->over = sz - tail[last];
+            extra = sz - tail[last];
             left -= tail[last];
             tail[last] = 0;
         }
@@ -824,13 +833,14 @@ static int plan_make(cs_pool *p, const window *w, uint64_t size, uint64_t max_ne
                 plan_undo(p, pl);
                 return CS_BE_OOM;
             }
-            pl->over = c.size - tail[last];
+            extra = c.size - tail[last];
             left -= tail[last];
             tail[last] = 0;
             nmoved++;
         }
     }
-    pl->pieces[last].size += pl->over;
+    pl->over += extra;
+    pl->pieces[last].size += extra;
     if (left > max_new) {
         free(tail);
         plan_undo(p, pl);
@@ -1176,8 +1186,8 @@ int cs_pool_alloc(cs_pool *p, uint64_t bytes, uint64_t max_new, uint64_t *addr,
 {
     *created = *released = 0;
     if (bytes > cs_pool_slab_max(p->gran))
-        return alloc_span(p, round_up(bytes, p->gran), NULL, max_new, addr, created, released,
-                          raw);
+        return alloc_span(p, round_up(bytes, CS_POOL_ALIGN), NULL, max_new, addr, created,
+                          released, raw);
     /* A slot of a slab, else a new small range (one granule) for it. */
     bool no_mem;
     pthread_mutex_lock(&p->lock);
@@ -1350,7 +1360,8 @@ int cs_pool_free(cs_pool *p, uint64_t addr, bool keep, bool done, uint64_t *rele
 
 uint64_t cs_pool_most_new(const cs_pool *p, uint64_t bytes)
 {
-    return bytes <= cs_pool_slab_max(p->gran) ? p->gran : round_up(bytes, p->gran);
+    /* A large block may start in a free span's last granule and end in a hole's. */
+    return bytes <= cs_pool_slab_max(p->gran) ? p->gran : round_up(bytes, p->gran) + p->gran;
 }
 
 bool cs_pool_fits(cs_pool *p, uint64_t bytes)
@@ -1358,15 +1369,15 @@ bool cs_pool_fits(cs_pool *p, uint64_t bytes)
     arena *a;
     size_t i;
     pthread_mutex_lock(&p->lock);
-    bool fits = best_fit(p, round_up(bytes, p->gran), &a, &i);
+    bool fits = best_fit(p, round_up(bytes, CS_POOL_ALIGN), &a, &i);
     pthread_mutex_unlock(&p->lock);
     return fits;
 }
 
-uint64_t cs_pool_need(cs_pool *p, uint64_t bytes)
+uint64_t cs_pool_need(cs_pool *p, uint64_t bytes, bool move)
 {
     pthread_mutex_lock(&p->lock);
-    uint64_t size = round_up(bytes, p->gran);
+    uint64_t size = round_up(bytes, CS_POOL_ALIGN);
     if (bytes <= cs_pool_slab_max(p->gran)) {
         slab_class *k = class_find(p, bytes);
         int first;
@@ -1380,21 +1391,21 @@ uint64_t cs_pool_need(cs_pool *p, uint64_t bytes)
         /* Holes to fill: with spare chunks, and with chunks moved from free spans of the
          * window's arena outside it. */
         uint64_t usable = spare_bytes(p);
-        if (best_window(p, size, &w)) {
-            for (size_t k = 0; k < w.a->nspans; k++) {
-                const span *s = &w.a->spans[k];
-                for (size_t m = map_index(w.a, s->va);
-                     s->kind == SPAN_FREE && m < w.a->nmaps && w.a->maps[m].va < span_end(s); m++) {
-                    const mapping *c = &w.a->maps[m];
-                    if (c->va + c->size <= span_end(s) &&
-                        !(c->va < w.va + size && w.va < c->va + c->size))
-                        usable += c->size;
-                }
-            }
-        } else {
+        bool in_arena = best_window(p, size, &w);
+        if (!in_arena)
             w.holes = size;  /* a new arena */
+        for (size_t k = 0; in_arena && move && k < w.a->nspans; k++) {
+            const span *s = &w.a->spans[k];
+            for (size_t m = map_index(w.a, s->va);
+                 s->kind == SPAN_FREE && m < w.a->nmaps && w.a->maps[m].va < span_end(s); m++) {
+                const mapping *c = &w.a->maps[m];
+                if (c->va + c->size <= span_end(s) &&
+                    !(c->va < w.va + size && w.va < c->va + c->size))
+                    usable += c->size;
+            }
         }
-        need = w.holes > usable ? w.holes - usable : 0;
+        uint64_t holes = round_up(w.holes, p->gran);  /* filled in whole granules */
+        need = holes > usable ? holes - usable : 0;
     }
     pthread_mutex_unlock(&p->lock);
     return need;

@@ -54,6 +54,9 @@ typedef struct cs_vmm_ops {
 
 typedef struct cs_pool cs_pool;
 
+/* Large blocks are carved at this alignment (cuMemAlloc's is 256 bytes). */
+#define CS_POOL_ALIGN 512u
+
 /* What the pool did, added up (for the statistics and the replay's cost estimate). */
 typedef struct cs_pool_counts {
     uint64_t creates, releases, maps, unmaps, reserves;
@@ -76,7 +79,7 @@ void cs_pool_destroy(cs_pool *p);
 uint64_t cs_pool_slab_max(uint64_t granularity);
 
 /* A block of `bytes` (the cache's block size: a size class up to cs_pool_slab_max, else a
- * multiple of the granularity). At most max_new bytes of new physical memory may be taken
+ * multiple of CS_POOL_ALIGN). At most max_new bytes of new physical memory may be taken
  * from the driver: CS_BE_SHORT when more would be needed (the spare went meanwhile).
  * *created: bytes taken from the driver; *released: spare bytes given back to the driver to
  * make room (a block that needs new memory first trades spare chunks that fit nowhere). */
@@ -92,9 +95,10 @@ int cs_pool_free(cs_pool *p, uint64_t addr, bool keep, bool done, uint64_t *rele
 uint64_t cs_pool_most_new(const cs_pool *p, uint64_t bytes);
 /* Does a free span take a large block of `bytes` as it is (no driver call)? */
 bool cs_pool_fits(cs_pool *p, uint64_t bytes);
-/* New physical bytes a block of `bytes` would take from the driver now, at the least (moving
- * free chunks where it can). */
-uint64_t cs_pool_need(cs_pool *p, uint64_t bytes);
+/* New physical bytes a block of `bytes` would take from the driver now: with `move`, at the
+ * least (free chunks moving into its holes where they can), else what its holes lack after
+ * the spare chunks. */
+uint64_t cs_pool_need(cs_pool *p, uint64_t bytes, bool move);
 /* Give memory outside blocks back to the driver (unmapped chunks first, then mapped chunks
  * every page of which is free) until `bytes` are released or none is left: bytes released. */
 uint64_t cs_pool_trim(cs_pool *p, uint64_t bytes);

@@ -148,7 +148,7 @@ static void test_create(void **state)
 static void test_large_new_is_binary(void **state)
 {
     fx *f = *state;
-    assert_int_equal(cs_pool_need(f->p, 7 * G), 7 * G);
+    assert_int_equal(cs_pool_need(f->p, 7 * G, true), 7 * G);
     uint64_t created, released;
     uint64_t va = take(f, 7 * G, &created, &released);
     assert_int_equal(created, 7 * G);
@@ -189,7 +189,7 @@ static void test_large_from_spare_largest_first(void **state)
     assert_int_equal(sim_live_maps(&f->sim), 0);
     assert_int_equal(sim_live_reserves(&f->sim), 0);
     /* 3 granules: the 4-granule chunk is too large; 2 and 1 make it, nothing created. */
-    assert_int_equal(cs_pool_need(f->p, 3 * G), 0);
+    assert_int_equal(cs_pool_need(f->p, 3 * G, true), 0);
     size_t mark = f->sim.nlog;
     uint64_t created, released;
     uint64_t a = take(f, 3 * G, &created, &released);
@@ -200,7 +200,7 @@ static void test_large_from_spare_largest_first(void **state)
     assert_int_equal(sim_mapped_at(&f->sim, a + 2 * G), 1 * G);
     assert_int_equal(counts(f).spare, 4 * G);
     /* 5 granules: the 4-granule chunk, then 1 new. */
-    assert_int_equal(cs_pool_need(f->p, 5 * G), 1 * G);
+    assert_int_equal(cs_pool_need(f->p, 5 * G, true), 1 * G);
     uint64_t b = take(f, 5 * G, &created, &released);
     assert_int_equal(created, 1 * G);
     assert_int_equal(released, 0);
@@ -212,7 +212,7 @@ static void test_large_from_spare_largest_first(void **state)
     assert_int_equal(created, 2 * G);
     give(f, a, true);  /* spare: 2, 1 */
     give(f, x, true);  /* spare: 2, 2, 1 */
-    assert_int_equal(cs_pool_need(f->p, 5 * G), 0);
+    assert_int_equal(cs_pool_need(f->p, 5 * G, true), 0);
     uint64_t c = take(f, 5 * G, &created, NULL);
     assert_int_equal(created, 0);
     assert_int_equal(sim_mapped_at(&f->sim, c), 2 * G);
@@ -229,7 +229,7 @@ static void test_trade(void **state)
 {
     fx *f = *state;
     make_spare(f, 4 * G);
-    assert_int_equal(cs_pool_need(f->p, 1 * G), 1 * G);
+    assert_int_equal(cs_pool_need(f->p, 1 * G, true), 1 * G);
     size_t mark = f->sim.nlog;
     uint64_t created, released;
     uint64_t a = take(f, 1 * G, &created, &released);
@@ -384,7 +384,7 @@ static void test_small_range_goes_when_all_free(void **state)
         assert_not_found(f, b);
     }
     /* The kept granule makes the next small range: no new memory. */
-    assert_int_equal(cs_pool_need(f->p, 512), 0);
+    assert_int_equal(cs_pool_need(f->p, 512, true), 0);
     uint64_t created;
     take(f, 512, &created, NULL);
     assert_int_equal(created, 0);
@@ -508,25 +508,25 @@ static void test_need(void **state)
 {
     fx *f = *state;
     /* Nothing: a large block is its granules, a small one a granule. */
-    assert_int_equal(cs_pool_need(f->p, 3 * G), 3 * G);
-    assert_int_equal(cs_pool_need(f->p, 2 * G + 1), 3 * G);
-    assert_int_equal(cs_pool_need(f->p, 512), G);
-    assert_int_equal(cs_pool_need(f->p, 1 * MiB), G);
+    assert_int_equal(cs_pool_need(f->p, 3 * G, true), 3 * G);
+    assert_int_equal(cs_pool_need(f->p, 2 * G + 1, true), 3 * G);
+    assert_int_equal(cs_pool_need(f->p, 512, true), G);
+    assert_int_equal(cs_pool_need(f->p, 1 * MiB, true), G);
     uint64_t s = take(f, 512, NULL, NULL);
     /* A slab of that size with a free slot, or free pages for a new one: nothing. */
-    assert_int_equal(cs_pool_need(f->p, 512), 0);
-    assert_int_equal(cs_pool_need(f->p, 64 * KiB), 0);
-    assert_int_equal(cs_pool_need(f->p, 1 * MiB), 0);  /* 16 of the 31 free pages */
+    assert_int_equal(cs_pool_need(f->p, 512, true), 0);
+    assert_int_equal(cs_pool_need(f->p, 64 * KiB, true), 0);
+    assert_int_equal(cs_pool_need(f->p, 1 * MiB, true), 0);  /* 16 of the 31 free pages */
     uint64_t m = take(f, 1 * MiB, NULL, NULL);
-    assert_int_equal(cs_pool_need(f->p, 1 * MiB), G);  /* 15 pages left: a new range */
-    assert_int_equal(cs_pool_need(f->p, 512 * KiB), 0);
+    assert_int_equal(cs_pool_need(f->p, 1 * MiB, true), G);  /* 15 pages left: a new range */
+    assert_int_equal(cs_pool_need(f->p, 512 * KiB, true), 0);
     /* Spare: used largest first, the rest new; a granule of spare serves a small range. */
     make_spare(f, 3 * G);  /* 2 and 1 */
-    assert_int_equal(cs_pool_need(f->p, 1 * MiB), 0);
-    assert_int_equal(cs_pool_need(f->p, 1 * G), 0);
-    assert_int_equal(cs_pool_need(f->p, 2 * G), 0);
-    assert_int_equal(cs_pool_need(f->p, 4 * G), 1 * G);
-    assert_int_equal(cs_pool_need(f->p, 8 * G), 5 * G);
+    assert_int_equal(cs_pool_need(f->p, 1 * MiB, true), 0);
+    assert_int_equal(cs_pool_need(f->p, 1 * G, true), 0);
+    assert_int_equal(cs_pool_need(f->p, 2 * G, true), 0);
+    assert_int_equal(cs_pool_need(f->p, 4 * G, true), 1 * G);
+    assert_int_equal(cs_pool_need(f->p, 8 * G, true), 5 * G);
     /* What need says is what a build takes. */
     uint64_t created;
     take(f, 4 * G, &created, NULL);
@@ -685,7 +685,7 @@ static void test_rollback(void **state)
             assert_int_equal(after.maps, before.maps);
             /* What the pool counts matches what the driver saw. */
             assert_int_equal(after.creates - after.releases, sim_live_handles(&f->sim));
-            assert_int_equal(cs_pool_need(f->p, bytes), small ? 0 : 6 * G);
+            assert_int_equal(cs_pool_need(f->p, bytes, true), small ? 0 : 6 * G);
             assert_not_found(f, f->sim.next_va - 1);
             /* And the same build works now. */
             uint64_t got = take(f, bytes, &created, NULL);
@@ -816,7 +816,7 @@ static void *pool_janitor(void *p)
         int raw;
         cs_pool_trim(f->p, 3 * G);
         cs_pool_regrant(f->p, &raw);
-        uint64_t need = cs_pool_need(f->p, 3 * G);
+        uint64_t need = cs_pool_need(f->p, 3 * G, true);
         (void)need;
     }
     return NULL;
