@@ -1154,10 +1154,10 @@ static int alloc_span(cs_pool *p, uint64_t size, range *r, uint64_t max_new, uin
         }
         i = span_at(a, pl.va);
         join(a, i, span_at(a, pl.va + size + pl.over - 1) + 1, SPAN_USED);
-        if (pl.over) {  /* the last chunk's rest: free (room made by plan_make) */
+        if (pl.over && room_spans(a, 1)) {  /* the last chunk's rest: free */
             split_at(a, pl.va + size);
             settle(a, i + 1, SPAN_FREE);
-        }
+        }  /* else (no host memory) the block's span keeps it, and frees it with the block */
         a->spans[i].small = r;
         /* Peer access granted while the window was filled: grant it here too. */
         while (gen != p->access_gen) {
