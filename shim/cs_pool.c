@@ -905,8 +905,12 @@ static int plan_run(cs_pool *p, plan *pl, int *raw)
         }
         if (rc == CS_BE_OK)
             rc = p->ops->map(p->dev, pc->va, pc->c.size, pc->c.handle, raw);
-        if (rc != CS_BE_OK)
+        if (rc != CS_BE_OK) {
+            for (size_t k = i + 1; k < pl->nplaces; k++)
+                if (pl->places[k].from == FROM_NEW)
+                    pl->places[k].c.size = 0;  /* never made: nothing to count or release */
             return rc;
+        }
         pc->mapped = true;
     }
     for (size_t i = 0; i < pl->npieces; i++) {
@@ -970,6 +974,7 @@ static void plan_rollback(cs_pool *p, plan *pl)
     pthread_mutex_lock(&p->lock);
     arena *a = pl->a;
     bool dead = a->dead;
+    plan_count(p, pl);  /* what the driver did before the failure: counted, then undone */
     p->counts.unmaps += unmaps;
     for (size_t i = 0; i < pl->nplaces; i++) {
         place *pc = &pl->places[i];
