@@ -1154,12 +1154,13 @@ static int alloc_span(cs_pool *p, uint64_t size, range *r, uint64_t max_new, uin
             settle(a, i + 1, SPAN_FREE);
         }
         a->spans[i].small = r;
-        /* Peer access granted while the window was filled: grant it here too. */
+        /* Peer access granted while the window was filled: grant it here too, and to the
+         * last chunk's rest (a free span the regrant skipped while it was busy). */
         while (gen != p->access_gen) {
             gen = p->access_gen;
             pthread_mutex_unlock(&p->lock);
             int ignored;
-            p->ops->access(p->dev, pl.va, size, &ignored);
+            p->ops->access(p->dev, pl.va, size + pl.over, &ignored);
             pthread_mutex_lock(&p->lock);
         }
         if (r) {

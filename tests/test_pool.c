@@ -860,6 +860,54 @@ static void test_regrant_during_build(void **state)
     assert_true(granted(&f->sim, from, b, 3 * G, 1));
 }
 
+/* The same while the last chunk overhangs (test_overhang's build), with the regrant during
+ * the build's own access call (its devices were read before the regrant): everything the
+ * chunk maps is granted again once the regrant is over, the block and the chunk's rest, a
+ * free span after the block that the regrant skipped while it was busy. */
+static int regrant_started, regrant_over;  /* access records: the regrant's first, and past it */
+
+static void regrant_in_access(vmm_sim *s, int op, void *arg)
+{
+    (void)arg;
+    if (op == SIM_ACCESS && regrant_hook.armed && --regrant_hook.armed == 0) {
+        int raw;
+        regrant_started = s->naccess;
+        cs_pool_regrant(regrant_hook.p, &raw);
+        regrant_over = s->naccess + 1;  /* the interrupted call is recorded at naccess */
+    }
+}
+
+static void test_regrant_during_overhang(void **state)
+{
+    fx *f = *state;
+    uint64_t a = take(f, 32 * G, NULL, NULL), b = take(f, 32 * G, NULL, NULL),
+             d = take(f, 32 * G, NULL, NULL), e = take(f, 1 * G, NULL, NULL);
+    give(f, a, true);
+    give(f, d, true);
+    give(f, e, true);
+    regrant_hook.p = f->p;
+    regrant_hook.armed = 1;  /* the build's one access call: the window has one hole */
+    f->sim.hook = regrant_in_access;
+    uint64_t v = 0, created, released;
+    int raw = 0;
+    assert_int_equal(cs_pool_alloc(f->p, 34 * G, 0, &v, &created, &released, &raw), CS_BE_OK);
+    f->sim.hook = NULL;
+    assert_int_equal(regrant_hook.armed, 0);
+    assert_int_equal(v, d);
+    assert_no_block(f, d + 34 * G);  /* the rest: free */
+    assert_true(granted(&f->sim, regrant_started, b, 32 * G, 1));  /* by the regrant */
+    /* Grants that started after the regrant cover [d, d + 65 granules). */
+    uint64_t covered = d;
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = regrant_over; i < f->sim.naccess; i++) {
+            uint64_t va = f->sim.access_va[i % 256], end = va + f->sim.access_size[i % 256];
+            if (va <= covered && end > covered)
+                covered = end;
+        }
+    if (covered < d + 65 * G)
+        fail_msg("granted again up to granule %llu of 65", (unsigned long long)((covered - d) / G));
+}
+
 /* ---------------------------------------------------------------- failures */
 
 /* The pool's counts match what the driver holds; nothing misused. */
@@ -1280,6 +1328,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_trim, setup, teardown),
         cmocka_unit_test_setup_teardown(test_regrant, setup, teardown),
         cmocka_unit_test_setup_teardown(test_regrant_during_build, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_regrant_during_overhang, setup, teardown),
         cmocka_unit_test(test_rollback),
         cmocka_unit_test(test_rollback_move),
         cmocka_unit_test_setup_teardown(test_unmap_failure, setup, teardown),
