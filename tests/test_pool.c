@@ -1187,9 +1187,9 @@ static void test_release_all_during_trim(void **state)
 
 /* ---------------------------------------------------------------- threads */
 
-/* Threads allocate and free blocks of mixed sizes (kept or released, done or not) while
- * another trims and regrants. No two live blocks overlap; at the end everything goes back
- * and the device holds nothing. */
+/* Threads allocate and free blocks of mixed sizes (kept or released, done or not; some with
+ * no new memory allowed: moves) while another trims and regrants. No two live blocks
+ * overlap; at the end everything goes back and the device holds nothing. */
 enum { POOL_THREADS = 6, POOL_OPS = 4000, POOL_SLOTS = 32 };
 
 typedef struct {
@@ -1241,11 +1241,15 @@ static void *pool_worker(void *p)
                       CS_BE_OK;
             mine[k] = 0;
         } else {
+            /* One in four allows no new memory: it moves free chunks, or is short. */
             uint64_t bytes = sizes[(r >> 10) % 8], a, created;
-            if (cs_pool_alloc(w->f->p, bytes, UINT64_MAX, &a, &created, &released, &raw) != CS_BE_OK) {
-                w->bad++;
+            uint64_t max_new = (r >> 13) % 4 ? UINT64_MAX : 0;
+            int rc = cs_pool_alloc(w->f->p, bytes, max_new, &a, &created, &released, &raw);
+            if (rc != CS_BE_OK) {
+                w->bad += !(rc == CS_BE_SHORT && max_new == 0);
                 continue;
             }
+            w->bad += max_new == 0 && created != 0;
             mine[k] = a;
             w->bad += !live_add(first * POOL_SLOTS + k, a, bytes);
             uint64_t base, size;
@@ -1303,6 +1307,8 @@ static void test_threads(void **state)
     assert_int_equal(c.creates, c.releases);
     assert_int_equal(c.maps, c.unmaps);
     assert_int_equal(c.creates, (uint64_t)f->sim.calls[SIM_CREATE]);
+    assert_true(c.moves > 0);
+    assert_true(c.carves > 0);
 }
 
 int main(void)
