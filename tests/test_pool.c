@@ -329,17 +329,41 @@ static void test_window_mixes_free_and_holes(void **state)
     (void)a;
 }
 
+/* The scene of the moves: x (2 granules) and z (1) kept free, y (1) in use between them,
+ * the arena's hole after z. A block of 3 granules starts on z's free granule; without new
+ * memory, x's two chunks are what can fill the rest. */
+static void move_scene(fx *f, uint64_t *x, uint64_t *y, uint64_t *z)
+{
+    *x = take(f, 2 * G, NULL, NULL);
+    *y = take(f, 1 * G, NULL, NULL);
+    *z = take(f, 1 * G, NULL, NULL);
+    give(f, *x, true);
+    give(f, *z, true);
+}
+
+/* The scene of the overhang: blocks a, b, d of one 32-granule chunk each and e of a granule,
+ * a, d and e kept free (d and e one free span of 33 granules, then the arena's hole). A
+ * block of 34 granules without new memory: the only free chunk that can move is a's, for a
+ * granule of hole. Returns d; *b is in use. */
+static uint64_t overhang_scene(fx *f, uint64_t *a, uint64_t *b)
+{
+    *a = take(f, 32 * G, NULL, NULL);
+    *b = take(f, 32 * G, NULL, NULL);
+    uint64_t d = take(f, 32 * G, NULL, NULL), e = take(f, 1 * G, NULL, NULL);
+    give(f, *a, true);
+    give(f, d, true);
+    give(f, e, true);
+    return d;
+}
+
 /* When the cache allows no new memory, holes are filled with chunks moved from free spans
  * elsewhere in the arena: each is unmapped where it was (its span becomes a hole) and mapped
  * in the window. With new memory allowed, nothing moves. */
 static void test_move_free_chunks(void **state)
 {
     fx *f = *state;
-    uint64_t x = take(f, 2 * G, NULL, NULL), y = take(f, 1 * G, NULL, NULL),
-             z = take(f, 1 * G, NULL, NULL);
-    give(f, x, true);  /* free: 2 chunks of a granule */
-    give(f, z, true);  /* free: 1, then the arena's hole */
-    /* 3 granules: z's free granule and 2 of the hole; x's 2 chunks are what can move. */
+    uint64_t x, y, z;
+    move_scene(f, &x, &y, &z);
     assert_int_equal(cs_pool_need(f->p, 3 * G), 0);
     size_t mark = f->sim.nlog;
     uint64_t a = 0, created = 1, released = 1;
@@ -406,11 +430,7 @@ static void test_move_never_partly_used(void **state)
 static void test_overhang(void **state)
 {
     fx *f = *state;
-    uint64_t a = take(f, 32 * G, NULL, NULL), b = take(f, 32 * G, NULL, NULL),
-             d = take(f, 32 * G, NULL, NULL), e = take(f, 1 * G, NULL, NULL);
-    give(f, a, true);
-    give(f, d, true);
-    give(f, e, true);  /* d and e: one free span of 33 granules, then the arena's hole */
+    uint64_t a, b, d = overhang_scene(f, &a, &b), e = d + 32 * G;
     assert_false(cs_pool_fits(f->p, 34 * G));
     size_t mark = f->sim.nlog;
     uint64_t v = 0, created = 1, released = 1;
@@ -880,11 +900,7 @@ static void regrant_in_access(vmm_sim *s, int op, void *arg)
 static void test_regrant_during_overhang(void **state)
 {
     fx *f = *state;
-    uint64_t a = take(f, 32 * G, NULL, NULL), b = take(f, 32 * G, NULL, NULL),
-             d = take(f, 32 * G, NULL, NULL), e = take(f, 1 * G, NULL, NULL);
-    give(f, a, true);
-    give(f, d, true);
-    give(f, e, true);
+    uint64_t a, b, d = overhang_scene(f, &a, &b);
     regrant_hook.p = f->p;
     regrant_hook.armed = 1;  /* the build's one access call: the window has one hole */
     f->sim.hook = regrant_in_access;
@@ -1021,10 +1037,8 @@ static void test_rollback_move(void **state)
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         fx *f;
         setup((void **)&f);
-        uint64_t x = take(f, 2 * G, NULL, NULL), y = take(f, 1 * G, NULL, NULL),
-                 z = take(f, 1 * G, NULL, NULL);
-        give(f, x, true);
-        give(f, z, true);
+        uint64_t x, y, z;
+        move_scene(f, &x, &y, &z);
         cs_pool_counts before = counts(f);
         sim_fail_in(&f->sim, cases[i].op, cases[i].nth, cases[i].rc);
         uint64_t a = 0, created = 7, released = 7;
@@ -1133,10 +1147,8 @@ static void test_release_all_during_build(void **state)
     for (int c = 0; c < 4; c++) {
         fx *f;
         setup((void **)&f);
-        uint64_t x = take(f, 2 * G, NULL, NULL), y = take(f, 1 * G, NULL, NULL),
-                 z = take(f, 1 * G, NULL, NULL);
-        give(f, x, true);
-        give(f, z, true);
+        uint64_t x, y, z;
+        move_scene(f, &x, &y, &z);
         uint64_t a = 0, created = 7, released = 7, max_new = UINT64_MAX, bytes = 3 * G;
         int raw = 0;
         if (c == 0)
