@@ -224,14 +224,6 @@ static int spare_fit(const cs_pool *p, uint64_t bytes)
     return -1;
 }
 
-static uint64_t spare_bytes(const cs_pool *p)
-{
-    uint64_t n = 0;
-    for (int e = 0; e < p->max_exp; e++)
-        n += p->spare[e].n * (p->gran << e);
-    return n;
-}
-
 /* Without the lock: chunks go back to the driver. Returns their bytes. */
 static uint64_t release_chunks(cs_pool *p, const chunk *c, size_t n)
 {
@@ -672,6 +664,8 @@ typedef struct {
     chunk *trade;          /* spare chunks that fit nowhere, released for new memory */
     size_t ntrade;
     uint64_t created;
+    bool dry;              /* only count: stop at `left`, take nothing (cs_pool_need) */
+    uint64_t left;         /* the new memory the plan takes, once its moves are chosen */
 } plan;
 
 static void plan_free(plan *pl)
@@ -831,10 +825,11 @@ static int plan_make(cs_pool *p, const window *w, uint64_t size, uint64_t max_ne
         }
     }
     pl->pieces[last].size += pl->over;
-    if (left > max_new) {
+    pl->left = left;
+    if (left > max_new || pl->dry) {
         free(tail);
         plan_undo(p, pl);
-        return CS_BE_SHORT;
+        return left > max_new ? CS_BE_SHORT : CS_BE_OK;
     }
     /* New memory for the rest of each tail: chunks of one granule, which fit any hole when
      * they move, except for what a large tail holds in whole multiples of BIG_CHUNK granules
@@ -885,6 +880,16 @@ static int plan_make(cs_pool *p, const window *w, uint64_t size, uint64_t max_ne
     }
     a->busy++;
     return CS_BE_OK;
+}
+
+/* Under the lock: the new memory a plan for window w takes at the least (with no new memory
+ * allowed, it moves all it can): a plan made and undone. */
+static uint64_t plan_least(cs_pool *p, const window *w, uint64_t size)
+{
+    plan pl = {.dry = true, .left = w->holes};  /* no host memory to plan: all of its holes */
+    plan_make(p, w, size, 0, &pl);
+    plan_free(&pl);
+    return pl.left;
 }
 
 /* Without the lock: the driver calls of a plan. Returns CS_BE_OK or the first failure. */
@@ -1380,27 +1385,17 @@ uint64_t cs_pool_need(cs_pool *p, uint64_t bytes)
     }
     arena *a;
     size_t i;
-    window w;
+    window w, fresh;
     uint64_t need = 0;
     if (size && !best_fit(p, size, &a, &i)) {
-        /* Holes to fill: with spare chunks, and with chunks moved from free spans of the
-         * window's arena outside it. */
-        uint64_t usable = spare_bytes(p);
-        if (best_window(p, size, &w)) {
-            for (size_t k = 0; k < w.a->nspans; k++) {
-                const span *s = &w.a->spans[k];
-                for (size_t m = map_index(w.a, s->va);
-                     s->kind == SPAN_FREE && m < w.a->nmaps && w.a->maps[m].va < span_end(s); m++) {
-                    const mapping *c = &w.a->maps[m];
-                    if (c->va + c->size <= span_end(s) &&
-                        !(c->va < w.va + size && w.va < c->va + c->size))
-                        usable += c->size;
-                }
-            }
-        } else {
-            w.holes = size;  /* a new arena */
+        /* What cs_pool_alloc would take with no more new memory than needed: the best
+         * window's plan, else one where the largest hole starts (a new arena: all of it). */
+        bool found = best_window(p, size, &w);
+        need = found ? plan_least(p, &w, size) : size;
+        if (need && found && fresh_window(p, size, &fresh) && fresh.va != w.va) {
+            uint64_t n = plan_least(p, &fresh, size);
+            need = n < need ? n : need;
         }
-        need = w.holes > usable ? w.holes - usable : 0;
     }
     pthread_mutex_unlock(&p->lock);
     return need;

@@ -767,6 +767,44 @@ static void test_need(void **state)
     (void)m;
 }
 
+/* What cs_pool_need says is what a build allowed that much new memory takes: the plan of the
+ * best window, or of the largest hole when that one needs less. Here 34 granules: c's free
+ * span of 33 (a 32-granule chunk and a granule) and a granule of hole that ends at block d.
+ * a's free 32-granule chunk cannot fill a granule of hole there. With the arena's rest a hole
+ * (the first round), the block goes there instead, made of a's and c's chunks moved: no new
+ * memory. With the rest in use (the second), it needs a granule: need says so, and a build
+ * allowed nothing is short. */
+static void test_need_is_what_a_build_takes(void **state)
+{
+    (void)state;
+    for (int full = 0; full < 2; full++) {
+        fx *f;
+        setup((void **)&f);
+        uint64_t a = take(f, 32 * G, NULL, NULL), b = take(f, 1 * G, NULL, NULL),
+                 c = take(f, 33 * G, NULL, NULL), h = take(f, 1 * G, NULL, NULL),
+                 d = take(f, 1 * G, NULL, NULL);
+        if (full)
+            take(f, 188 * G, NULL, NULL);  /* the arena's hole, all of it */
+        give(f, a, true);
+        give(f, h, false);
+        give(f, c, true);
+        uint64_t need = cs_pool_need(f->p, 34 * G), v = 0, created = 7, released;
+        int raw;
+        assert_int_equal(need, full ? 1 * G : 0);
+        if (full)
+            assert_int_equal(cs_pool_alloc(f->p, 34 * G, 0, &v, &created, &released, &raw),
+                             CS_BE_SHORT);
+        assert_int_equal(cs_pool_alloc(f->p, 34 * G, need, &v, &created, &released, &raw),
+                         CS_BE_OK);
+        assert_int_equal(created, need);
+        assert_int_equal(v, full ? c : d + 1 * G);
+        assert_int_equal(counts(f).moves, full ? 0 : 3);
+        assert_int_equal(f->sim.misuse, 0);
+        (void)b;
+        teardown((void **)&f);
+    }
+}
+
 /* ---------------------------------------------------------------- trim */
 
 /* Trim gives back the chunks of free spans (each unmapped, then released; their spans turn
@@ -1343,6 +1381,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_not_done_syncs_first, setup, teardown),
         cmocka_unit_test_setup_teardown(test_find, setup, teardown),
         cmocka_unit_test_setup_teardown(test_need, setup, teardown),
+        cmocka_unit_test(test_need_is_what_a_build_takes),
         cmocka_unit_test_setup_teardown(test_trim, setup, teardown),
         cmocka_unit_test_setup_teardown(test_regrant, setup, teardown),
         cmocka_unit_test_setup_teardown(test_regrant_during_build, setup, teardown),
