@@ -1189,37 +1189,36 @@ int cs_pool_alloc(cs_pool *p, uint64_t bytes, uint64_t max_new, uint64_t *addr,
     if (bytes > cs_pool_slab_max(p->gran))
         return alloc_span(p, round_up(bytes, p->gran), NULL, max_new, addr, created, released,
                           raw);
-    /* A slot of a slab, else a new small range (one granule) for it. */
-    bool no_mem;
-    pthread_mutex_lock(&p->lock);
-    bool ok = !p->dead && slot_take(p, bytes, addr, &no_mem);
-    pthread_mutex_unlock(&p->lock);
-    if (ok)
-        return CS_BE_OK;
-    range *r = calloc(1, sizeof *r);
-    if (no_mem || !r) {
-        free(r);
-        *raw = HOST_OOM;
-        return CS_BE_OOM;
+    /* A slot of a slab, else a new small range (one granule) for it. Other threads may take
+     * the new range's pages before this one comes back for its slot: then another range,
+     * within what is left of max_new. */
+    for (;;) {
+        bool no_mem = false;
+        pthread_mutex_lock(&p->lock);
+        bool dead = p->dead, ok = !dead && slot_take(p, bytes, addr, &no_mem);
+        pthread_mutex_unlock(&p->lock);
+        if (ok)
+            return CS_BE_OK;
+        if (dead) {  /* the context went, with any range made for this block */
+            *raw = DESTROYED;
+            return CS_BE_ERROR;
+        }
+        range *r = no_mem ? NULL : calloc(1, sizeof *r);
+        if (!r) {
+            *raw = HOST_OOM;
+            return CS_BE_OOM;
+        }
+        r->free_pages = UINT32_MAX;
+        uint64_t va, made = 0, gone = 0;
+        int rc = alloc_span(p, p->gran, r, max_new > *created ? max_new - *created : 0, &va,
+                            &made, &gone, raw);
+        *created += made;
+        *released += gone;
+        if (rc != CS_BE_OK) {
+            free(r);
+            return rc;
+        }
     }
-    r->free_pages = UINT32_MAX;
-    uint64_t va;
-    int rc = alloc_span(p, p->gran, r, max_new, &va, created, released, raw);
-    if (rc != CS_BE_OK) {
-        free(r);
-        return rc;
-    }
-    pthread_mutex_lock(&p->lock);
-    /* Another thread may have made room meanwhile: any slot will do. Unless the context went
-     * meanwhile, and the new range with it. */
-    ok = !p->dead && slot_take(p, bytes, addr, &no_mem);
-    bool dead = p->dead;
-    pthread_mutex_unlock(&p->lock);
-    if (!ok) {
-        *raw = dead ? DESTROYED : HOST_OOM;
-        return dead ? CS_BE_ERROR : CS_BE_OOM;  /* no host memory for a slab: the range stays */
-    }
-    return CS_BE_OK;
 }
 
 /* Under the lock: the chunks wholly inside free spans of [lo, hi) of arena a, up to `bytes`,
