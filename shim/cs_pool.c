@@ -224,14 +224,6 @@ static int spare_fit(const cs_pool *p, uint64_t bytes)
     return -1;
 }
 
-static uint64_t spare_bytes(const cs_pool *p)
-{
-    uint64_t n = 0;
-    for (int e = 0; e < p->max_exp; e++)
-        n += p->spare[e].n * (p->gran << e);
-    return n;
-}
-
 /* Without the lock: chunks go back to the driver. Returns their bytes. */
 static uint64_t release_chunks(cs_pool *p, const chunk *c, size_t n)
 {
@@ -674,6 +666,8 @@ typedef struct {
     chunk *trade;          /* spare chunks that fit nowhere, released for new memory */
     size_t ntrade;
     uint64_t created;
+    bool dry;              /* only count: stop at `left`, take nothing (cs_pool_need) */
+    uint64_t left;         /* the new memory the plan takes, once its moves are chosen */
 } plan;
 
 static void plan_free(plan *pl)
@@ -841,10 +835,11 @@ static int plan_make(cs_pool *p, const window *w, uint64_t size, uint64_t max_ne
     }
     pl->over += extra;
     pl->pieces[last].size += extra;
-    if (left > max_new) {
+    pl->left = left;
+    if (left > max_new || pl->dry) {
         free(tail);
         plan_undo(p, pl);
-        return CS_BE_SHORT;
+        return left > max_new ? CS_BE_SHORT : CS_BE_OK;
     }
     /* New memory for the rest of each tail: chunks of one granule, which fit any hole when
      * they move, except for what a large tail holds in whole multiples of BIG_CHUNK granules
@@ -897,6 +892,17 @@ static int plan_make(cs_pool *p, const window *w, uint64_t size, uint64_t max_ne
     return CS_BE_OK;
 }
 
+/* Under the lock: the new memory a plan for window w takes at the least (with no new memory
+ * allowed, it moves all it can): a plan made and undone. */
+static uint64_t plan_least(cs_pool *p, const window *w, uint64_t size, bool move)
+{
+    /* No host memory to plan: all of its holes. */
+    plan pl = {.dry = true, .left = round_up(w->holes, p->gran)};
+    plan_make(p, w, size, move ? 0 : UINT64_MAX, &pl);
+    plan_free(&pl);
+    return pl.left;
+}
+
 /* Without the lock: the driver calls of a plan. Returns CS_BE_OK or the first failure. */
 static int plan_run(cs_pool *p, plan *pl, int *raw)
 {
@@ -915,8 +921,12 @@ static int plan_run(cs_pool *p, plan *pl, int *raw)
         }
         if (rc == CS_BE_OK)
             rc = p->ops->map(p->dev, pc->va, pc->c.size, pc->c.handle, raw);
-        if (rc != CS_BE_OK)
+        if (rc != CS_BE_OK) {
+            for (size_t k = i + 1; k < pl->nplaces; k++)
+                if (pl->places[k].from == FROM_NEW)
+                    pl->places[k].c.size = 0;  /* never made: nothing to count or release */
             return rc;
+        }
         pc->mapped = true;
     }
     for (size_t i = 0; i < pl->npieces; i++) {
@@ -980,6 +990,7 @@ static void plan_rollback(cs_pool *p, plan *pl)
     pthread_mutex_lock(&p->lock);
     arena *a = pl->a;
     bool dead = a->dead;
+    plan_count(p, pl);  /* what the driver did before the failure: counted, then undone */
     p->counts.unmaps += unmaps;
     for (size_t i = 0; i < pl->nplaces; i++) {
         place *pc = &pl->places[i];
@@ -1159,12 +1170,13 @@ static int alloc_span(cs_pool *p, uint64_t size, range *r, uint64_t max_new, uin
             settle(a, i + 1, SPAN_FREE);
         }  /* else (no host memory) the block's span keeps it, and frees it with the block */
         a->spans[i].small = r;
-        /* Peer access granted while the window was filled: grant it here too. */
+        /* Peer access granted while the window was filled: grant it here too, and to the
+         * last chunk's rest (a free span the regrant skipped while it was busy). */
         while (gen != p->access_gen) {
             gen = p->access_gen;
             pthread_mutex_unlock(&p->lock);
             int ignored;
-            p->ops->access(p->dev, pl.va, size, &ignored);
+            p->ops->access(p->dev, pl.va, size + pl.over, &ignored);
             pthread_mutex_lock(&p->lock);
         }
         if (r) {
@@ -1188,37 +1200,36 @@ int cs_pool_alloc(cs_pool *p, uint64_t bytes, uint64_t max_new, uint64_t *addr,
     if (bytes > cs_pool_slab_max(p->gran))
         return alloc_span(p, round_up(bytes, CS_POOL_ALIGN), NULL, max_new, addr, created,
                           released, raw);
-    /* A slot of a slab, else a new small range (one granule) for it. */
-    bool no_mem;
-    pthread_mutex_lock(&p->lock);
-    bool ok = !p->dead && slot_take(p, bytes, addr, &no_mem);
-    pthread_mutex_unlock(&p->lock);
-    if (ok)
-        return CS_BE_OK;
-    range *r = calloc(1, sizeof *r);
-    if (no_mem || !r) {
-        free(r);
-        *raw = HOST_OOM;
-        return CS_BE_OOM;
+    /* A slot of a slab, else a new small range (one granule) for it. Other threads may take
+     * the new range's pages before this one comes back for its slot: then another range,
+     * within what is left of max_new. */
+    for (;;) {
+        bool no_mem = false;
+        pthread_mutex_lock(&p->lock);
+        bool dead = p->dead, ok = !dead && slot_take(p, bytes, addr, &no_mem);
+        pthread_mutex_unlock(&p->lock);
+        if (ok)
+            return CS_BE_OK;
+        if (dead) {  /* the context went, with any range made for this block */
+            *raw = DESTROYED;
+            return CS_BE_ERROR;
+        }
+        range *r = no_mem ? NULL : calloc(1, sizeof *r);
+        if (!r) {
+            *raw = HOST_OOM;
+            return CS_BE_OOM;
+        }
+        r->free_pages = UINT32_MAX;
+        uint64_t va, made = 0, gone = 0;
+        int rc = alloc_span(p, p->gran, r, max_new > *created ? max_new - *created : 0, &va,
+                            &made, &gone, raw);
+        *created += made;
+        *released += gone;
+        if (rc != CS_BE_OK) {
+            free(r);
+            return rc;
+        }
     }
-    r->free_pages = UINT32_MAX;
-    uint64_t va;
-    int rc = alloc_span(p, p->gran, r, max_new, &va, created, released, raw);
-    if (rc != CS_BE_OK) {
-        free(r);
-        return rc;
-    }
-    pthread_mutex_lock(&p->lock);
-    /* Another thread may have made room meanwhile: any slot will do. Unless the context went
-     * meanwhile, and the new range with it. */
-    ok = !p->dead && slot_take(p, bytes, addr, &no_mem);
-    bool dead = p->dead;
-    pthread_mutex_unlock(&p->lock);
-    if (!ok) {
-        *raw = dead ? DESTROYED : HOST_OOM;
-        return dead ? CS_BE_ERROR : CS_BE_OOM;  /* no host memory for a slab: the range stays */
-    }
-    return CS_BE_OK;
 }
 
 /* Under the lock: the chunks wholly inside free spans of [lo, hi) of arena a, up to `bytes`,
@@ -1385,27 +1396,17 @@ uint64_t cs_pool_need(cs_pool *p, uint64_t bytes, bool move)
     }
     arena *a;
     size_t i;
-    window w;
+    window w, fresh;
     uint64_t need = 0;
     if (size && !best_fit(p, size, &a, &i)) {
-        /* Holes to fill: with spare chunks, and with chunks moved from free spans of the
-         * window's arena outside it. */
-        uint64_t usable = spare_bytes(p);
-        bool in_arena = best_window(p, size, &w);
-        if (!in_arena)
-            w.holes = size;  /* a new arena */
-        for (size_t k = 0; in_arena && move && k < w.a->nspans; k++) {
-            const span *s = &w.a->spans[k];
-            for (size_t m = map_index(w.a, s->va);
-                 s->kind == SPAN_FREE && m < w.a->nmaps && w.a->maps[m].va < span_end(s); m++) {
-                const mapping *c = &w.a->maps[m];
-                if (c->va + c->size <= span_end(s) &&
-                    !(c->va < w.va + size && w.va < c->va + c->size))
-                    usable += c->size;
-            }
+        /* What cs_pool_alloc would take with no more new memory than needed: the best
+         * window's plan, else one where the largest hole starts (a new arena: all of it). */
+        bool found = best_window(p, size, &w);
+        need = found ? plan_least(p, &w, size, move) : size;
+        if (need && found && fresh_window(p, size, &fresh) && fresh.va != w.va) {
+            uint64_t n = plan_least(p, &fresh, size, move);
+            need = n < need ? n : need;
         }
-        uint64_t holes = round_up(w.holes, p->gran);  /* filled in whole granules */
-        need = holes > usable ? holes - usable : 0;
     }
     pthread_mutex_unlock(&p->lock);
     return need;

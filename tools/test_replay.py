@@ -124,7 +124,8 @@ def part_exact(replay, data):
     expect(replay, classic + [t("threshold.trace")],
            dict(releases=0, driver_frees=0, peak_reserved=2 * MiB))
     # Out of memory: classic recovers by giving the idle block back (the refused call is no
-    # driver allocation); pooled moves the idle block's chunk to the small range instead.
+    # driver allocation); pooled moves the idle block back to the pool instead, and the small
+    # range is carved out of its free span: no driver call at all.
     expect(replay, classic + ["--device-size", "2M", t("oom.trace")],
            dict(hits=0, misses=3, driver_allocs=2, driver_frees=1, releases=1,
                 oom_recoveries=1, oom_failures=1, replay_failures=1, dropped_frees=1,
@@ -133,12 +134,12 @@ def part_exact(replay, data):
            dict(hits=0, misses=3, driver_allocs=1, driver_frees=0, releases=0,
                 oom_recoveries=0, oom_failures=1, replay_failures=1, dropped_frees=1,
                 peak_live=2 * MiB, peak_reserved=2 * MiB, fences=2, moves=1,
-                chunk_creates=1, chunk_releases=0, chunk_maps=2, chunk_unmaps=1,
-                cached_us=99.02))
+                chunk_creates=1, chunk_releases=0, chunk_maps=1, chunk_unmaps=0,
+                cached_us=46.02))
     expect(replay, classic + [t("oom.trace")],
            dict(oom_recoveries=0, oom_failures=0, driver_allocs=3))
     expect(replay, [t("oom.trace")],
-           dict(oom_recoveries=0, oom_failures=0, driver_allocs=2, moves=1, chunk_creates=2))
+           dict(oom_recoveries=0, oom_failures=0, driver_allocs=2, moves=1, chunk_creates=3))
     # The cap: see the trace's comment for both backends.
     expect(replay, classic + ["--cap", "3M", t("cap.trace")],
            dict(events=9, allocs=5, frees=4, hits=0, misses=5, driver_allocs=3,
@@ -151,21 +152,27 @@ def part_exact(replay, data):
                 dropped_frees=3, peak_live=2 * MiB, peak_reserved=2 * MiB, cap=3 * MiB,
                 fences=1, moves=1, chunk_creates=1, chunk_releases=1, chunk_maps=1,
                 chunk_unmaps=1))
-    # The headroom (see the trace): moves at 0 and 49 %, none at exactly 50 % or more.
-    moved = dict(hits=0, misses=3, driver_allocs=3, driver_frees=1, moves=2,
-                 chunk_creates=3, chunk_releases=1, chunk_maps=4, chunk_unmaps=2,
+    # headroom.trace: a large idle block the GPU is done with goes back to the pool whatever
+    # the headroom when no free span takes a miss, and the block is carved out of its span.
+    moved = dict(hits=0, misses=3, driver_allocs=1, driver_frees=0, moves=2,
+                 chunk_creates=2, chunk_releases=0, chunk_maps=2, chunk_unmaps=0,
                  peak_live=4 * MiB, peak_reserved=4 * MiB, releases=0)
-    kept = dict(hits=1, misses=2, driver_allocs=2, driver_frees=0, moves=0, chunk_creates=2,
-                chunk_releases=0, chunk_maps=2, chunk_unmaps=0, peak_live=4 * MiB,
-                peak_reserved=6 * MiB, releases=0)
-    expect(replay, [t("headroom.trace")], moved)
-    expect(replay, ["--headroom", "0", t("headroom.trace")], moved)
-    expect(replay, ["--headroom", "49", t("headroom.trace")], moved)
-    expect(replay, ["--headroom", "50", t("headroom.trace")], kept)
-    expect(replay, ["--headroom=1000", t("headroom.trace")], kept)
+    for headroom in ([], ["--headroom", "0"], ["--headroom", "49"], ["--headroom", "50"],
+                     ["--headroom=1000"]):
+        expect(replay, headroom + [t("headroom.trace")], moved)
     expect(replay, classic + ["--headroom", "0", t("headroom.trace")],
            dict(hits=1, misses=2, driver_allocs=2, driver_frees=0, moves=0, chunk_creates=0,
                 peak_reserved=6 * MiB))
+    # headroom-small.trace: what the headroom decides, an idle small block moving or staying
+    # cached when new memory is needed; below 500 % it moves, from 500 % on it stays.
+    small_moved = dict(hits=0, misses=2, driver_allocs=2, driver_frees=0, moves=1,
+                       chunk_creates=2, chunk_releases=0, chunk_maps=2, chunk_unmaps=0,
+                       peak_reserved=4 * MiB)
+    small_kept = dict(small_moved, moves=0, chunk_creates=3, chunk_maps=3, peak_reserved=6 * MiB)
+    expect(replay, [t("headroom-small.trace")], small_moved)
+    expect(replay, ["--headroom", "499", t("headroom-small.trace")], small_moved)
+    expect(replay, ["--headroom", "500", t("headroom-small.trace")], small_kept)
+    expect(replay, ["--headroom", "1000", t("headroom-small.trace")], small_kept)
     # Slabs: nine 256 KiB blocks and 1 MiB in two granules (see the trace).
     expect(replay, [t("slab.trace")],
            dict(hits=0, misses=10, driver_allocs=2, chunk_creates=2, chunk_maps=2, moves=0,
@@ -177,10 +184,10 @@ def part_exact(replay, data):
     # new memory.
     p = run(replay, "--headroom", "0", t("headroom.trace"))
     check("text: backend", ", backend pooled\n" in p.stdout, True)
-    check("text: pooled line", "  pooled              2 moves, 3 chunks created, 1 released, "
-          "4 mapped, 2 unmapped\n" in p.stdout, True)
-    check("text: driver allocs", "  driver allocs       3  (allocations that took new memory: "
-          "0.00 % served without)\n" in p.stdout, True)
+    check("text: pooled line", "  pooled              2 moves, 2 chunks created, 0 released, "
+          "2 mapped, 0 unmapped\n" in p.stdout, True)
+    check("text: driver allocs", "  driver allocs       1  (allocations that took new memory: "
+          "66.67 % served without)\n" in p.stdout, True)
     p = run(replay, *classic, t("headroom.trace"))
     check("text classic: backend", ", backend classic\n" in p.stdout, True)
     check("text classic: no pooled line", "  pooled " in p.stdout, False)
@@ -282,24 +289,24 @@ def part_sweep(replay, data):
 # back from the thread caches in class order, so which idle block moves first can differ).
 SHARED = {
     "resnet.trace.gz": {
-        (): dict(hits=4608, misses=2045, driver_allocs=259, driver_frees=92, moves=1726,
-                 peak_reserved=1155530752, chunk_creates=372, chunk_releases=92,
-                 chunk_maps=7601, chunk_unmaps=7340),
+        (): dict(hits=4470, misses=2183, driver_allocs=108, driver_frees=0, moves=1865,
+                 peak_reserved=1166016512, chunk_creates=525, chunk_releases=0,
+                 chunk_maps=1124, chunk_unmaps=599),
         ("--backend", "classic"): dict(hits=6209, misses=444, driver_allocs=444, driver_frees=0,
                                        moves=0, peak_reserved=3534678016, chunk_creates=0),
-        ("--headroom", "25"): dict(hits=5177, misses=1476, driver_allocs=285, driver_frees=66,
-                                   moves=1141, peak_reserved=1323302912, chunk_creates=373,
-                                   chunk_releases=66, chunk_maps=5717, chunk_unmaps=5419),
+        ("--headroom", "25"): dict(hits=4623, misses=2030, driver_allocs=107, driver_frees=0,
+                                   moves=1708, peak_reserved=1168113664, chunk_creates=526,
+                                   chunk_releases=0, chunk_maps=1016, chunk_unmaps=490),
     },
     "cupy.trace.gz": {
-        (): dict(hits=1072, misses=333, driver_allocs=24, driver_frees=5, moves=303,
-                 peak_reserved=134217728, chunk_creates=27, chunk_releases=5, chunk_maps=380,
-                 chunk_unmaps=358),
+        (): dict(hits=1095, misses=310, driver_allocs=13, driver_frees=0, moves=280,
+                 peak_reserved=134217728, chunk_creates=33, chunk_releases=0, chunk_maps=159,
+                 chunk_unmaps=126),
         ("--backend", "classic"): dict(hits=1372, misses=33, driver_allocs=33, driver_frees=0,
                                        moves=0, peak_reserved=144532480, chunk_creates=0),
-        ("--headroom", "25"): dict(hits=1369, misses=36, driver_allocs=15, driver_frees=0,
-                                   moves=3, peak_reserved=146800640, chunk_creates=16,
-                                   chunk_releases=0, chunk_maps=19, chunk_unmaps=3),
+        ("--headroom", "25"): dict(hits=1138, misses=267, driver_allocs=12, driver_frees=0,
+                                   moves=237, peak_reserved=134217728, chunk_creates=33,
+                                   chunk_releases=0, chunk_maps=153, chunk_unmaps=120),
     },
 }
 
@@ -345,15 +352,20 @@ def part_shared(replay, traces):
         pooled, classic, roomy = runs.get(()), runs.get(("--backend", "classic")), \
             runs.get(("--headroom", "25"))
         if pooled and classic and roomy:
-            # Pooled holds within 10 % of the program's peak; headroom trades memory for hits
-            # and mappings.
-            check(f"{name}: pooled reserved/live <= 1.1", pooled["reserved_over_live"] <= 1.1, True)
+            # Pooled holds within 11 % of the program's peak (resnet: 1.100; what is held
+            # beyond the blocks in use at its peak is small idle blocks and free slots, which
+            # a large miss does not move unless new memory is needed beyond the headroom);
+            # headroom trades memory for hits and mappings, where small idle blocks stay
+            # cached: it holds at least as much (cupy: as much, all its moves are of large
+            # idle blocks, which go back to the pool whatever the headroom).
+            check(f"{name}: pooled reserved/live <= 1.11", pooled["reserved_over_live"] <= 1.11,
+                  True)
             check(f"{name}: pooled holds less than classic",
                   pooled["peak_reserved"] < classic["peak_reserved"], True)
             check(f"{name}: headroom 25: more hits", roomy["hit_rate"] > pooled["hit_rate"], True)
             check(f"{name}: headroom 25: fewer maps", roomy["chunk_maps"] < pooled["chunk_maps"], True)
-            check(f"{name}: headroom 25: more held",
-                  roomy["peak_reserved"] > pooled["peak_reserved"], True)
+            check(f"{name}: headroom 25: at least as much held",
+                  roomy["peak_reserved"] >= pooled["peak_reserved"], True)
             check(f"{name}: headroom 25: within 25 % (and rounding)",
                   roomy["reserved_over_live"] <= 1.25 * pooled["reserved_over_live"], True)
         # A tight cap costs hits and never lets reserved exceed it, with either backend.
