@@ -709,19 +709,22 @@ static void fill_failure(cs_alloc_failure *f, cs_cache *c, int device, uint64_t 
 }
 
 /* A new block from the backend: a driver allocation, or the heap's pool, taking at most
- * `need` bytes of new memory (the reservation made under the cap). Called without the lock;
+ * `need` bytes of new memory (the reservation made under the cap); *carved (may be NULL): the
+ * pool carved it out of free memory with no driver call. Called without the lock;
  * returns with it held and the memory accounted: the reservation dropped, the pool's spare
  * changed by what the pool took from the driver, gave back, and put into the block. */
 static int backend_take(cs_cache *c, cs_heap *h, uint64_t bytes, uint64_t need, uint64_t *addr,
-                        int *raw)
+                        bool *carved, int *raw)
 {
     uint64_t created = 0, released = 0;
     int r;
+    bool ignored, *no_call = carved ? carved : &ignored;
+    *no_call = false;
     if (!h->pool) {
         r = h->ops->alloc(h->dev, bytes, addr, raw);
         created = r == CS_BE_OK ? bytes : 0;
     } else {
-        r = cs_pool_alloc(h->pool, bytes, need, addr, &created, &released, raw);
+        r = cs_pool_alloc(h->pool, bytes, need, addr, &created, &released, no_call, raw);
     }
     pthread_mutex_lock(&c->lock);
     device_state *d = &c->devices[h->device];
@@ -788,7 +791,7 @@ static int recover_oom(cs_cache *c, cs_heap *h, uint64_t bytes, uint64_t *addr, 
         if (n == 0 || !reserve_under_cap(c, d, h->device, most))
             continue;
         pthread_mutex_unlock(&c->lock);
-        if ((r = backend_take(c, h, bytes, most, addr, raw)) == CS_BE_OK)
+        if ((r = backend_take(c, h, bytes, most, addr, NULL, raw)) == CS_BE_OK)
             d->st.oom_recoveries++;
     }
     return r;
@@ -886,6 +889,7 @@ static cs_result alloc_miss(cs_cache *c, cs_heap *h, uint64_t size, uint64_t byt
     device_state *d = &c->devices[h->device];
     uint64_t a = 0;
     int r = CS_BE_SHORT;
+    bool carved = false;
     for (int attempt = 0; r == CS_BE_SHORT; attempt++) {
         /* The pool's spare may go to another thread meanwhile (CS_BE_SHORT): after a few
          * tries, reserve the whole block. */
@@ -907,10 +911,14 @@ static cs_result alloc_miss(cs_cache *c, cs_heap *h, uint64_t size, uint64_t byt
             return CS_OOM;
         }
         pthread_mutex_unlock(&c->lock);
-        r = backend_take(c, h, bytes, need, &a, raw);
+        r = backend_take(c, h, bytes, need, &a, &carved, raw);
     }
-    /* A miss once it is the backend's (a wait at the cap on a retry above is a hit). */
-    d->st.misses++;
+    /* A miss once it is the backend's (a wait at the cap on a retry above is a hit), unless
+     * the pool carved the block out of free memory: no driver call, a hit as well. */
+    if (r == CS_BE_OK && carved)
+        d->st.hits++;
+    else
+        d->st.misses++;
     if (r == CS_BE_OOM && !h->dead) {
         /* Out of memory. First a cached block that fits, once the GPU is done with it: no
          * memory changes hands. Then give idle memory back and retry. */

@@ -606,6 +606,9 @@ static bool best_window(const cs_pool *p, uint64_t size, window *w)
                     if (a->spans[span_at(a, va)].kind == SPAN_HOLE)
                         va = va / p->gran * p->gran;  /* chunks map at whole granules */
                     uint64_t holes = holes_in(a, span_at(a, va), va, size);
+                    /* A window that ends in a hole maps the rest of its last granule too. */
+                    if (a->spans[span_at(a, va + size - 1)].kind == SPAN_HOLE)
+                        holes += round_up(va + size, p->gran) - (va + size);
                     if (!found || holes < w->holes) {
                         *w = (window){a, va, holes};
                         found = true;
@@ -1079,8 +1082,9 @@ static int arena_add(cs_pool *p, uint64_t size, int *raw)
 /* A used span of `size` bytes (whole granules), a small range when r is not NULL (it then
  * belongs to the span; on failure it stays the caller's). See cs_pool_alloc. */
 static int alloc_span(cs_pool *p, uint64_t size, range *r, uint64_t max_new, uint64_t *va,
-                      uint64_t *created, uint64_t *released, int *raw)
+                      uint64_t *created, uint64_t *released, bool *carved, int *raw)
 {
+    *carved = false;
     for (;;) {
         pthread_mutex_lock(&p->lock);
         if (p->dead) {
@@ -1103,6 +1107,7 @@ static int alloc_span(cs_pool *p, uint64_t size, range *r, uint64_t max_new, uin
             a->spans[i].small = r;
             *va = a->spans[i].va;
             p->counts.carves++;
+            *carved = true;
             if (r) {
                 r->va = *va;
                 small_add(p, r);
@@ -1194,15 +1199,17 @@ static int alloc_span(cs_pool *p, uint64_t size, range *r, uint64_t max_new, uin
 }
 
 int cs_pool_alloc(cs_pool *p, uint64_t bytes, uint64_t max_new, uint64_t *addr,
-                  uint64_t *created, uint64_t *released, int *raw)
+                  uint64_t *created, uint64_t *released, bool *carved, int *raw)
 {
     *created = *released = 0;
+    bool ignored, *no_call = carved ? carved : &ignored;
     if (bytes > cs_pool_slab_max(p->gran))
         return alloc_span(p, round_up(bytes, CS_POOL_ALIGN), NULL, max_new, addr, created,
-                          released, raw);
+                          released, no_call, raw);
     /* A slot of a slab, else a new small range (one granule) for it. Other threads may take
      * the new range's pages before this one comes back for its slot: then another range,
      * within what is left of max_new. */
+    *no_call = true;
     for (;;) {
         bool no_mem = false;
         pthread_mutex_lock(&p->lock);
@@ -1210,6 +1217,7 @@ int cs_pool_alloc(cs_pool *p, uint64_t bytes, uint64_t max_new, uint64_t *addr,
         pthread_mutex_unlock(&p->lock);
         if (ok)
             return CS_BE_OK;
+        *no_call = false;  /* until the new range is found carved */
         if (dead) {  /* the context went, with any range made for this block */
             *raw = DESTROYED;
             return CS_BE_ERROR;
@@ -1222,7 +1230,7 @@ int cs_pool_alloc(cs_pool *p, uint64_t bytes, uint64_t max_new, uint64_t *addr,
         r->free_pages = UINT32_MAX;
         uint64_t va, made = 0, gone = 0;
         int rc = alloc_span(p, p->gran, r, max_new > *created ? max_new - *created : 0, &va,
-                            &made, &gone, raw);
+                            &made, &gone, no_call, raw);
         *created += made;
         *released += gone;
         if (rc != CS_BE_OK) {
@@ -1402,7 +1410,7 @@ uint64_t cs_pool_need(cs_pool *p, uint64_t bytes, bool move)
         /* What cs_pool_alloc would take with no more new memory than needed: the best
          * window's plan, else one where the largest hole starts (a new arena: all of it). */
         bool found = best_window(p, size, &w);
-        need = found ? plan_least(p, &w, size, move) : size;
+        need = found ? plan_least(p, &w, size, move) : round_up(size, p->gran);
         if (need && found && fresh_window(p, size, &fresh) && fresh.va != w.va) {
             uint64_t n = plan_least(p, &fresh, size, move);
             need = n < need ? n : need;

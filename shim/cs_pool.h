@@ -82,9 +82,11 @@ uint64_t cs_pool_slab_max(uint64_t granularity);
  * multiple of CS_POOL_ALIGN). At most max_new bytes of new physical memory may be taken
  * from the driver: CS_BE_SHORT when more would be needed (the spare went meanwhile).
  * *created: bytes taken from the driver; *released: spare bytes given back to the driver to
- * make room (a block that needs new memory first trades spare chunks that fit nowhere). */
+ * make room (a block that needs new memory first trades spare chunks that fit nowhere).
+ * *carved (may be NULL): the block was carved out of free memory (a free span, a slab's slot)
+ * with no driver call at all. */
 int cs_pool_alloc(cs_pool *p, uint64_t bytes, uint64_t max_new, uint64_t *addr,
-                  uint64_t *created, uint64_t *released, int *raw);
+                  uint64_t *created, uint64_t *released, bool *carved, int *raw);
 /* A block leaves the cache. keep: its memory stays in the pool, free (a move); else the
  * chunks that are then wholly free go back to the driver. done: the work before its free is
  * known to have completed (else the pool waits for the device first). *released: bytes

@@ -85,7 +85,7 @@ static void assert_defaults(const cs_options *o)
     assert_int_equal(o->reuse, 0);
     assert_false(o->sync_free);
     assert_int_equal(o->backend, 0); /* pooled */
-    assert_int_equal(o->headroom, 0);
+    assert_int_equal(o->headroom, 10);
     assert_int_equal(o->trace_format, CS_TRACE_TEXT);
     assert_string_equal(o->trace_file, "");
     assert_string_equal(o->trace_filter, "memory");
@@ -449,7 +449,7 @@ static void test_parse_size_bad_arguments(void **state)
 #define TAIL_BACKEND "is not valid: expected pooled or classic; using the default (pooled)"
 #define TAIL_HEADROOM                                                                      \
     "is not valid: expected a whole number of percent from 0 to 1000, without the % sign; " \
-    "using the default (0)"
+    "using the default (10)"
 #define TAIL_FILE                                                                            \
     "is not valid: expected stderr or a file path of at most 1023 bytes, %p standing for the " \
     "process id; using the default (stderr)"
@@ -746,7 +746,7 @@ static void test_print_defaults(void **state)
     assert_string_equal(r.line[5], "cacheshim: CACHESHIM_REUSE = ordered (default)");
     assert_string_equal(r.line[6], "cacheshim: CACHESHIM_SYNC_FREE = 0 (default)");
     assert_string_equal(r.line[7], "cacheshim: CACHESHIM_BACKEND = pooled (default)");
-    assert_string_equal(r.line[8], "cacheshim: CACHESHIM_HEADROOM = 0 (default)");
+    assert_string_equal(r.line[8], "cacheshim: CACHESHIM_HEADROOM = 10 (default)");
     assert_string_equal(r.line[9], "cacheshim: CACHESHIM_TRACE_FORMAT = text (default)");
     assert_string_equal(r.line[10], "cacheshim: CACHESHIM_TRACE_FILE = stderr (default)");
     assert_string_equal(r.line[11], "cacheshim: CACHESHIM_TRACE_FILTER = memory (default)");

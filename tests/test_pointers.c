@@ -1101,8 +1101,13 @@ static void test_cap_bounds_what_the_device_holds(void **state)
     uint64_t released = shim_trim();
     assert_int_equal(used - fake_device_used(0), released);
     cacheshim_stats st = shim_stats(0);
-    assert_int_equal(st.bytes_cached, 0);
-    assert_int_equal(fake_device_used(0), st.bytes_in_use);
+    /* Pooled: what stays is the free part of the chunks the block in use is carved from
+     * (a chunk goes back only when every byte of it is free): less than one granule here. */
+    if (shim_pooled())
+        assert_true(st.bytes_cached < 2 * MiB);
+    else
+        assert_int_equal(st.bytes_cached, 0);
+    assert_int_equal(fake_device_used(0), st.bytes_in_use + st.bytes_cached);
     if (shim_pooled()) {
         assert_int_equal(fake_vmm_reservations(), 1);
         assert_int_equal(fake_live_allocations(), 0);
