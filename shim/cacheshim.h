@@ -26,7 +26,8 @@ extern "C" {
 
 typedef struct cacheshim_stats {
     uint64_t requests;          /* allocation requests the cache saw */
-    uint64_t hits;              /* served from cached blocks */
+    uint64_t hits;              /* served without a driver call: a cached block, or (pooled
+                                   backend) a block carved out of the pool's free memory */
     uint64_t misses;            /* went to the driver */
     uint64_t frees;             /* frees of blocks the shim handed out */
     uint64_t foreign_frees;     /* frees passed to the driver: pointers the shim did not hand out */

@@ -488,7 +488,10 @@ cs_heap *cs_cache_add_heap(cs_cache *c, const void *key, int device, uint64_t de
     if (!h && (h = alloc_lines(sizeof *h))) {
         h->gran = granularity;
         h->slab_max = cs_pool_slab_max(granularity);
-        if (ops->vmm && !(h->pool = cs_pool_create(ops->vmm, dev, granularity))) {
+        /* An arena of twice the device's memory: room to carve with little fragmentation. */
+        uint64_t arena = device_total && device_total < (1ull << 40) ? 2 * device_total
+                                                                      : 1ull << 38;
+        if (ops->vmm && !(h->pool = cs_pool_create(ops->vmm, dev, granularity, arena))) {
             free(h);
             pthread_mutex_unlock(&c->lock);
             return NULL;
@@ -731,19 +734,22 @@ static void fill_failure(cs_alloc_failure *f, cs_cache *c, int device, uint64_t 
 }
 
 /* A new block from the backend: a driver allocation, or the heap's pool, taking at most
- * `need` bytes of new memory (the reservation made under the cap). Called without the lock;
+ * `need` bytes of new memory (the reservation made under the cap); *carved (may be NULL): the
+ * pool carved it out of free memory with no driver call. Called without the lock;
  * returns with it held and the memory accounted: the reservation dropped, the pool's spare
  * changed by what the pool took from the driver, gave back, and put into the block. */
 static int backend_take(cs_cache *c, cs_heap *h, uint64_t bytes, uint64_t need, uint64_t *addr,
-                        int *raw)
+                        bool *carved, int *raw)
 {
     uint64_t created = 0, released = 0;
     int r;
+    bool ignored, *no_call = carved ? carved : &ignored;
+    *no_call = false;
     if (!h->pool) {
         r = h->ops->alloc(h->dev, bytes, addr, raw);
         created = r == CS_BE_OK ? bytes : 0;
     } else {
-        r = cs_pool_alloc(h->pool, bytes, need, addr, &created, &released, raw);
+        r = cs_pool_alloc(h->pool, bytes, need, addr, &created, &released, no_call, raw);
     }
     pthread_mutex_lock(&c->lock);
     device_state *d = &c->devices[h->device];
@@ -828,7 +834,7 @@ static int recover_oom(cs_cache *c, cs_heap *h, uint64_t bytes, uint64_t *addr, 
         if (n == 0 || !reserve_under_cap(c, d, h->device, most))
             continue;
         pthread_mutex_unlock(&c->lock);
-        if ((r = backend_take(c, h, bytes, most, addr, raw)) == CS_BE_OK)
+        if ((r = backend_take(c, h, bytes, most, addr, NULL, raw)) == CS_BE_OK)
             d->st.oom_recoveries++;
     }
     return r;
@@ -862,15 +868,38 @@ static cs_block *new_block(cs_cache *c, cs_heap *h, uint64_t addr, uint64_t byte
  * returns the new bytes the block still needs. */
 static uint64_t move_for(cs_cache *c, cs_heap *h, uint64_t bytes)
 {
-    uint64_t need = cs_pool_need(h->pool, bytes);
     device_state *d = &c->devices[h->device];
-    /* Within the headroom over the program's own peak, new memory keeps more blocks cached
-     * (more hits); beyond it, idle memory moves. */
-    uint64_t peak = cs_load(&d->peak_requested);
+    if (bytes > h->slab_max && !cs_pool_fits(h->pool, bytes) &&
+        !(c->config.capturing && c->config.capturing())) {
+        /* No free span takes it: every large idle block the GPU is done with goes back to
+         * the pool first, where it joins the free spans beside it. That costs no driver
+         * call, and a block carved from free spans is as cheap as a hit. */
+        cs_tc_reclaim(c, h->device, true);
+        cs_block *list = NULL;
+        for (cs_block *b = h->lru_head; b && block_ready(h, b);) {
+            cs_block *next = b->lru_next;
+            if (b->size > h->slab_max)
+                defer_release(c, b, &list);
+            b = next;
+        }
+        if (list) {
+            pthread_mutex_unlock(&c->lock);
+            finish_releases(c, h->device, list, CS_RELEASE_MOVE);
+            pthread_mutex_lock(&c->lock);
+        }
+    }
+    /* Within the headroom over the program's own peak, new memory fills the pool's holes (it
+     * stays, free, for blocks of other sizes later); beyond it, memory moves: free chunks
+     * of the pool into the holes, then idle small blocks' memory. */
+    uint64_t peak = cs_load(&d->peak_in_use);
     uint64_t permille = c->config.pool_headroom_permille;
     uint64_t budget = peak + peak / 1000 * permille + peak % 1000 * permille / 1000;
+    uint64_t grow = cs_pool_need(h->pool, bytes, false);
+    if (!grow || held(d) + grow <= budget || (c->config.capturing && c->config.capturing()))
+        return grow;
+    uint64_t need = cs_pool_need(h->pool, bytes, true);
     uint64_t after = held(d) + need;
-    if (!need || after <= budget || (c->config.capturing && c->config.capturing()))
+    if (!need || after <= budget)
         return need;
     uint64_t excess = after - budget < need ? after - budget : need;
     cs_tc_reclaim(c, h->device, true);
@@ -893,7 +922,7 @@ static uint64_t move_for(cs_cache *c, cs_heap *h, uint64_t bytes)
     pthread_mutex_unlock(&c->lock);
     finish_releases(c, h->device, list, CS_RELEASE_MOVE);
     pthread_mutex_lock(&c->lock);
-    return cs_pool_need(h->pool, bytes);
+    return cs_pool_need(h->pool, bytes, true);
 }
 
 /* A miss: called with the lock held, returns with it released. */
@@ -903,6 +932,7 @@ static cs_result alloc_miss(cs_cache *c, cs_heap *h, uint64_t size, uint64_t byt
     device_state *d = &c->devices[h->device];
     uint64_t a = 0;
     int r = CS_BE_SHORT;
+    bool carved = false;
     for (int attempt = 0; r == CS_BE_SHORT; attempt++) {
         /* The pool's spare may go to another thread meanwhile (CS_BE_SHORT): after a few
          * tries, reserve the whole block. */
@@ -924,10 +954,14 @@ static cs_result alloc_miss(cs_cache *c, cs_heap *h, uint64_t size, uint64_t byt
             return CS_OOM;
         }
         pthread_mutex_unlock(&c->lock);
-        r = backend_take(c, h, bytes, need, &a, raw);
+        r = backend_take(c, h, bytes, need, &a, &carved, raw);
     }
-    /* A miss once it is the backend's (a wait at the cap on a retry above is a hit). */
-    d->st.misses++;
+    /* A miss once it is the backend's (a wait at the cap on a retry above is a hit), unless
+     * the pool carved the block out of free memory: no driver call, a hit as well. */
+    if (r == CS_BE_OK && carved)
+        d->st.hits++;
+    else
+        d->st.misses++;
     if (r == CS_BE_OOM && !h->dead) {
         /* Out of memory. First a cached block that fits, once the GPU is done with it: no
          * memory changes hands. Then give idle memory back and retry. */

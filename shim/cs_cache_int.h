@@ -177,15 +177,17 @@ static inline uint64_t cs_class_bytes(int idx)
 }
 
 /* Block sizes. Up to the slab limit (half the granularity) a block is its size class: at most
- * a sixteenth over the request from 8 KiB, 511 bytes below. Above it, whole granules: at most
- * one granule over. The same rule for both backends, so a replay of either is true. */
+ * a sixteenth over the request from 8 KiB, 511 bytes below. Above it, a pooled block is carved
+ * to the request (CS_POOL_ALIGN bytes); a classic one is whole granules, at most one granule
+ * over (the driver's own rounding, made visible so that a replay is true). */
 static inline int cs_block_bytes(const cs_heap *h, uint64_t size, uint64_t *bytes)
 {
     if (size <= h->slab_max)
         return cs_size_class(size, bytes);
     if (size > UINT64_MAX - h->gran)
         return -1;
-    *bytes = (size + h->gran - 1) / h->gran * h->gran;
+    uint64_t unit = h->pool ? CS_POOL_ALIGN : h->gran;
+    *bytes = (size + unit - 1) / unit * unit;
     uint64_t ignored;
     return cs_size_class(*bytes, &ignored);
 }

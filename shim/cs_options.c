@@ -86,12 +86,12 @@ static const cs_option_desc option_table[OPT_COUNT] = {
                      "(devices without virtual memory management get classic by themselves); "
                      "classic makes each block one cuMemAlloc, for programs that export "
                      "memory with cuIpcGetMemHandle."},
-    [OPT_HEADROOM] = {"CACHESHIM_HEADROOM", "int", "0",
+    [OPT_HEADROOM] = {"CACHESHIM_HEADROOM", "int", "10",
                       "a whole number of percent from 0 to 1000, without the % sign",
                       "Pooled backend: how far memory held may exceed the program's own "
-                      "peak, in percent, before a miss moves idle memory instead of taking "
-                      "new memory. More keeps more blocks cached as they are (more hits, "
-                      "fewer mappings); 0 keeps memory closest to what the program uses."},
+                      "peak in use, in percent, before a miss moves free memory within the "
+                      "pool instead of taking new memory. More: fewer mappings when sizes "
+                      "shift; 0 keeps memory closest to what the program uses."},
     [OPT_DEBUG] = {"CACHESHIM_DEBUG", "flags", "off",
                    "off, or a comma-separated list of uaf, uaf-report and leaks",
                    "Debug modes: uaf fills freed blocks with a pattern, holds them in a "

@@ -1,7 +1,8 @@
 /* The physical pool (see cs_pool.h). The pool's lock guards its bookkeeping only: the spare
- * chunks, the ranges (sorted by address) and the slabs' free slots. Driver calls run without
- * it: a range is built from chunks taken out of the spare under the lock, then mapped outside
- * it, then registered; a range leaves the registry under the lock before it is unmapped. */
+ * chunks, the arenas' spans and mappings, the slabs' free slots. Driver calls run without it.
+ * What a thread is working on outside the lock is a busy span nobody else touches: a window
+ * being filled, a chunk being unmapped. Whoever takes a mapping out of an arena's list owns
+ * its chunk until it puts it back, maps it elsewhere or releases it. */
 #include "cs_pool.h"
 
 #include <pthread.h>
@@ -11,23 +12,47 @@
 #define MAX_EXP 48        /* chunks of granularity << 0 .. 47 */
 #define PAGES 32          /* a small range (one granule) is cut into this many pages */
 #define INVALID_VALUE 1   /* CUDA_ERROR_INVALID_VALUE, for a free of an unknown address */
+#define HOST_OOM 2        /* CUDA_ERROR_OUT_OF_MEMORY: the host's */
+#define DESTROYED 709     /* CUDA_ERROR_CONTEXT_IS_DESTROYED */
+#define BIG_CHUNK 32      /* granules: new memory in larger chunks only from this size up */
 
 typedef struct {
     uint64_t handle, size;
 } chunk;
 
+/* A chunk mapped in an arena. */
+typedef struct {
+    uint64_t va, size, handle;
+} mapping;
+
+enum { SPAN_HOLE, SPAN_FREE, SPAN_USED, SPAN_BUSY };
+
+struct range;
+
+typedef struct {
+    uint64_t va, size;
+    int kind;
+    struct range *small;  /* a used span that is a small range: its slabs */
+} span;
+
+typedef struct arena {
+    uint64_t va, size;
+    span *spans;          /* cover [va, va + size) end to end, by address */
+    size_t nspans, cap_spans;
+    mapping *maps;        /* by address */
+    size_t nmaps, cap_maps;
+    int busy;             /* threads with driver calls under way on it */
+    bool dead, unmapped;  /* cs_pool_release_all: detached; its mappings are gone */
+} arena;
+
 struct slab;
 
-/* A virtual range with chunks mapped end to end: one large block, or (small) one granule
- * cut into pages that slabs take in runs. */
+/* A small range: a used span of one granule cut into pages that slabs take in runs. */
 typedef struct range {
-    uint64_t va, size;
-    bool small;
-    uint32_t free_pages;            /* small: bit i set when page i belongs to no slab */
-    struct slab *page_slab[PAGES];  /* small: the slab of each page */
+    uint64_t va;
+    uint32_t free_pages;            /* bit i set when page i belongs to no slab */
+    struct slab *page_slab[PAGES];  /* the slab of each page */
     struct range *prev, *next;      /* small ranges with free pages */
-    chunk *chunks;
-    int nchunks;
 } range;
 
 /* A run of pages of a small range cut into equal slots: the small blocks. */
@@ -54,11 +79,13 @@ struct cs_pool {
     pthread_mutex_t lock;
     const cs_vmm_ops *ops;
     void *dev;
-    uint64_t gran, page;
+    uint64_t gran, page, arena_bytes;
     int max_exp;               /* chunk sizes gran << 0 .. max_exp - 1 fit in 64 bits */
     handle_stack spare[MAX_EXP];
-    range **ranges;            /* sorted by va */
-    size_t nranges, cap_ranges;
+    arena **arenas;            /* by address */
+    size_t narenas, cap_arenas;
+    arena **gone;              /* detached by cs_pool_release_all, freed with the pool */
+    size_t ngone, cap_gone;
     range *small_free;         /* small ranges with free pages */
     slab_class *classes;       /* slot sizes met so far */
     size_t nclasses, cap_classes;
@@ -78,24 +105,31 @@ static uint64_t round_up(uint64_t x, uint64_t a)
     return (x + a - 1) / a * a;
 }
 
-/* Pages of a slab of `slot`-byte slots: the shortest run whose unused tail is at most an
- * eighth of it (one page for slots up to an eighth of a page). */
-static uint32_t slab_pages(const cs_pool *p, uint64_t slot)
-{
-    for (uint32_t n = (uint32_t)((slot + p->page - 1) / p->page); n < PAGES; n++)
-        if ((n * p->page) % slot * 8 <= n * p->page)
-            return n;
-    return PAGES;
-}
-
 static int exp_of(const cs_pool *p, uint64_t size)
 {
     return __builtin_ctzll(size / p->gran);
 }
 
+/* Room for n more elements of `size` bytes in an array: false without host memory. */
+static bool grow(void **a, size_t *cap, size_t len, size_t n, size_t size)
+{
+    if (len + n <= *cap)
+        return true;
+    size_t c = *cap ? *cap : 16;
+    while (c < len + n)
+        c *= 2;
+    void *b = realloc(*a, c * size);
+    if (!b)
+        return false;
+    *a = b;
+    *cap = c;
+    return true;
+}
+
 /* ---------------------------------------------------------------- lifetime */
 
-cs_pool *cs_pool_create(const cs_vmm_ops *ops, void *dev, uint64_t granularity)
+cs_pool *cs_pool_create(const cs_vmm_ops *ops, void *dev, uint64_t granularity,
+                        uint64_t arena_bytes)
 {
     if (granularity < 1024 || (granularity & (granularity - 1)))
         return NULL;
@@ -110,6 +144,10 @@ cs_pool *cs_pool_create(const cs_vmm_ops *ops, void *dev, uint64_t granularity)
     p->max_exp = 63 - __builtin_ctzll(granularity);
     if (p->max_exp > MAX_EXP)
         p->max_exp = MAX_EXP;
+    if (arena_bytes > UINT64_MAX / 4)
+        arena_bytes = UINT64_MAX / 4;
+    p->arena_bytes = round_up(arena_bytes > 64 * granularity ? arena_bytes : 64 * granularity,
+                              granularity);
     return p;
 }
 
@@ -122,15 +160,23 @@ static void slab_free(slab *sl)
 static void range_free(range *r)
 {
     /* A slab covers pages [first, first + npages): freed at its first, its pages skipped. */
-    for (uint32_t i = 0; r->small && i < PAGES; i++) {
+    for (uint32_t i = 0; r && i < PAGES; i++) {
         slab *sl = r->page_slab[i];
         if (sl && sl->first == i) {
             i += sl->npages - 1;
             slab_free(sl);
         }
     }
-    free(r->chunks);
     free(r);
+}
+
+static void arena_free(arena *a)
+{
+    for (size_t i = 0; i < a->nspans; i++)
+        range_free(a->spans[i].small);
+    free(a->spans);
+    free(a->maps);
+    free(a);
 }
 
 void cs_pool_destroy(cs_pool *p)
@@ -139,9 +185,12 @@ void cs_pool_destroy(cs_pool *p)
         return;
     for (int e = 0; e < MAX_EXP; e++)
         free(p->spare[e].h);
-    for (size_t i = 0; i < p->nranges; i++)
-        range_free(p->ranges[i]);
-    free(p->ranges);
+    for (size_t i = 0; i < p->narenas; i++)
+        arena_free(p->arenas[i]);
+    for (size_t i = 0; i < p->ngone; i++)
+        arena_free(p->gone[i]);
+    free(p->arenas);
+    free(p->gone);
     free(p->classes);
     pthread_mutex_destroy(&p->lock);
     free(p);
@@ -152,14 +201,8 @@ void cs_pool_destroy(cs_pool *p)
 static bool spare_push(cs_pool *p, chunk c)
 {
     handle_stack *s = &p->spare[exp_of(p, c.size)];
-    if (s->n == s->cap) {
-        size_t cap = s->cap ? 2 * s->cap : 16;
-        uint64_t *h = realloc(s->h, cap * sizeof *h);
-        if (!h)
-            return false;
-        s->h = h;
-        s->cap = cap;
-    }
+    if (!grow((void **)&s->h, &s->cap, s->n, 1, sizeof *s->h))
+        return false;
     s->h[s->n++] = c.handle;
     p->counts.spare += c.size;
     return true;
@@ -172,41 +215,20 @@ static chunk spare_pop(cs_pool *p, int e)
     return c;
 }
 
-/* The spare chunks a range of `size` takes, largest first: appended to out[*n] when out is
- * not NULL (else only counted). Returns the bytes left to create. */
-static uint64_t spare_take(cs_pool *p, uint64_t size, chunk *out, int *n)
+/* The largest spare chunk of at most `bytes`, or -1. */
+static int spare_fit(const cs_pool *p, uint64_t bytes)
 {
-    uint64_t left = size;
-    for (int e = p->max_exp - 1; e >= 0 && left; e--) {
-        uint64_t sz = p->gran << e, k = left / sz;
-        if (k > p->spare[e].n)
-            k = p->spare[e].n;
-        left -= k * sz;
-        while (out && k--)
-            out[(*n)++] = spare_pop(p, e);
-    }
-    return left;
-}
-
-/* Spare chunks, largest first, until they add up to `bytes` or `most` are taken: into out.
- * Returns how many. */
-static int spare_pop_largest(cs_pool *p, uint64_t bytes, chunk *out, int most)
-{
-    int n = 0;
-    uint64_t got = 0;
-    for (int e = p->max_exp - 1; e >= 0 && got < bytes && n < most; e--)
-        while (p->spare[e].n && got < bytes && n < most) {
-            out[n] = spare_pop(p, e);
-            got += out[n++].size;
-        }
-    return n;
+    for (int e = p->max_exp - 1; e >= 0; e--)
+        if (p->spare[e].n && (p->gran << e) <= bytes)
+            return e;
+    return -1;
 }
 
 /* Without the lock: chunks go back to the driver. Returns their bytes. */
-static uint64_t release_chunks(cs_pool *p, const chunk *c, int n)
+static uint64_t release_chunks(cs_pool *p, const chunk *c, size_t n)
 {
     uint64_t bytes = 0;
-    for (int i = 0; i < n; i++) {
+    for (size_t i = 0; i < n; i++) {
         int ignored;
         p->ops->release(p->dev, c[i].handle, &ignored);
         bytes += c[i].size;
@@ -214,14 +236,14 @@ static uint64_t release_chunks(cs_pool *p, const chunk *c, int n)
     return bytes;
 }
 
-/* ---------------------------------------------------------------- ranges (locked) */
+/* ---------------------------------------------------------------- arenas and spans (locked) */
 
-static size_t range_index(const cs_pool *p, uint64_t addr)
+static size_t arena_index(const cs_pool *p, uint64_t addr)  /* first arena with va > addr */
 {
-    size_t lo = 0, hi = p->nranges;  /* first range with va > addr */
+    size_t lo = 0, hi = p->narenas;
     while (lo < hi) {
         size_t mid = (lo + hi) / 2;
-        if (p->ranges[mid]->va <= addr)
+        if (p->arenas[mid]->va <= addr)
             lo = mid + 1;
         else
             hi = mid;
@@ -229,52 +251,161 @@ static size_t range_index(const cs_pool *p, uint64_t addr)
     return lo;
 }
 
-static range *range_at(const cs_pool *p, uint64_t addr)
+static arena *arena_at(const cs_pool *p, uint64_t addr)
 {
-    size_t i = range_index(p, addr);
+    size_t i = arena_index(p, addr);
     if (i == 0)
         return NULL;
-    range *r = p->ranges[i - 1];
-    return addr < r->va + r->size ? r : NULL;
+    arena *a = p->arenas[i - 1];
+    return addr - a->va < a->size ? a : NULL;
 }
 
-static bool range_add(cs_pool *p, range *r)
+/* The span holding addr (inside the arena). */
+static size_t span_at(const arena *a, uint64_t addr)
 {
-    if (p->nranges == p->cap_ranges) {
-        size_t cap = p->cap_ranges ? 2 * p->cap_ranges : 64;
-        range **a = realloc(p->ranges, cap * sizeof *a);
-        if (!a)
-            return false;
-        p->ranges = a;
-        p->cap_ranges = cap;
+    size_t lo = 0, hi = a->nspans;  /* first span with va > addr */
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (a->spans[mid].va <= addr)
+            lo = mid + 1;
+        else
+            hi = mid;
     }
-    size_t i = range_index(p, r->va);
-    memmove(&p->ranges[i + 1], &p->ranges[i], (p->nranges - i) * sizeof *p->ranges);
-    p->ranges[i] = r;
-    p->nranges++;
-    return true;
+    return lo - 1;
 }
 
-static void range_remove(cs_pool *p, range *r)
+static uint64_t span_end(const span *s)
 {
-    size_t i = range_index(p, r->va) - 1;
-    memmove(&p->ranges[i], &p->ranges[i + 1], (p->nranges - i - 1) * sizeof *p->ranges);
-    p->nranges--;
+    return s->va + s->size;
 }
 
-static slab_class *class_for(cs_pool *p, uint64_t slot)
+/* A span boundary at addr (room for one more span made beforehand). */
+static void split_at(arena *a, uint64_t addr)
+{
+    size_t i = span_at(a, addr);
+    span *s = &a->spans[i];
+    if (s->va == addr)
+        return;
+    memmove(&a->spans[i + 2], &a->spans[i + 1], (a->nspans - i - 1) * sizeof *a->spans);
+    a->nspans++;
+    a->spans[i + 1] = (span){addr, span_end(s) - addr, s->kind, NULL};
+    s->size = addr - s->va;
+}
+
+/* Spans [i, j) become one span of `kind` (no small range). */
+static void join(arena *a, size_t i, size_t j, int kind)
+{
+    a->spans[i].size = span_end(&a->spans[j - 1]) - a->spans[i].va;
+    a->spans[i].kind = kind;
+    a->spans[i].small = NULL;
+    memmove(&a->spans[i + 1], &a->spans[j], (a->nspans - j) * sizeof *a->spans);
+    a->nspans -= j - i - 1;
+}
+
+/* Span i took kind `kind`: join it with its neighbours of the same kind when that kind is
+ * free or a hole. Returns its index. */
+static size_t settle(arena *a, size_t i, int kind)
+{
+    a->spans[i].kind = kind;
+    a->spans[i].small = NULL;
+    if (kind != SPAN_FREE && kind != SPAN_HOLE)
+        return i;
+    size_t j = i + 1;
+    if (j < a->nspans && a->spans[j].kind == kind)
+        j++;
+    if (i > 0 && a->spans[i - 1].kind == kind)
+        i--;
+    if (j - i > 1)
+        join(a, i, j, kind);
+    return i;
+}
+
+/* [va, va + size) as spans of their own, each keeping its kind: the index of the first (room
+ * for two more spans made beforehand). */
+static size_t cut(arena *a, uint64_t va, uint64_t size)
+{
+    split_at(a, va);
+    if (va + size < a->va + a->size)
+        split_at(a, va + size);
+    return span_at(a, va);
+}
+
+static bool room_spans(arena *a, size_t n)
+{
+    return grow((void **)&a->spans, &a->cap_spans, a->nspans, n, sizeof *a->spans);
+}
+
+/* The first mapping at or after addr. */
+static size_t map_index(const arena *a, uint64_t addr)
+{
+    size_t lo = 0, hi = a->nmaps;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (a->maps[mid].va < addr)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+static void map_insert(arena *a, mapping m)  /* room made beforehand */
+{
+    size_t i = map_index(a, m.va);
+    memmove(&a->maps[i + 1], &a->maps[i], (a->nmaps - i) * sizeof *a->maps);
+    a->maps[i] = m;
+    a->nmaps++;
+}
+
+static void map_remove(arena *a, size_t i)
+{
+    memmove(&a->maps[i], &a->maps[i + 1], (a->nmaps - i - 1) * sizeof *a->maps);
+    a->nmaps--;
+}
+
+/* The bytes of free spans, and of the chunks inside them (what trim can give back). */
+static void free_bytes(const cs_pool *p, uint64_t *mapped_free, uint64_t *whole)
+{
+    *mapped_free = *whole = 0;
+    for (size_t k = 0; k < p->narenas; k++) {
+        const arena *a = p->arenas[k];
+        for (size_t i = 0; i < a->nspans; i++) {
+            const span *s = &a->spans[i];
+            if (s->kind != SPAN_FREE)
+                continue;
+            *mapped_free += s->size;
+            for (size_t m = map_index(a, s->va); m < a->nmaps && a->maps[m].va < span_end(s); m++)
+                if (a->maps[m].va + a->maps[m].size <= span_end(s))
+                    *whole += a->maps[m].size;
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- slabs (locked) */
+
+/* Pages of a slab of `slot`-byte slots: the shortest run whose unused tail is at most an
+ * eighth of it (one page for slots up to an eighth of a page). */
+static uint32_t slab_pages(const cs_pool *p, uint64_t slot)
+{
+    for (uint32_t n = (uint32_t)((slot + p->page - 1) / p->page); n < PAGES; n++)
+        if ((n * p->page) % slot * 8 <= n * p->page)
+            return n;
+    return PAGES;
+}
+
+static slab_class *class_find(cs_pool *p, uint64_t slot)
 {
     for (size_t i = 0; i < p->nclasses; i++)
         if (p->classes[i].slot == slot)
             return &p->classes[i];
-    if (p->nclasses == p->cap_classes) {
-        size_t cap = p->cap_classes ? 2 * p->cap_classes : 32;
-        slab_class *a = realloc(p->classes, cap * sizeof *a);
-        if (!a)
-            return NULL;
-        p->classes = a;
-        p->cap_classes = cap;
-    }
+    return NULL;
+}
+
+static slab_class *class_for(cs_pool *p, uint64_t slot)
+{
+    slab_class *k = class_find(p, slot);
+    if (k || !grow((void **)&p->classes, &p->cap_classes, p->nclasses, 1, sizeof *p->classes))
+        return k;
     p->classes[p->nclasses] = (slab_class){slot, NULL};
     return &p->classes[p->nclasses++];
 }
@@ -319,12 +450,16 @@ static void small_remove(cs_pool *p, range *r)
     r->prev = r->next = NULL;
 }
 
+static uint32_t page_mask(uint32_t first, uint32_t n)
+{
+    return n >= 32 ? UINT32_MAX : ((1u << n) - 1) << first;
+}
+
 /* The first run of n free pages in a mask, or -1. */
 static int free_run(uint32_t mask, uint32_t n)
 {
-    uint32_t want = n >= 32 ? UINT32_MAX : (1u << n) - 1;
     for (uint32_t i = 0; i + n <= PAGES; i++)
-        if (((mask >> i) & want) == want)
+        if ((mask & page_mask(i, n)) == page_mask(i, n))
             return (int)i;
     return -1;
 }
@@ -358,7 +493,7 @@ static slab *slab_make(cs_pool *p, range *r, int first, uint32_t n, uint64_t slo
         sl->free_slots[sl->nfree++] = i - 1;
     for (uint32_t i = 0; i < n; i++)
         r->page_slab[first + (int)i] = sl;
-    r->free_pages &= ~(n >= 32 ? UINT32_MAX : ((1u << n) - 1) << first);
+    r->free_pages &= ~page_mask((uint32_t)first, n);
     if (!r->free_pages)
         small_remove(p, r);
     return sl;
@@ -371,170 +506,15 @@ static bool slab_unmake(cs_pool *p, slab *sl)
     bool had_free = r->free_pages != 0;
     for (uint32_t i = 0; i < sl->npages; i++)
         r->page_slab[sl->first + i] = NULL;
-    r->free_pages |= sl->npages >= 32 ? UINT32_MAX : ((1u << sl->npages) - 1) << sl->first;
+    r->free_pages |= page_mask(sl->first, sl->npages);
     if (!had_free)
         small_add(p, r);
     slab_free(sl);
     return r->free_pages == UINT32_MAX;
 }
 
-/* ---------------------------------------------------------------- building a range */
-
-/* Without the lock: unmap the first n chunks of r and give its reservation back (when it
- * has one). Returns how many chunks were unmapped; *raw the last failure's code. */
-static int unmap_range(cs_pool *p, const range *r, int n, int *raw)
-{
-    uint64_t va = r->va;
-    int unmapped = 0;
-    for (int i = 0; i < n; i++) {
-        unmapped += p->ops->unmap(p->dev, va, r->chunks[i].size, raw) == CS_BE_OK;
-        va += r->chunks[i].size;
-    }
-    int ignored;
-    if (r->va)
-        p->ops->unreserve(p->dev, r->va, r->size, &ignored);
-    return unmapped;
-}
-
-/* Undo a range under construction: unmap what was mapped, give the reservation back, and
- * put the chunks where they came from (new ones back to the driver). Without the lock. */
-static void unbuild(cs_pool *p, range *r, int mapped, int from_spare)
-{
-    int raw;
-    unmap_range(p, r, mapped, &raw);
-    pthread_mutex_lock(&p->lock);
-    for (int i = 0; i < from_spare; i++)
-        spare_push(p, r->chunks[i]);  /* room was there when they were taken */
-    pthread_mutex_unlock(&p->lock);
-    release_chunks(p, r->chunks + from_spare, r->nchunks - from_spare);
-}
-
-/* A range of `size` bytes mapped and accessible, registered. See cs_pool_alloc for the
- * out-parameters. */
-static int build(cs_pool *p, uint64_t size, bool small, uint64_t max_new, uint64_t *va_out,
-                 uint64_t *created, uint64_t *released, int *raw)
-{
-    *created = *released = 0;
-    range *r = calloc(1, sizeof *r);
-    chunk trade[MAX_EXP];
-    int ntrade = 0;
-    pthread_mutex_lock(&p->lock);
-    uint64_t left = spare_take(p, size, NULL, NULL);
-    /* Room for every spare chunk it can take (each at least a granule) and the new ones. */
-    uint64_t nspare = 0;
-    for (int e = 0; e < MAX_EXP; e++)
-        nspare += p->spare[e].n;
-    uint64_t most = size / p->gran < nspare ? size / p->gran : nspare;
-    if (r)
-        r->chunks = malloc((size_t)(most + MAX_EXP) * sizeof *r->chunks);
-    if (!r || !r->chunks) {
-        pthread_mutex_unlock(&p->lock);
-        if (r)
-            range_free(r);
-        *raw = 2;  /* CUDA_ERROR_OUT_OF_MEMORY: the host's */
-        return CS_BE_OOM;
-    }
-    if (left > max_new) {
-        pthread_mutex_unlock(&p->lock);
-        range_free(r);
-        return CS_BE_SHORT;
-    }
-    spare_take(p, size, r->chunks, &r->nchunks);
-    /* New memory is needed and spare chunks remain that this range could not use: give them
-     * back first, so that memory held does not grow while some lies unused. */
-    if (left)
-        ntrade = spare_pop_largest(p, left, trade, MAX_EXP);
-    uint64_t gen = p->access_gen;
-    pthread_mutex_unlock(&p->lock);
-
-    int from_spare = r->nchunks;
-    *released = release_chunks(p, trade, ntrade);
-    int rc = CS_BE_OK;
-    for (int e = p->max_exp - 1; e >= 0 && rc == CS_BE_OK; e--) {
-        uint64_t sz = p->gran << e;
-        if (left & sz) {
-            uint64_t h;
-            rc = p->ops->create(p->dev, sz, &h, raw);
-            if (rc == CS_BE_OK)
-                r->chunks[r->nchunks++] = (chunk){h, sz};
-        }
-    }
-    r->size = size;
-    r->small = small;
-    r->free_pages = small ? UINT32_MAX : 0;
-    int mapped = 0;
-    uint64_t va = 0;
-    if (rc == CS_BE_OK)
-        rc = p->ops->reserve(p->dev, size, &r->va, raw);
-    if (rc == CS_BE_OK) {
-        va = r->va;
-        for (; mapped < r->nchunks; mapped++) {
-            if ((rc = p->ops->map(p->dev, va, r->chunks[mapped].size, r->chunks[mapped].handle,
-                                  raw)) != CS_BE_OK)
-                break;
-            va += r->chunks[mapped].size;
-        }
-        if (rc == CS_BE_OK)
-            rc = p->ops->access(p->dev, r->va, size, raw);
-    }
-    uint64_t made = 0;
-    for (int i = from_spare; i < r->nchunks; i++)
-        made += r->chunks[i].size;
-    pthread_mutex_lock(&p->lock);
-    p->counts.creates += (uint64_t)(r->nchunks - from_spare);
-    p->counts.releases += (uint64_t)ntrade;
-    if (rc != CS_BE_OK) {
-        p->counts.releases += (uint64_t)(r->nchunks - from_spare);  /* unbuild's */
-        pthread_mutex_unlock(&p->lock);
-        unbuild(p, r, mapped, from_spare);
-        range_free(r);
-        return rc;
-    }
-    p->counts.reserves++;
-    p->counts.maps += (uint64_t)r->nchunks;
-    /* Peer access granted while this range was being mapped: grant it here too. */
-    while (gen != p->access_gen) {
-        gen = p->access_gen;
-        pthread_mutex_unlock(&p->lock);
-        int ignored;
-        p->ops->access(p->dev, r->va, size, &ignored);
-        pthread_mutex_lock(&p->lock);
-    }
-    if (p->dead) {
-        /* The context went while this range was built: all of it goes back at once (the
-         * spare it came from is gone too). */
-        p->counts.releases += (uint64_t)r->nchunks;
-        p->counts.unmaps += (uint64_t)mapped;
-        pthread_mutex_unlock(&p->lock);
-        unbuild(p, r, mapped, 0);
-        range_free(r);
-        *raw = 709;  /* CUDA_ERROR_CONTEXT_IS_DESTROYED */
-        return CS_BE_ERROR;
-    }
-    if (!range_add(p, r)) {
-        p->counts.releases += (uint64_t)(r->nchunks - from_spare);  /* unbuild's */
-        p->counts.unmaps += (uint64_t)mapped;
-        pthread_mutex_unlock(&p->lock);
-        unbuild(p, r, mapped, from_spare);
-        range_free(r);
-        *raw = 2;
-        return CS_BE_OOM;
-    }
-    if (small) {
-        p->counts.slab_free += p->gran;
-        small_add(p, r);
-    }
-    /* Once the lock is dropped r may go (cs_pool_release_all): only its address leaves. */
-    *va_out = r->va;
-    pthread_mutex_unlock(&p->lock);
-    *created = made;
-    return CS_BE_OK;
-}
-
-/* ---------------------------------------------------------------- blocks */
-
 /* A small block from a slab with a free slot; else a new slab on free pages of a small range;
- * else NULL (with the lock held throughout). */
+ * else false (with the lock held throughout). */
 static bool slot_take(cs_pool *p, uint64_t slot, uint64_t *addr, bool *no_host_memory)
 {
     slab_class *k = class_for(p, slot);
@@ -562,101 +542,805 @@ static bool slot_take(cs_pool *p, uint64_t slot, uint64_t *addr, bool *no_host_m
     return true;
 }
 
-int cs_pool_alloc(cs_pool *p, uint64_t bytes, uint64_t max_new, uint64_t *addr,
-                  uint64_t *created, uint64_t *released, int *raw)
+/* ---------------------------------------------------------------- where a block goes */
+
+/* The smallest free span of at least `size` bytes (the lowest address among equals). */
+static bool best_fit(const cs_pool *p, uint64_t size, arena **out, size_t *index)
 {
-    *created = *released = 0;
-    uint64_t va;
-    if (bytes > cs_pool_slab_max(p->gran)) {
-        int rc = build(p, round_up(bytes, p->gran), false, max_new, &va, created, released, raw);
-        if (rc == CS_BE_OK)
-            *addr = va;
-        return rc;
+    uint64_t best = UINT64_MAX;
+    for (size_t k = 0; k < p->narenas; k++) {
+        arena *a = p->arenas[k];
+        for (size_t i = 0; i < a->nspans; i++)
+            if (a->spans[i].kind == SPAN_FREE && a->spans[i].size >= size &&
+                a->spans[i].size < best) {
+                best = a->spans[i].size;
+                *out = a;
+                *index = i;
+            }
     }
-    /* A slot of a slab, else a new small range (one granule) for it. */
-    bool no_mem;
-    pthread_mutex_lock(&p->lock);
-    bool ok = slot_take(p, bytes, addr, &no_mem);
-    pthread_mutex_unlock(&p->lock);
-    if (ok)
-        return CS_BE_OK;
-    if (no_mem) {
-        *raw = 2;  /* CUDA_ERROR_OUT_OF_MEMORY: the host's */
+    return best != UINT64_MAX;
+}
+
+/* Hole bytes in [va, va + size), which lies in free spans and holes from span i on. */
+static uint64_t holes_in(const arena *a, size_t i, uint64_t va, uint64_t size)
+{
+    uint64_t n = 0, end = va + size;
+    for (; i < a->nspans && a->spans[i].va < end; i++) {
+        const span *s = &a->spans[i];
+        if (s->kind != SPAN_HOLE || span_end(s) <= va)
+            continue;
+        uint64_t lo = s->va > va ? s->va : va, hi = span_end(s) < end ? span_end(s) : end;
+        n += hi - lo;
+    }
+    return n;
+}
+
+/* Where a block of `size` bytes needs the least new mapping: a window of free spans and holes
+ * that starts or ends where one of them does. False when no arena has room. */
+typedef struct {
+    arena *a;
+    uint64_t va, holes;
+} window;
+
+static bool best_window(const cs_pool *p, uint64_t size, window *w)
+{
+    bool found = false;
+    for (size_t k = 0; k < p->narenas; k++) {
+        arena *a = p->arenas[k];
+        for (size_t i = 0; i < a->nspans;) {
+            /* A run of free spans and holes: spans [i, j). */
+            size_t j = i;
+            while (j < a->nspans && a->spans[j].kind <= SPAN_FREE)
+                j++;
+            if (j == i) {
+                i++;
+                continue;
+            }
+            uint64_t lo = a->spans[i].va, hi = span_end(&a->spans[j - 1]);
+            for (size_t s = i; hi - lo >= size && s < j; s++) {
+                uint64_t starts[2] = {a->spans[s].va, span_end(&a->spans[s]) - size};
+                for (int t = 0; t < 2; t++) {
+                    uint64_t va = starts[t];
+                    if (va < lo || va > hi - size || (t == 1 && span_end(&a->spans[s]) < size))
+                        continue;
+                    if (a->spans[span_at(a, va)].kind == SPAN_HOLE)
+                        va = va / p->gran * p->gran;  /* chunks map at whole granules */
+                    uint64_t holes = holes_in(a, span_at(a, va), va, size);
+                    /* A window that ends in a hole maps the rest of its last granule too. */
+                    if (a->spans[span_at(a, va + size - 1)].kind == SPAN_HOLE)
+                        holes += round_up(va + size, p->gran) - (va + size);
+                    if (!found || holes < w->holes) {
+                        *w = (window){a, va, holes};
+                        found = true;
+                    }
+                }
+            }
+            i = j;
+        }
+    }
+    return found;
+}
+
+/* The start of the largest hole, if it can take the block: where chunks larger than what
+ * is left to fill can reach past it. */
+static bool fresh_window(const cs_pool *p, uint64_t size, window *w)
+{
+    bool found = false;
+    for (size_t k = 0; k < p->narenas; k++) {
+        arena *a = p->arenas[k];
+        for (size_t i = 0; i < a->nspans; i++)
+            if (a->spans[i].kind == SPAN_HOLE && a->spans[i].size >= size &&
+                (!found || a->spans[i].size > w->holes)) {
+                *w = (window){a, a->spans[i].va, a->spans[i].size};
+                found = true;
+            }
+    }
+    w->holes = size;
+    return found;
+}
+
+/* ---------------------------------------------------------------- filling a window */
+
+enum { FROM_SPARE, FROM_FREE, FROM_NEW };
+
+/* A chunk to be mapped at va: a spare one, one unmapped from a free span at `from_va`, or a
+ * new one (its handle made when the window is filled). */
+typedef struct {
+    uint64_t va, from_va;
+    chunk c;
+    int from;
+    bool mapped;
+} place;
+
+/* A piece of the window: a hole to fill, or a free span already mapped. */
+typedef struct {
+    uint64_t va, size;
+    bool hole;
+} piece;
+
+typedef struct {
+    arena *a;
+    uint64_t va, size;
+    uint64_t over;         /* the last chunk's bytes past the window: a free span after it */
+    piece *pieces;
+    size_t npieces;
+    place *places;
+    size_t nplaces, cap_places;
+    chunk *trade;          /* spare chunks that fit nowhere, released for new memory */
+    size_t ntrade;
+    uint64_t created;
+    bool dry;              /* only count: stop at `left`, take nothing (cs_pool_need) */
+    uint64_t left;         /* the new memory the plan takes, once its moves are chosen */
+} plan;
+
+static void plan_free(plan *pl)
+{
+    free(pl->pieces);
+    free(pl->places);
+    free(pl->trade);
+}
+
+static bool add_place(plan *pl, place pc)
+{
+    if (!grow((void **)&pl->places, &pl->cap_places, pl->nplaces, 1, sizeof *pl->places))
+        return false;
+    pl->places[pl->nplaces++] = pc;
+    return true;
+}
+
+/* Is mapping m of the window's arena wholly free, and outside the window? */
+static bool movable_at(const arena *a, const plan *pl, size_t m)
+{
+    const mapping *c = &a->maps[m];
+    const span *s = &a->spans[span_at(a, c->va)];
+    if (s->kind != SPAN_FREE || c->va + c->size > span_end(s) ||
+        (c->va < pl->va + pl->size && pl->va < c->va + c->size))
+        return false;
+    for (size_t i = 0; i < pl->nplaces; i++)
+        if (pl->places[i].from == FROM_FREE && pl->places[i].from_va == c->va)
+            return false;  /* chosen already */
+    return true;
+}
+
+/* The largest wholly free chunk of the window's arena outside the window of at most `bytes`:
+ * its mapping index, or -1. */
+static long movable(const arena *a, const plan *pl, uint64_t bytes)
+{
+    long best = -1;
+    for (size_t m = 0; m < a->nmaps; m++)
+        if (a->maps[m].size <= bytes && (best < 0 || a->maps[m].size > a->maps[best].size) &&
+            movable_at(a, pl, m))
+            best = (long)m;
+    return best;
+}
+
+/* Give back what plan_make took (the lock held): spare chunks to the spare, chunks marked to
+ * move to their free spans. */
+static void plan_undo(cs_pool *p, plan *pl)
+{
+    for (size_t i = 0; i < pl->nplaces; i++)
+        if (pl->places[i].from == FROM_SPARE)
+            spare_push(p, pl->places[i].c);  /* room was there when it was taken */
+    for (size_t i = 0; i < pl->ntrade; i++)
+        spare_push(p, pl->trade[i]);
+    pl->nplaces = pl->ntrade = 0;
+}
+
+/* Under the lock: fill the holes of window w (of `size` bytes) with spare chunks, then with
+ * new memory up to max_new, then with chunks moved from free spans, then new memory again.
+ * Takes the spare it uses, and marks the window and the chunks to move busy. */
+static int plan_make(cs_pool *p, const window *w, uint64_t size, uint64_t max_new, plan *pl)
+{
+    arena *a = w->a;
+    pl->a = a;
+    pl->va = w->va;
+    pl->size = size;
+    size_t first = span_at(a, w->va), n = 0;
+    for (size_t i = first; i < a->nspans && a->spans[i].va < w->va + size; i++)
+        n++;
+    pl->pieces = n ? malloc(n * sizeof *pl->pieces) : NULL;  /* n >= 1: size > 0 */
+    if (!pl->pieces)
+        return CS_BE_OOM;
+    for (size_t i = first; i < first + n; i++) {
+        const span *s = &a->spans[i];
+        uint64_t lo = s->va > w->va ? s->va : w->va;
+        uint64_t hi = span_end(s) < w->va + size ? span_end(s) : w->va + size;
+        pl->pieces[pl->npieces++] = (piece){lo, hi - lo, s->kind == SPAN_HOLE};
+    }
+    /* A window that ends in a hole fills it to a whole granule: the rest is a free span
+     * after the block. */
+    size_t last = pl->npieces - 1;
+    if (pl->pieces[last].hole) {
+        pl->over = round_up(w->va + size, p->gran) - (w->va + size);
+        pl->pieces[last].size += pl->over;
+    }
+    /* Each hole from its start: spare chunks, largest first; what is left is its tail. */
+    uint64_t left = 0;
+    uint64_t *tail = calloc(pl->npieces, sizeof *tail);
+    if (!tail)
+        return CS_BE_OOM;
+    for (size_t i = 0; i < pl->npieces; i++) {
+        piece *pc = &pl->pieces[i];
+        uint64_t at = pc->va, end = pc->va + pc->size;
+        int e;
+        while (pc->hole && at < end && (e = spare_fit(p, end - at)) >= 0) {
+            chunk c = spare_pop(p, e);
+            if (!add_place(pl, (place){at, 0, c, FROM_SPARE, false})) {
+                spare_push(p, c);
+                free(tail);
+                plan_undo(p, pl);
+                return CS_BE_OOM;
+            }
+            at += pl->places[pl->nplaces - 1].c.size;
+        }
+        tail[i] = pc->hole ? end - at : 0;
+        left += tail[i];
+    }
+    /* The last hole may take a larger chunk, the rest of it a free span past the window, where
+     * its hole goes on: a spare one first (the memory is held anyway). */
+    uint64_t fill_end = w->va + size + pl->over, extra = 0;
+    const span *end_span = &a->spans[span_at(a, fill_end - 1)];
+    uint64_t ext = end_span->kind == SPAN_HOLE ? span_end(end_span) - fill_end : 0;
+    for (int e = 0; e < p->max_exp && tail[last] && ext; e++) {
+        uint64_t sz = p->gran << e;
+        if (p->spare[e].n && sz > tail[last] && sz - tail[last] <= ext) {
+            uint64_t at = pl->pieces[last].va + pl->pieces[last].size - tail[last];
+            chunk c = spare_pop(p, e);
+            if (!add_place(pl, (place){at, 0, c, FROM_SPARE, false})) {
+                spare_push(p, c);
+                free(tail);
+                plan_undo(p, pl);
+                return CS_BE_OOM;
+            }
+            extra = sz - tail[last];
+            left -= tail[last];
+            tail[last] = 0;
+        }
+    }
+    /* Beyond max_new, chunks move from free spans into the tails. */
+    size_t nmoved = 0;
+    for (size_t i = 0; i < pl->npieces && left > max_new; i++) {
+        uint64_t end = pl->pieces[i].va + pl->pieces[i].size;
+        long m;
+        while (tail[i] && left > max_new && (m = movable(a, pl, tail[i])) >= 0) {
+            mapping c = a->maps[m];
+            if (!add_place(pl, (place){end - tail[i], c.va, {c.handle, c.size}, FROM_FREE,
+                                       false})) {
+                free(tail);
+                plan_undo(p, pl);
+                return CS_BE_OOM;
+            }
+            tail[i] -= c.size;
+            left -= c.size;
+            nmoved++;
+        }
+    }
+    /* Still short: the smallest free chunk larger than the last tail, if its hole goes on. */
+    if (left > max_new && tail[last] && ext) {
+        long m = movable(a, pl, tail[last] + ext);
+        for (size_t k = 0; m >= 0 && k < a->nmaps; k++)
+            if (a->maps[k].size > tail[last] && a->maps[k].size < a->maps[m].size &&
+                movable_at(a, pl, k))
+                m = (long)k;
+        if (m >= 0 && a->maps[m].size > tail[last]) {
+            mapping c = a->maps[m];
+            uint64_t at = pl->pieces[last].va + pl->pieces[last].size - tail[last];
+            if (!add_place(pl, (place){at, c.va, {c.handle, c.size}, FROM_FREE, false})) {
+                free(tail);
+                plan_undo(p, pl);
+                return CS_BE_OOM;
+            }
+            extra = c.size - tail[last];
+            left -= tail[last];
+            tail[last] = 0;
+            nmoved++;
+        }
+    }
+    pl->over += extra;
+    pl->pieces[last].size += extra;
+    pl->left = left;
+    if (left > max_new || pl->dry) {
+        free(tail);
+        plan_undo(p, pl);
+        return left > max_new ? CS_BE_SHORT : CS_BE_OK;
+    }
+    /* New memory for the rest of each tail: chunks of one granule, which fit any hole when
+     * they move, except for what a large tail holds in whole multiples of BIG_CHUNK granules
+     * (in binary: few handles, a mapping costs per handle). */
+    for (size_t i = 0; i < pl->npieces; i++) {
+        uint64_t at = pl->pieces[i].va + pl->pieces[i].size - tail[i];
+        uint64_t big = tail[i] / (BIG_CHUNK * p->gran) * (BIG_CHUNK * p->gran);
+        for (int e = p->max_exp - 1; e >= 0; e--) {
+            uint64_t sz = p->gran << e;
+            uint64_t k = e == 0 ? (tail[i] - big) / p->gran : (big & sz) ? 1 : 0;
+            for (; k; k--) {
+                if (!add_place(pl, (place){at, 0, {0, sz}, FROM_NEW, false})) {
+                    free(tail);
+                    plan_undo(p, pl);
+                    return CS_BE_OOM;
+                }
+                at += sz;
+            }
+        }
+    }
+    free(tail);
+    pl->created = left;
+    /* New memory while spare chunks fit nowhere: they go back first, so that memory held
+     * does not grow while some lies unused. */
+    if (left) {
+        uint64_t got = 0;
+        pl->trade = malloc(MAX_EXP * sizeof *pl->trade);
+        for (int e = p->max_exp - 1; pl->trade && e >= 0 && got < left; e--)
+            while (p->spare[e].n && got < left && pl->ntrade < MAX_EXP) {
+                pl->trade[pl->ntrade] = spare_pop(p, e);
+                got += pl->trade[pl->ntrade++].size;
+            }
+    }
+    /* Busy: the window as it is (its pieces keep their bounds), and each chunk that moves. */
+    if (!room_spans(a, 3 + 2 * nmoved)) {
+        plan_undo(p, pl);
         return CS_BE_OOM;
     }
-    int rc = build(p, p->gran, true, max_new, &va, created, released, raw);
-    if (rc != CS_BE_OK)
-        return rc;
-    pthread_mutex_lock(&p->lock);
-    /* Another thread may have made room meanwhile: any slot will do. Unless the context went
-     * meanwhile, and the new range with it. */
-    ok = !p->dead && slot_take(p, bytes, addr, &no_mem);
-    if (p->dead) {
-        pthread_mutex_unlock(&p->lock);
-        *raw = 709;  /* CUDA_ERROR_CONTEXT_IS_DESTROYED */
-        return CS_BE_ERROR;
+    size_t i = cut(a, w->va, size + pl->over);
+    for (size_t k = 0; k < pl->npieces; k++)
+        a->spans[i + k].kind = SPAN_BUSY;
+    for (size_t k = 0; k < pl->nplaces; k++) {
+        place *pc = &pl->places[k];
+        if (pc->from != FROM_FREE)
+            continue;
+        a->spans[cut(a, pc->from_va, pc->c.size)].kind = SPAN_BUSY;
+        map_remove(a, map_index(a, pc->from_va));
     }
-    pthread_mutex_unlock(&p->lock);
-    if (!ok) {
-        *raw = 2;
-        return CS_BE_OOM;  /* no host memory for a slab (the range stays, spare) */
+    a->busy++;
+    return CS_BE_OK;
+}
+
+/* Under the lock: the new memory a plan for window w takes at the least (with no new memory
+ * allowed, it moves all it can): a plan made and undone. */
+static uint64_t plan_least(cs_pool *p, const window *w, uint64_t size, bool move)
+{
+    /* No host memory to plan: all of its holes. */
+    plan pl = {.dry = true, .left = round_up(w->holes, p->gran)};
+    plan_make(p, w, size, move ? 0 : UINT64_MAX, &pl);
+    plan_free(&pl);
+    return pl.left;
+}
+
+/* Without the lock: the driver calls of a plan. Returns CS_BE_OK or the first failure. */
+static int plan_run(cs_pool *p, plan *pl, int *raw)
+{
+    release_chunks(p, pl->trade, pl->ntrade);
+    for (size_t i = 0; i < pl->nplaces; i++) {
+        place *pc = &pl->places[i];
+        int rc = CS_BE_OK;
+        if (pc->from == FROM_FREE) {
+            rc = p->ops->unmap(p->dev, pc->from_va, pc->c.size, raw);
+            if (rc == CS_BE_OK)
+                pc->from = FROM_SPARE;  /* unmapped: a spare chunk like the others */
+        } else if (pc->from == FROM_NEW) {
+            rc = p->ops->create(p->dev, pc->c.size, &pc->c.handle, raw);
+            if (rc != CS_BE_OK)
+                pc->c.size = 0;  /* nothing made */
+        }
+        if (rc == CS_BE_OK)
+            rc = p->ops->map(p->dev, pc->va, pc->c.size, pc->c.handle, raw);
+        if (rc != CS_BE_OK) {
+            for (size_t k = i + 1; k < pl->nplaces; k++)
+                if (pl->places[k].from == FROM_NEW)
+                    pl->places[k].c.size = 0;  /* never made: nothing to count or release */
+            return rc;
+        }
+        pc->mapped = true;
+    }
+    for (size_t i = 0; i < pl->npieces; i++) {
+        int rc = CS_BE_OK;
+        if (pl->pieces[i].hole)
+            rc = p->ops->access(p->dev, pl->pieces[i].va, pl->pieces[i].size, raw);
+        if (rc != CS_BE_OK)
+            return rc;
     }
     return CS_BE_OK;
 }
 
-/* A range out of the registry: unmap it and keep or release its chunks. Without the lock. */
-static int unbuild_range(cs_pool *p, range *r, bool keep, bool done, uint64_t *released,
-                         int *raw)
+/* The count of what a plan did, under the lock. */
+static void plan_count(cs_pool *p, const plan *pl)
 {
-    int rc = CS_BE_OK;
-    if (!done && p->ops->sync(p->dev, raw) != CS_BE_OK)
-        rc = CS_BE_ERROR;  /* unmapped all the same: nothing better to do */
-    int unmapped = unmap_range(p, r, r->nchunks, raw);
-    if (unmapped != r->nchunks)
-        rc = CS_BE_ERROR;
-    pthread_mutex_lock(&p->lock);
-    p->counts.unmaps += (uint64_t)unmapped;
-    bool kept = keep && !p->dead && unmapped == r->nchunks;
-    for (int i = 0; kept && i < r->nchunks; i++)
-        if (!spare_push(p, r->chunks[i])) {
-            /* No host memory to remember it: the rest goes back. */
-            memmove(r->chunks, r->chunks + i, (size_t)(r->nchunks - i) * sizeof *r->chunks);
-            r->nchunks -= i;
-            kept = false;
+    p->counts.releases += pl->ntrade;
+    for (size_t i = 0; i < pl->nplaces; i++) {
+        const place *pc = &pl->places[i];
+        if (pc->from == FROM_NEW && pc->c.size)
+            p->counts.creates++;
+        if (pc->from_va && pc->from != FROM_FREE) {
+            p->counts.unmaps++;
+            p->counts.moves++;
         }
-    if (!kept)
-        p->counts.releases += (uint64_t)r->nchunks;
+        p->counts.maps += pc->mapped;
+    }
+}
+
+/* ---------------------------------------------------------------- arenas in flight */
+
+/* A thread is done with its driver calls on arena a (the lock held). True when it must give
+ * the reservation back: the arena was detached meanwhile and this thread was its last. */
+static bool arena_leave(arena *a)
+{
+    return --a->busy == 0 && a->dead && a->unmapped;
+}
+
+static void unreserve(cs_pool *p, const arena *a)
+{
+    int ignored;
+    p->ops->unreserve(p->dev, a->va, a->size, &ignored);
+}
+
+/* Undo a plan whose driver calls failed, or whose arena was detached meanwhile. Without the
+ * lock: unmap what it mapped; then, under it, put the window and the moved chunks' spans back
+ * as they were and keep the chunks that can be kept (new ones, and all of them once the
+ * arena is gone, go back to the driver). */
+static void plan_rollback(cs_pool *p, plan *pl)
+{
+    int raw;
+    uint64_t unmaps = 0;
+    for (size_t i = 0; i < pl->nplaces; i++)
+        if (pl->places[i].mapped)
+            unmaps += p->ops->unmap(p->dev, pl->places[i].va, pl->places[i].c.size, &raw) ==
+                      CS_BE_OK;
+    /* What goes back to the driver, after the lock; a chunk still mapped where it was (a move
+     * that never happened, in an arena now gone) is unmapped there first. */
+    chunk *back = malloc((pl->nplaces + 1) * sizeof *back);
+    place *stale = malloc((pl->nplaces + 1) * sizeof *stale);
+    size_t nback = 0, nstale = 0;
+    pthread_mutex_lock(&p->lock);
+    arena *a = pl->a;
+    bool dead = a->dead;
+    plan_count(p, pl);  /* what the driver did before the failure: counted, then undone */
+    p->counts.unmaps += unmaps;
+    for (size_t i = 0; i < pl->nplaces; i++) {
+        place *pc = &pl->places[i];
+        if (pc->from == FROM_FREE) {
+            if (!dead && grow((void **)&a->maps, &a->cap_maps, a->nmaps, 1, sizeof *a->maps)) {
+                map_insert(a, (mapping){pc->from_va, pc->c.size, pc->c.handle});
+                settle(a, span_at(a, pc->from_va), SPAN_FREE);
+                continue;
+            }
+            if (!dead)
+                settle(a, span_at(a, pc->from_va), SPAN_HOLE);  /* unmapped below */
+            if (stale)
+                stale[nstale++] = *pc;
+            p->counts.unmaps++;
+            p->counts.releases++;
+            continue;
+        }
+        if (pc->from_va && !dead)  /* unmapped from its free span: a hole there now */
+            settle(a, span_at(a, pc->from_va), SPAN_HOLE);
+        if (!pc->c.size)
+            continue;  /* a new chunk never made */
+        if (pc->from != FROM_NEW && !dead && spare_push(p, pc->c))
+            continue;
+        if (back)
+            back[nback++] = pc->c;
+        else
+            p->ops->release(p->dev, pc->c.handle, &raw);  /* no host memory at all: rare */
+        p->counts.releases++;
+    }
+    for (size_t k = 0; !dead && k < pl->npieces; k++)
+        settle(a, span_at(a, pl->pieces[k].va), pl->pieces[k].hole ? SPAN_HOLE : SPAN_FREE);
+    bool last = arena_leave(a);
     pthread_mutex_unlock(&p->lock);
-    if (!kept)
-        *released += release_chunks(p, r->chunks, r->nchunks);
-    range_free(r);
-    return rc;
+    for (size_t i = 0; i < nstale; i++) {
+        p->ops->unmap(p->dev, stale[i].from_va, stale[i].c.size, &raw);
+        p->ops->release(p->dev, stale[i].c.handle, &raw);
+    }
+    release_chunks(p, back, nback);
+    if (last)
+        unreserve(p, a);
+    free(back);
+    free(stale);
+}
+
+/* A new arena of at least `size` bytes, registered. Without the lock. */
+static int arena_add(cs_pool *p, uint64_t size, int *raw)
+{
+    arena *a = calloc(1, sizeof *a);
+    if (!a || !room_spans(a, 1)) {
+        free(a);
+        *raw = HOST_OOM;
+        return CS_BE_OOM;
+    }
+    a->size = size > p->arena_bytes ? size : p->arena_bytes;
+    int rc = p->ops->reserve(p->dev, a->size, &a->va, raw);
+    if (rc == CS_BE_OK && p->ops->reserve == NULL)
+        rc = CS_BE_ERROR;
+    if (rc != CS_BE_OK) {
+        arena_free(a);
+        return rc;
+    }
+    a->spans[a->nspans++] = (span){a->va, a->size, SPAN_HOLE, NULL};
+    pthread_mutex_lock(&p->lock);
+    p->counts.reserves++;
+    bool ok = !p->dead &&
+              grow((void **)&p->arenas, &p->cap_arenas, p->narenas, 1, sizeof *p->arenas);
+    if (ok) {
+        size_t i = arena_index(p, a->va);
+        memmove(&p->arenas[i + 1], &p->arenas[i], (p->narenas - i) * sizeof *p->arenas);
+        p->arenas[i] = a;
+        p->narenas++;
+    }
+    bool dead = p->dead;
+    pthread_mutex_unlock(&p->lock);
+    if (!ok) {
+        unreserve(p, a);
+        arena_free(a);
+        *raw = dead ? DESTROYED : HOST_OOM;
+        return dead ? CS_BE_ERROR : CS_BE_OOM;
+    }
+    return CS_BE_OK;
+}
+
+/* ---------------------------------------------------------------- blocks */
+
+/* A used span of `size` bytes (whole granules), a small range when r is not NULL (it then
+ * belongs to the span; on failure it stays the caller's). See cs_pool_alloc. */
+static int alloc_span(cs_pool *p, uint64_t size, range *r, uint64_t max_new, uint64_t *va,
+                      uint64_t *created, uint64_t *released, bool *carved, int *raw)
+{
+    *carved = false;
+    for (;;) {
+        pthread_mutex_lock(&p->lock);
+        if (p->dead) {
+            pthread_mutex_unlock(&p->lock);
+            *raw = DESTROYED;
+            return CS_BE_ERROR;
+        }
+        arena *a;
+        size_t i;
+        window w;
+        if (best_fit(p, size, &a, &i)) {
+            /* Carved out of a free span: no driver call. */
+            if (!room_spans(a, 1)) {
+                pthread_mutex_unlock(&p->lock);
+                *raw = HOST_OOM;
+                return CS_BE_OOM;
+            }
+            i = cut(a, a->spans[i].va, size);
+            a->spans[i].kind = SPAN_USED;
+            a->spans[i].small = r;
+            *va = a->spans[i].va;
+            p->counts.carves++;
+            *carved = true;
+            if (r) {
+                r->va = *va;
+                small_add(p, r);
+                p->counts.slab_free += p->gran;
+            }
+            pthread_mutex_unlock(&p->lock);
+            return CS_BE_OK;
+        }
+        if (!best_window(p, size, &w)) {
+            pthread_mutex_unlock(&p->lock);
+            int rc = arena_add(p, size, raw);
+            if (rc != CS_BE_OK)
+                return rc;
+            continue;
+        }
+        plan pl = {0};
+        int rc = plan_make(p, &w, size, max_new, &pl);
+        window fresh;
+        if (rc == CS_BE_SHORT && fresh_window(p, size, &fresh) && fresh.va != w.va) {
+            /* Chunks too large for the holes of the best window: where a hole goes on, the
+             * last one may reach past the block. */
+            plan_free(&pl);
+            pl = (plan){0};
+            w = fresh;
+            rc = plan_make(p, &w, size, max_new, &pl);
+        }
+        uint64_t gen = p->access_gen;
+        pthread_mutex_unlock(&p->lock);
+        if (rc != CS_BE_OK) {
+            plan_free(&pl);
+            if (rc == CS_BE_OOM)
+                *raw = HOST_OOM;
+            return rc;
+        }
+        rc = plan_run(p, &pl, raw);
+        for (size_t k = 0; k < pl.ntrade; k++)
+            *released += pl.trade[k].size;
+        pthread_mutex_lock(&p->lock);
+        p->counts.releases += pl.ntrade;
+        pl.ntrade = 0;
+        if (rc != CS_BE_OK || w.a->dead ||
+            !grow((void **)&w.a->maps, &w.a->cap_maps, w.a->nmaps, pl.nplaces,
+                  sizeof *w.a->maps)) {
+            if (rc == CS_BE_OK) {
+                rc = w.a->dead ? CS_BE_ERROR : CS_BE_OOM;
+                *raw = w.a->dead ? DESTROYED : HOST_OOM;
+            }
+            pthread_mutex_unlock(&p->lock);
+            plan_rollback(p, &pl);
+            plan_free(&pl);
+            return rc;
+        }
+        a = w.a;
+        plan_count(p, &pl);
+        for (size_t k = 0; k < pl.nplaces; k++) {
+            place *pc = &pl.places[k];
+            if (pc->from_va)  /* moved here: a hole where it was */
+                settle(a, span_at(a, pc->from_va), SPAN_HOLE);
+            map_insert(a, (mapping){pc->va, pc->c.size, pc->c.handle});
+        }
+        i = span_at(a, pl.va);
+        join(a, i, span_at(a, pl.va + size + pl.over - 1) + 1, SPAN_USED);
+        if (pl.over && room_spans(a, 1)) {  /* the last chunk's rest: free */
+            split_at(a, pl.va + size);
+            settle(a, i + 1, SPAN_FREE);
+        }  /* else (no host memory) the block's span keeps it, and frees it with the block */
+        a->spans[i].small = r;
+        /* Peer access granted while the window was filled: grant it here too, and to the
+         * last chunk's rest (a free span the regrant skipped while it was busy). */
+        while (gen != p->access_gen) {
+            gen = p->access_gen;
+            pthread_mutex_unlock(&p->lock);
+            int ignored;
+            p->ops->access(p->dev, pl.va, size + pl.over, &ignored);
+            pthread_mutex_lock(&p->lock);
+        }
+        if (r) {
+            r->va = pl.va;
+            small_add(p, r);
+            p->counts.slab_free += p->gran;
+        }
+        a->busy--;  /* not detached: the lock was held since the check */
+        *va = pl.va;
+        *created = pl.created;
+        pthread_mutex_unlock(&p->lock);
+        plan_free(&pl);
+        return CS_BE_OK;
+    }
+}
+
+int cs_pool_alloc(cs_pool *p, uint64_t bytes, uint64_t max_new, uint64_t *addr,
+                  uint64_t *created, uint64_t *released, bool *carved, int *raw)
+{
+    *created = *released = 0;
+    bool ignored, *no_call = carved ? carved : &ignored;
+    if (bytes > cs_pool_slab_max(p->gran))
+        return alloc_span(p, round_up(bytes, CS_POOL_ALIGN), NULL, max_new, addr, created,
+                          released, no_call, raw);
+    /* A slot of a slab, else a new small range (one granule) for it. Other threads may take
+     * the new range's pages before this one comes back for its slot: then another range,
+     * within what is left of max_new. */
+    *no_call = true;
+    for (;;) {
+        bool no_mem = false;
+        pthread_mutex_lock(&p->lock);
+        bool dead = p->dead, ok = !dead && slot_take(p, bytes, addr, &no_mem);
+        pthread_mutex_unlock(&p->lock);
+        if (ok)
+            return CS_BE_OK;
+        *no_call = false;  /* until the new range is found carved */
+        if (dead) {  /* the context went, with any range made for this block */
+            *raw = DESTROYED;
+            return CS_BE_ERROR;
+        }
+        range *r = no_mem ? NULL : calloc(1, sizeof *r);
+        if (!r) {
+            *raw = HOST_OOM;
+            return CS_BE_OOM;
+        }
+        r->free_pages = UINT32_MAX;
+        uint64_t va, made = 0, gone = 0;
+        int rc = alloc_span(p, p->gran, r, max_new > *created ? max_new - *created : 0, &va,
+                            &made, &gone, no_call, raw);
+        *created += made;
+        *released += gone;
+        if (rc != CS_BE_OK) {
+            free(r);
+            return rc;
+        }
+    }
+}
+
+/* Under the lock: the chunks wholly inside free spans of [lo, hi) of arena a, up to `bytes`,
+ * marked busy and out of the mapping list, into out (room for `most`). Returns how many. */
+static size_t take_free_chunks(arena *a, uint64_t lo, uint64_t hi, uint64_t bytes, mapping *out,
+                               size_t most)
+{
+    size_t n = 0;
+    uint64_t got = 0;
+    for (size_t m = map_index(a, lo); n < most && got < bytes && m < a->nmaps;) {
+        mapping c = a->maps[m];
+        if (c.va + c.size > hi || !room_spans(a, 2))
+            break;
+        const span *s = &a->spans[span_at(a, c.va)];
+        if (s->kind != SPAN_FREE || c.va + c.size > span_end(s)) {
+            m++;  /* partly in a block (carved since the lock was last dropped) */
+            continue;
+        }
+        map_remove(a, m);  /* m is the next one now */
+        a->spans[cut(a, c.va, c.size)].kind = SPAN_BUSY;
+        out[n++] = c;
+        got += c.size;
+    }
+    if (n)
+        a->busy++;
+    return n;
+}
+
+/* Without the lock: unmap what take_free_chunks took and give it back to the driver; their
+ * spans become holes. Returns the bytes released. */
+static uint64_t drop_chunks(cs_pool *p, arena *a, const mapping *m, size_t n)
+{
+    if (!n)
+        return 0;
+    int raw;
+    bool ok[64];
+    for (size_t i = 0; i < n; i++)
+        ok[i] = p->ops->unmap(p->dev, m[i].va, m[i].size, &raw) == CS_BE_OK;
+    pthread_mutex_lock(&p->lock);
+    bool dead = a->dead, kept[64];
+    uint64_t released = 0;
+    for (size_t i = 0; i < n; i++) {
+        kept[i] = !ok[i] && !dead &&
+                  grow((void **)&a->maps, &a->cap_maps, a->nmaps, 1, sizeof *a->maps);
+        if (kept[i]) {
+            map_insert(a, m[i]);  /* still mapped: free again */
+            settle(a, span_at(a, m[i].va), SPAN_FREE);
+            continue;
+        }
+        if (!dead)
+            settle(a, span_at(a, m[i].va), SPAN_HOLE);
+        p->counts.unmaps += ok[i];
+        p->counts.releases++;
+        released += m[i].size;
+    }
+    bool last = arena_leave(a);
+    pthread_mutex_unlock(&p->lock);
+    for (size_t i = 0; i < n; i++)
+        if (!kept[i])
+            p->ops->release(p->dev, m[i].handle, &raw);
+    if (last)
+        unreserve(p, a);
+    return released;
+}
+
+/* Give back the chunks wholly inside free spans of [lo, hi) of arena a, up to `bytes`. Called
+ * with the lock held, returns with it released. Bytes released. */
+static uint64_t release_free(cs_pool *p, arena *a, uint64_t lo, uint64_t hi, uint64_t bytes)
+{
+    mapping m[64];
+    uint64_t total = 0;
+    for (;;) {
+        size_t n = take_free_chunks(a, lo, hi, bytes - total, m, 64);
+        pthread_mutex_unlock(&p->lock);
+        total += drop_chunks(p, a, m, n);
+        if (n < 64 || total >= bytes)
+            return total;
+        pthread_mutex_lock(&p->lock);
+        if (a->dead) {
+            pthread_mutex_unlock(&p->lock);
+            return total;
+        }
+    }
 }
 
 int cs_pool_free(cs_pool *p, uint64_t addr, bool keep, bool done, uint64_t *released, int *raw)
 {
     *released = 0;
     int rc = CS_BE_OK;
-    pthread_mutex_lock(&p->lock);
-    range *r = range_at(p, addr);
-    bool small = r && r->small;
-    pthread_mutex_unlock(&p->lock);
-    if (!r) {
-        *raw = INVALID_VALUE;
-        return CS_BE_ERROR;
-    }
-    /* A slot whose work is not known to be done would be handed out again at once: wait
-     * for the device first. */
-    if (small && !done && p->ops->sync(p->dev, raw) != CS_BE_OK)
+    /* Free memory may be handed out, or unmapped, at once: its work must be done first. */
+    if (!done && p->ops->sync(p->dev, raw) != CS_BE_OK)
         rc = CS_BE_ERROR;
     pthread_mutex_lock(&p->lock);
-    r = range_at(p, addr);
-    if (!r || r->small != small || (!small && addr != r->va)) {
+    arena *a = arena_at(p, addr);
+    size_t i = a ? span_at(a, addr) : 0;
+    span *s = a ? &a->spans[i] : NULL;
+    if (!s || s->kind != SPAN_USED || (!s->small && addr != s->va)) {
         pthread_mutex_unlock(&p->lock);
         *raw = INVALID_VALUE;
         return CS_BE_ERROR;
     }
-    if (small) {
+    if (s->small) {
+        range *r = s->small;
         slab *sl = r->page_slab[(addr - r->va) / p->page];
         uint64_t off = sl ? addr - r->va - (uint64_t)sl->first * p->page : 1;
         if (!sl || off % sl->slot || off / sl->slot >= sl->nslots) {
@@ -664,95 +1348,157 @@ int cs_pool_free(cs_pool *p, uint64_t addr, bool keep, bool done, uint64_t *rele
             *raw = INVALID_VALUE;
             return CS_BE_ERROR;
         }
-        slab_class *k = class_for(p, sl->slot);  /* exists: the slab was made through it */
+        slab_class *k = class_find(p, sl->slot);  /* exists: the slab was made through it */
         sl->free_slots[sl->nfree++] = (uint32_t)(off / sl->slot);
         p->counts.slab_free += sl->slot;
         if (sl->nfree == 1)
             partial_add(k, sl);
-        if (sl->nfree < sl->nslots) {
-            pthread_mutex_unlock(&p->lock);
-            return rc;
+        bool range_free_now = false;
+        if (sl->nfree == sl->nslots) {
+            partial_remove(k, sl);
+            range_free_now = slab_unmake(p, sl);
         }
-        partial_remove(k, sl);
-        if (!slab_unmake(p, sl)) {
+        if (!range_free_now) {
             pthread_mutex_unlock(&p->lock);
             return rc;
         }
         /* The whole range is free: it goes, as a large block would. */
         small_remove(p, r);
-        p->counts.slab_free -= r->size;
-        done = true;  /* every slot was done (or waited for) when it came back */
+        p->counts.slab_free -= p->gran;
+        range_free(r);
+        s->small = NULL;
     }
-    range_remove(p, r);
-    pthread_mutex_unlock(&p->lock);
-    int urc = unbuild_range(p, r, keep, done, released, raw);
-    return rc != CS_BE_OK ? rc : urc;
+    const span *f = &a->spans[settle(a, i, SPAN_FREE)];
+    if (keep) {
+        pthread_mutex_unlock(&p->lock);
+        return rc;
+    }
+    *released = release_free(p, a, f->va, span_end(f), UINT64_MAX);
+    return rc;
 }
 
 uint64_t cs_pool_most_new(const cs_pool *p, uint64_t bytes)
 {
-    return bytes <= cs_pool_slab_max(p->gran) ? p->gran : round_up(bytes, p->gran);
+    /* A large block may start in a free span's last granule and end in a hole's. */
+    return bytes <= cs_pool_slab_max(p->gran) ? p->gran : round_up(bytes, p->gran) + p->gran;
 }
 
-uint64_t cs_pool_need(cs_pool *p, uint64_t bytes)
+bool cs_pool_fits(cs_pool *p, uint64_t bytes)
+{
+    arena *a;
+    size_t i;
+    pthread_mutex_lock(&p->lock);
+    bool fits = best_fit(p, round_up(bytes, CS_POOL_ALIGN), &a, &i);
+    pthread_mutex_unlock(&p->lock);
+    return fits;
+}
+
+uint64_t cs_pool_need(cs_pool *p, uint64_t bytes, bool move)
 {
     pthread_mutex_lock(&p->lock);
-    uint64_t size = round_up(bytes, p->gran);
+    uint64_t size = round_up(bytes, CS_POOL_ALIGN);
     if (bytes <= cs_pool_slab_max(p->gran)) {
-        slab_class *k = NULL;
-        for (size_t i = 0; i < p->nclasses && !k; i++)
-            if (p->classes[i].slot == bytes)
-                k = &p->classes[i];
+        slab_class *k = class_find(p, bytes);
         int first;
-        if ((k && k->head) || small_with_run(p, slab_pages(p, bytes), &first))
-            size = 0;
-        else
-            size = p->gran;
+        size = (k && k->head) || small_with_run(p, slab_pages(p, bytes), &first) ? 0 : p->gran;
     }
-    uint64_t need = size ? spare_take(p, size, NULL, NULL) : 0;
+    arena *a;
+    size_t i;
+    window w, fresh;
+    uint64_t need = 0;
+    if (size && !best_fit(p, size, &a, &i)) {
+        /* What cs_pool_alloc would take with no more new memory than needed: the best
+         * window's plan, else one where the largest hole starts (a new arena: all of it). */
+        bool found = best_window(p, size, &w);
+        need = found ? plan_least(p, &w, size, move) : round_up(size, p->gran);
+        if (need && found && fresh_window(p, size, &fresh) && fresh.va != w.va) {
+            uint64_t n = plan_least(p, &fresh, size, move);
+            need = n < need ? n : need;
+        }
+    }
     pthread_mutex_unlock(&p->lock);
     return need;
 }
 
 uint64_t cs_pool_trim(cs_pool *p, uint64_t bytes)
 {
-    chunk out[64];
     uint64_t released = 0;
-    for (;;) {
+    /* Unmapped chunks first: no driver call but the release. */
+    while (released < bytes) {
+        chunk out[64];
+        int n = 0;
         pthread_mutex_lock(&p->lock);
-        int n = spare_pop_largest(p, bytes - released, out, 64);
+        for (int e = p->max_exp - 1; e >= 0 && n < 64 && released < bytes; e--)
+            while (p->spare[e].n && n < 64 && released < bytes) {
+                out[n] = spare_pop(p, e);
+                released += out[n++].size;
+            }
         p->counts.releases += (uint64_t)n;
         pthread_mutex_unlock(&p->lock);
-        released += release_chunks(p, out, n);
-        if (n < 64 || released >= bytes)
-            return released;
+        release_chunks(p, out, (size_t)n);
+        if (n < 64)
+            break;
     }
+    /* Then the chunks of free spans, one span at a time. */
+    while (released < bytes) {
+        pthread_mutex_lock(&p->lock);
+        arena *a = NULL;
+        uint64_t lo = 0, hi = 0;
+        for (size_t k = 0; k < p->narenas && !a; k++)
+            for (size_t i = 0; i < p->arenas[k]->nspans && !a; i++) {
+                const arena *b = p->arenas[k];
+                const span *s = &b->spans[i];
+                size_t m = map_index(b, s->va);
+                if (s->kind == SPAN_FREE && m < b->nmaps &&
+                    b->maps[m].va + b->maps[m].size <= span_end(s)) {
+                    a = p->arenas[k];
+                    lo = s->va;
+                    hi = span_end(s);
+                }
+            }
+        if (!a) {
+            pthread_mutex_unlock(&p->lock);
+            break;
+        }
+        uint64_t n = release_free(p, a, lo, hi, bytes - released);
+        if (!n)
+            break;
+        released += n;
+    }
+    return released;
 }
 
 uint64_t cs_pool_release_all(cs_pool *p)
 {
     pthread_mutex_lock(&p->lock);
     p->dead = true;
-    range **ranges = p->ranges;
-    size_t nranges = p->nranges;
+    arena **arenas = p->arenas;
+    size_t narenas = p->narenas;
     handle_stack spare[MAX_EXP];
     memcpy(spare, p->spare, sizeof spare);
     memset(p->spare, 0, sizeof p->spare);
-    p->ranges = NULL;
-    p->nranges = p->cap_ranges = 0;
+    p->arenas = NULL;
+    p->narenas = p->cap_arenas = 0;
     p->small_free = NULL;
     for (size_t i = 0; i < p->nclasses; i++)
-        p->classes[i].head = NULL;  /* the slabs go with their ranges */
+        p->classes[i].head = NULL;  /* the slabs go with their arenas */
     p->counts.spare = p->counts.slab_free = 0;
+    for (size_t i = 0; i < narenas; i++)
+        arenas[i]->dead = true;
     pthread_mutex_unlock(&p->lock);
+    /* No one touches a detached arena's spans or mappings: they are this thread's. */
     uint64_t released = 0, unmaps = 0, releases = 0;
     int ignored;
-    for (size_t i = 0; i < nranges; i++) {
-        range *r = ranges[i];
-        unmaps += (uint64_t)unmap_range(p, r, r->nchunks, &ignored);
-        released += release_chunks(p, r->chunks, r->nchunks);
-        releases += (uint64_t)r->nchunks;
-        range_free(r);
+    for (size_t i = 0; i < narenas; i++) {
+        arena *a = arenas[i];
+        for (size_t m = 0; m < a->nmaps; m++) {
+            unmaps += p->ops->unmap(p->dev, a->maps[m].va, a->maps[m].size, &ignored) ==
+                      CS_BE_OK;
+            p->ops->release(p->dev, a->maps[m].handle, &ignored);
+            released += a->maps[m].size;
+            releases++;
+        }
+        a->nmaps = 0;
     }
     for (int e = 0; e < MAX_EXP; e++) {
         for (size_t k = 0; k < spare[e].n; k++)
@@ -761,35 +1507,51 @@ uint64_t cs_pool_release_all(cs_pool *p)
         releases += spare[e].n;
         free(spare[e].h);
     }
-    free(ranges);
     pthread_mutex_lock(&p->lock);
     p->counts.unmaps += unmaps;
     p->counts.releases += releases;
+    bool kept = grow((void **)&p->gone, &p->cap_gone, p->ngone, narenas, sizeof *p->gone);
+    bool *now = calloc(narenas + 1, sizeof *now);
+    for (size_t i = 0; i < narenas; i++) {
+        arenas[i]->unmapped = true;
+        if (now)
+            now[i] = arenas[i]->busy == 0;  /* else the last thread busy on it unreserves */
+        if (kept)
+            p->gone[p->ngone++] = arenas[i];
+    }
     pthread_mutex_unlock(&p->lock);
+    for (size_t i = 0; i < narenas; i++) {
+        if (now && now[i])
+            unreserve(p, arenas[i]);
+        if (!kept && now && now[i])
+            arena_free(arenas[i]);  /* no host memory to keep it: safe, nobody is on it */
+    }
+    free(now);
+    free(arenas);
     return released;
 }
 
 bool cs_pool_find(cs_pool *p, uint64_t addr, uint64_t *base, uint64_t *size)
 {
     pthread_mutex_lock(&p->lock);
-    range *r = range_at(p, addr);
-    bool found = r != NULL;
-    if (r && r->small) {
-        slab *sl = r->page_slab[(addr - r->va) / p->page];
+    arena *a = arena_at(p, addr);
+    if (a) {
+        const span *s = &a->spans[span_at(a, addr)];
+        *base = addr;  /* in no block, unless found below */
+        *size = 0;
+        const range *r = s->kind == SPAN_USED ? s->small : NULL;
+        slab *sl = r ? r->page_slab[(addr - r->va) / p->page] : NULL;
         uint64_t start = sl ? r->va + (uint64_t)sl->first * p->page : 0;
         if (sl && addr < start + (uint64_t)sl->nslots * sl->slot) {
             *base = start + (addr - start) / sl->slot * sl->slot;
             *size = sl->slot;
-        } else {
-            *base = addr;  /* mapped, in no slot */
-            *size = 0;
+        } else if (s->kind == SPAN_USED && !r) {
+            *base = s->va;
+            *size = s->size;
         }
-    } else if (r) {
-        *base = r->va;
-        *size = r->size;
     }
     pthread_mutex_unlock(&p->lock);
-    return found;
+    return a != NULL;
 }
 
 int cs_pool_regrant(cs_pool *p, int *raw)
@@ -797,12 +1559,25 @@ int cs_pool_regrant(cs_pool *p, int *raw)
     int rc = CS_BE_OK;
     pthread_mutex_lock(&p->lock);
     p->access_gen++;
-    /* Under the lock: no range leaves meanwhile (a rare call; the access op does not wait
-     * for the GPU). */
-    for (size_t i = 0; i < p->nranges; i++) {
-        int r = p->ops->access(p->dev, p->ranges[i]->va, p->ranges[i]->size, raw);
-        if (r != CS_BE_OK && rc == CS_BE_OK)
-            rc = r;
+    /* Under the lock: nothing leaves meanwhile (a rare call; the access op does not wait for
+     * the GPU). Each run of mapped spans in one call; busy ones are their thread's to grant. */
+    for (size_t k = 0; k < p->narenas; k++) {
+        const arena *a = p->arenas[k];
+        for (size_t i = 0; i < a->nspans;) {
+            size_t j = i;
+            while (j < a->nspans && (a->spans[j].kind == SPAN_FREE ||
+                                     a->spans[j].kind == SPAN_USED))
+                j++;
+            if (j == i) {
+                i++;
+                continue;
+            }
+            int r = p->ops->access(p->dev, a->spans[i].va,
+                                   span_end(&a->spans[j - 1]) - a->spans[i].va, raw);
+            if (r != CS_BE_OK && rc == CS_BE_OK)
+                rc = r;
+            i = j;
+        }
     }
     pthread_mutex_unlock(&p->lock);
     return rc;
@@ -812,5 +1587,8 @@ void cs_pool_counts_get(cs_pool *p, cs_pool_counts *out)
 {
     pthread_mutex_lock(&p->lock);
     *out = p->counts;
+    uint64_t whole;
+    free_bytes(p, &out->free_mapped, &whole);
+    out->spare += whole;
     pthread_mutex_unlock(&p->lock);
 }

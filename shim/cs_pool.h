@@ -1,17 +1,24 @@
-/* The physical pool of one heap: blocks backed by chunks of physical memory mapped into
- * virtual ranges of their own, and chunks that move between blocks when sizes shift. Pure C:
- * no CUDA types and no I/O; the driver is reached through cs_vmm_ops, so the replay tool and
- * the tests drive the same code with a simulated device.
+/* The physical pool of one heap: blocks carved out of arenas, large virtual reservations
+ * whose pages are backed by chunks of physical memory where they are needed. Pure C: no CUDA
+ * types and no I/O; the driver is reached through cs_vmm_ops, so the replay tool and the
+ * tests drive the same code with a simulated device.
  *
- * A range is a virtual reservation with chunks mapped end to end. A large block is a range of
- * its own. Small blocks (up to half the granularity) live in small ranges of one granule cut
- * into 32 pages; a slab is a run of pages (the shortest whose unused tail is at most an eighth
- * of it) cut into equal slots of one size class, and a small range whose pages are all free
- * again goes as a large block would. A chunk is one physical allocation of the granularity
- * times a power of two; a range is built from spare chunks first (largest first), then new
- * ones (its size in binary), so a range has few chunks and a mapping costs little. Chunks
- * leave a range only when the cache says the work on it is done: unmapping does not wait for
- * the GPU. */
+ * An arena is one virtual reservation (twice the device's memory, at least what a block
+ * needs) cut into spans, end to end: a hole (nothing mapped), free (mapped, in no block) or
+ * used (a large block, or a small range). A large block (more than half the granularity) is
+ * a used span of whole granules; small blocks live in small ranges of one granule cut into
+ * 32 pages, where a slab is a run of pages (the shortest whose unused tail is at most an
+ * eighth of it) cut into equal slots of one size class. A freed block's span turns free and
+ * joins the free spans beside it, so memory freed at one size serves the next request of any
+ * size without a driver call: a block is carved out of the smallest free span it fits
+ * (best fit). Only when none fits does the pool map memory: into the place that needs the
+ * least of it (a window of free spans and holes), filling its holes with spare chunks first,
+ * then with new ones, and, when the cache allows no new memory, with chunks unmapped from
+ * free spans elsewhere (a move). A chunk is one physical allocation of the granularity times
+ * a power of two, mapped whole: new memory comes in the hole's size in binary, so a mapping
+ * costs few handles. A chunk leaves its place only once every page of it is free, and pages
+ * turn free only when the cache says the work on them is done: unmapping never waits for the
+ * GPU. */
 #ifndef CS_POOL_H
 #define CS_POOL_H
 
@@ -47,14 +54,24 @@ typedef struct cs_vmm_ops {
 
 typedef struct cs_pool cs_pool;
 
+/* Large blocks are carved at this alignment (cuMemAlloc's is 256 bytes). */
+#define CS_POOL_ALIGN 512u
+
 /* What the pool did, added up (for the statistics and the replay's cost estimate). */
 typedef struct cs_pool_counts {
     uint64_t creates, releases, maps, unmaps, reserves;
-    uint64_t spare;          /* bytes of chunks mapped nowhere */
+    uint64_t carves;         /* blocks carved out of free spans: no driver call */
+    uint64_t moves;          /* chunks unmapped from free spans to fill a hole elsewhere */
+    uint64_t spare;          /* bytes that can go back to the driver: unmapped chunks, and
+                                mapped chunks every page of which is free */
+    uint64_t free_mapped;    /* bytes of free spans (mapped, in no block) */
     uint64_t slab_free;      /* bytes of free slots in slabs */
 } cs_pool_counts;
 
-cs_pool *cs_pool_create(const cs_vmm_ops *ops, void *dev, uint64_t granularity);
+/* arena_bytes: the virtual size of an arena (twice the device's memory is plenty; a block
+ * larger than it gets an arena of its own size). */
+cs_pool *cs_pool_create(const cs_vmm_ops *ops, void *dev, uint64_t granularity,
+                        uint64_t arena_bytes);
 /* Frees the pool's bookkeeping only (the driver may be gone). */
 void cs_pool_destroy(cs_pool *p);
 
@@ -62,35 +79,42 @@ void cs_pool_destroy(cs_pool *p);
 uint64_t cs_pool_slab_max(uint64_t granularity);
 
 /* A block of `bytes` (the cache's block size: a size class up to cs_pool_slab_max, else a
- * multiple of the granularity). At most max_new bytes of new physical memory may be taken
+ * multiple of CS_POOL_ALIGN). At most max_new bytes of new physical memory may be taken
  * from the driver: CS_BE_SHORT when more would be needed (the spare went meanwhile).
  * *created: bytes taken from the driver; *released: spare bytes given back to the driver to
- * make room (a block that needs new memory first trades chunks nobody could use). */
+ * make room (a block that needs new memory first trades spare chunks that fit nowhere).
+ * *carved (may be NULL): the block was carved out of free memory (a free span, a slab's slot)
+ * with no driver call at all. */
 int cs_pool_alloc(cs_pool *p, uint64_t bytes, uint64_t max_new, uint64_t *addr,
-                  uint64_t *created, uint64_t *released, int *raw);
-/* A block leaves the cache. keep: its memory stays in the pool as spare (a move); else what
- * can go back to the driver does. done: the work before its free is known to have completed
- * (else the pool waits for the device before unmapping). *released: bytes given back. */
+                  uint64_t *created, uint64_t *released, bool *carved, int *raw);
+/* A block leaves the cache. keep: its memory stays in the pool, free (a move); else the
+ * chunks that are then wholly free go back to the driver. done: the work before its free is
+ * known to have completed (else the pool waits for the device first). *released: bytes
+ * given back. */
 int cs_pool_free(cs_pool *p, uint64_t addr, bool keep, bool done, uint64_t *released, int *raw);
 /* The most new physical memory a block of `bytes` can ever take from the driver: a small block
  * may need a whole new small range (one granule). */
 uint64_t cs_pool_most_new(const cs_pool *p, uint64_t bytes);
-/* New physical bytes a block of `bytes` would take from the driver now. */
-uint64_t cs_pool_need(cs_pool *p, uint64_t bytes);
-/* Give spare chunks back to the driver until `bytes` are released or none is left: bytes
- * released. */
+/* Does a free span take a large block of `bytes` as it is (no driver call)? */
+bool cs_pool_fits(cs_pool *p, uint64_t bytes);
+/* New physical bytes a block of `bytes` would take from the driver now: with `move`, at the
+ * least (free chunks moving into its holes where they can), else what its holes lack after
+ * the spare chunks. */
+uint64_t cs_pool_need(cs_pool *p, uint64_t bytes, bool move);
+/* Give memory outside blocks back to the driver (unmapped chunks first, then mapped chunks
+ * every page of which is free) until `bytes` are released or none is left: bytes released. */
 uint64_t cs_pool_trim(cs_pool *p, uint64_t bytes);
 /* The context the pool's memory was made in is gone, with its work, but virtual memory
- * belongs to no context: unmap every range, free its reservation and release every chunk,
+ * belongs to no context: unmap everything, free every reservation and release every chunk,
  * mapped or spare. The pool is then empty. Bytes released. */
 uint64_t cs_pool_release_all(cs_pool *p);
-/* The block that contains addr: its base and its slot size (the range's size for a large
- * block); size 0 where addr is in a small range but in no slot (a slab's tail, a page no
- * slab has). False if addr is in none of the pool's ranges. */
+/* The block that contains addr: its base and its size (a large block's span, a small block's
+ * slot); size 0 where addr is in an arena but in no block (a free span, a hole, a slab's
+ * tail, a page no slab has). False if addr is in none of the pool's arenas. */
 bool cs_pool_find(cs_pool *p, uint64_t addr, uint64_t *base, uint64_t *size);
-/* The devices allowed to use the heap's memory changed (peer access): every range gets the
- * access op again, and ranges being built meanwhile get it once more before they are handed
- * out. Returns 0, or the first failing CS_BE_* code. */
+/* The devices allowed to use the heap's memory changed (peer access): every mapped span gets
+ * the access op again, and blocks being built meanwhile get it once more before they are
+ * handed out. Returns 0, or the first failing CS_BE_* code. */
 int cs_pool_regrant(cs_pool *p, int *raw);
 void cs_pool_counts_get(cs_pool *p, cs_pool_counts *out);
 

@@ -6,8 +6,8 @@
 #
 # Each trace runs with each backend:
 #   - pooled (the default): at least 95 % of the allocations served without new memory from
-#     the driver (hits, or memory moved from idle blocks), at most 1.10 x the program's peak
-#     held, and at least 60 % hits;
+#     the driver, at most 1.10 x the program's peak held (resnet: 1.098), and at least 90 %
+#     hits (a cached block, or one carved out of the pool's free memory: no driver call);
 #   - classic (CACHESHIM_BACKEND=classic): at least 90 % hits.
 # With CACHESHIM_REPLAY, the classic run and a pooled run with CACHESHIM_HEADROOM=1000 (no
 # moves) must give exactly the hits, misses, peak reserved and driver allocations that
@@ -44,7 +44,7 @@ for t in "${files[@]}"; do
     if [ -z "$rate" ]; then echo "FAIL $t ($backend): no statistics from the shim"; status=1; continue; fi
     case $backend in
       pooled)
-        if ! at_least "$rate" 0.60; then echo "FAIL $t (pooled): hit rate $rate < 0.60"; status=1; fi
+        if ! at_least "$rate" 0.90; then echo "FAIL $t (pooled): hit rate $rate < 0.90"; status=1; fi
         if ! at_least "$(awk -v a="$allocs" -v d="$dallocs" 'BEGIN { print 1 - d / a }')" 0.95; then
           echo "FAIL $t (pooled): $dallocs of $allocs allocations took new memory (> 5 %)"; status=1
         fi

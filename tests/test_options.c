@@ -85,7 +85,7 @@ static void assert_defaults(const cs_options *o)
     assert_int_equal(o->reuse, 0);
     assert_false(o->sync_free);
     assert_int_equal(o->backend, 0); /* pooled */
-    assert_int_equal(o->headroom, 0);
+    assert_int_equal(o->headroom, 10);
     assert_string_equal(o->group, "");
     assert_int_equal(o->trace_format, CS_TRACE_TEXT);
     assert_string_equal(o->trace_file, "");
@@ -493,7 +493,7 @@ static void test_parse_size_bad_arguments(void **state)
 #define TAIL_STACK "is not valid: expected a whole number of frames from 0 to 16; using the default (0)"
 #define TAIL_HEADROOM                                                                      \
     "is not valid: expected a whole number of percent from 0 to 1000, without the % sign; " \
-    "using the default (0)"
+    "using the default (10)"
 #define TAIL_GROUP                                                                           \
     "is not valid: expected none, or a name of 1 to 64 letters, digits, '.', '_' and '-' that " \
     "does not start with '.'; using the default (none)"
@@ -918,7 +918,7 @@ static void test_print_defaults(void **state)
     assert_string_equal(r.line[5], "cacheshim: CACHESHIM_REUSE = ordered (default)");
     assert_string_equal(r.line[6], "cacheshim: CACHESHIM_SYNC_FREE = 0 (default)");
     assert_string_equal(r.line[7], "cacheshim: CACHESHIM_BACKEND = pooled (default)");
-    assert_string_equal(r.line[8], "cacheshim: CACHESHIM_HEADROOM = 0 (default)");
+    assert_string_equal(r.line[8], "cacheshim: CACHESHIM_HEADROOM = 10 (default)");
     assert_string_equal(r.line[9], "cacheshim: CACHESHIM_DEBUG = off (default)");
     assert_string_equal(r.line[10], "cacheshim: CACHESHIM_QUARANTINE = 256 MiB (default)");
     assert_string_equal(r.line[11], "cacheshim: CACHESHIM_GROUP = none (default)");

@@ -664,9 +664,10 @@ static void test_peer_access(void **state)
     assert_int_equal(cuCtxSetCurrent(c1), CUDA_SUCCESS);
     assert_int_equal(paths[DLSYM].peer(c0, 0), CUDA_SUCCESS);
     /* Classic: peer access alone makes the memory reachable; pooled: every mapping is
-     * granted device 1 too. */
+     * granted device 1 too, a run of mapped spans at a time (here one: big, small's range
+     * and the idle block lie end to end in the arena). */
     if (shim_pooled())
-        assert_true(fake_calls("cuMemSetAccess") >= 2);
+        assert_int_equal(fake_calls("cuMemSetAccess"), 1);
     else
         assert_int_equal(fake_calls("cuMemSetAccess"), 0);
     assert_int_equal(paths[EXPORT].peer(c0, 0), CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED);
@@ -676,8 +677,9 @@ static void test_peer_access(void **state)
     assert_int_equal(touch_from(c1, small, 5000), 0);
 
     /* Blocks mapped after the enable: slab slots (eight of five pages each: the granule of
-     * `small` holds six, then a new one is mapped), and memory moved from the idle 10 MiB
-     * block (pooled: held would pass the program's peak otherwise) and new memory. */
+     * `small` holds six, then a new one is mapped), and (pooled) a block carved out of the
+     * idle 10 MiB block's memory, moved back to the pool since no free span took it, and one
+     * on new memory, all in the arena reserved before. */
     cacheshim_stats before = shim_stats(0);
     long reservations = fake_vmm_reservations();
     CUdeviceptr slots[8];
@@ -685,7 +687,7 @@ static void test_peer_access(void **state)
         slots[i] = must_alloc(300000);
     CUdeviceptr later = must_alloc(7 * MiB), moved = must_alloc(9 * MiB);
     if (shim_pooled()) {
-        assert_true(fake_vmm_reservations() >= reservations + 2);
+        assert_int_equal(fake_vmm_reservations(), reservations);
         assert_true(shim_stats(0).moves > before.moves);
         assert_true(shim_stats(0).driver_allocs > before.driver_allocs);
     }
@@ -1099,8 +1101,13 @@ static void test_cap_bounds_what_the_device_holds(void **state)
     uint64_t released = shim_trim();
     assert_int_equal(used - fake_device_used(0), released);
     cacheshim_stats st = shim_stats(0);
-    assert_int_equal(st.bytes_cached, 0);
-    assert_int_equal(fake_device_used(0), st.bytes_in_use);
+    /* Pooled: what stays is the free part of the chunks the block in use is carved from
+     * (a chunk goes back only when every byte of it is free): less than one granule here. */
+    if (shim_pooled())
+        assert_true(st.bytes_cached < 2 * MiB);
+    else
+        assert_int_equal(st.bytes_cached, 0);
+    assert_int_equal(fake_device_used(0), st.bytes_in_use + st.bytes_cached);
     if (shim_pooled()) {
         assert_int_equal(fake_vmm_reservations(), 1);
         assert_int_equal(fake_live_allocations(), 0);
@@ -1114,7 +1121,7 @@ static void test_cap_bounds_what_the_device_holds(void **state)
     assert_true(released > 0);
     assert_int_equal(fake_device_used(0), 0);
     assert_int_equal(fake_vmm_allocations(), 0);
-    assert_int_equal(fake_vmm_reservations(), 0);
+    assert_int_equal(fake_vmm_reservations(), shim_pooled() ? 1 : 0);  /* the arena stays */
     assert_int_equal(fake_live_allocations(), 0);
     for (int i = 0; i < 3; i++)
         assert_int_equal(cuStreamDestroy(s[i]), CUDA_SUCCESS);

@@ -66,8 +66,9 @@ static void *real_fn(const char *name)
 /* ================================================================ paths */
 
 /* The shim runs the backend its environment asks for (shim_util.h): a pooled block is
- * physical memory mapped into a range of its own (a reservation, its chunks mapped, access
- * set once), a classic block one cuMemAlloc; never both. The driver tells them apart too. */
+ * physical memory mapped into a span of an arena (the context's first block reserves the
+ * arena; its chunks of a granule each are mapped, access set once over the block), a classic
+ * block one cuMemAlloc; never both. The driver tells them apart too. */
 static void test_backend_as_configured(void **state)
 {
     (void)state;
@@ -79,11 +80,11 @@ static void test_backend_as_configured(void **state)
                      CUDA_SUCCESS);
     if (shim_pooled()) {
         assert_int_equal(fake_calls("cuMemAlloc_v2"), 0);
-        assert_int_equal(fake_calls("cuMemCreate"), 2);  /* chunks of 4 and 2 MiB */
-        assert_int_equal(fake_calls("cuMemAddressReserve"), 1);
-        assert_int_equal(fake_calls("cuMemMap"), 2);
+        assert_int_equal(fake_calls("cuMemCreate"), 3);  /* a chunk per granule */
+        assert_int_equal(fake_calls("cuMemAddressReserve"), 1);  /* the arena */
+        assert_int_equal(fake_calls("cuMemMap"), 3);
         assert_int_equal(fake_calls("cuMemSetAccess"), 1);
-        assert_int_equal(fake_vmm_allocations(), 2);
+        assert_int_equal(fake_vmm_allocations(), 3);
         assert_int_equal(fake_vmm_reservations(), 1);
         assert_int_equal(ipc, 0);
     } else {
@@ -377,10 +378,12 @@ static void test_driver_errors_pass_through(void **state)
     must_free(a);
 }
 
-/* A driver call failing half-way through a pooled block (a later chunk's cuMemCreate, the
- * reservation, a mapping, the access) fails the allocation with the driver's code and takes
- * back everything done before it: no chunk, reservation or mapping is left, and the cache
- * works on. Classic: the one cuMemAlloc failing leaves nothing either. */
+/* A driver call failing half-way through a pooled block (a later chunk's cuMemCreate, a
+ * mapping, the access) fails the allocation with the driver's code and takes back everything
+ * done before it: no chunk or mapping is left, the arena stays as it was, and the cache works
+ * on. (The arena's reservation is made once, by the context's first pooled block: its
+ * failure is test_pool's test_rollback.) Classic: the one cuMemAlloc failing leaves nothing
+ * either. */
 static void test_failure_half_way_rolls_back(void **state)
 {
     (void)state;
@@ -389,15 +392,16 @@ static void test_failure_half_way_rolls_back(void **state)
         long nth;
         CUresult err;
     } pooled_steps[] = {
-        {"cuMemCreate", 2, CUDA_ERROR_UNKNOWN},          /* the second of three chunks */
-        {"cuMemAddressReserve", 1, CUDA_ERROR_INVALID_VALUE},
-        {"cuMemMap", 3, CUDA_ERROR_NOT_PERMITTED},       /* the third of three */
+        {"cuMemCreate", 2, CUDA_ERROR_UNKNOWN},          /* the second of seven chunks */
+        {"cuMemCreate", 7, CUDA_ERROR_OUT_OF_MEMORY},    /* the last */
+        {"cuMemMap", 3, CUDA_ERROR_NOT_PERMITTED},       /* the third of seven */
+        {"cuMemMap", 7, CUDA_ERROR_INVALID_VALUE},       /* the last */
         {"cuMemSetAccess", 1, CUDA_ERROR_INVALID_DEVICE},
     }, classic_steps[] = {
         {"cuMemAlloc_v2", 1, CUDA_ERROR_UNKNOWN},
     };
     bool pooled = shim_pooled();
-    int n = pooled ? 4 : 1;
+    int n = pooled ? 5 : 1;
     fake_retire_all();
     shim_trim();  /* no idle memory: the block is all new memory */
     for (int i = 0; i < n; i++) {
@@ -410,7 +414,7 @@ static void test_failure_half_way_rolls_back(void **state)
         fake_reset_counters();
         fake_fail_nth(name, pooled ? pooled_steps[i].nth : classic_steps[i].nth, err);
         CUdeviceptr p = 0;
-        assert_int_equal(cuMemAlloc(&p, 13 * MiB), err);  /* 14 MiB: chunks of 8, 4, 2 */
+        assert_int_equal(cuMemAlloc(&p, 13 * MiB), err);  /* 14 MiB: 7 chunks of a granule */
         assert_int_equal(fake_calls(name), pooled ? pooled_steps[i].nth : 1);
         assert_int_equal(fake_device_used(0), used);
         assert_int_equal(fake_vmm_allocations(), allocs);
@@ -570,20 +574,24 @@ static void test_oom_recovery(void **state)
     CUdeviceptr big = must_alloc(40 * MiB);
     cacheshim_stats s = stats(0);
     if (shim_pooled()) {
-        /* The idle blocks' memory moves to the new block before the driver is asked: two of
-         * the three 16 MiB chunks are mapped into it, the third goes back and 8 MiB are new.
-         * The driver is never out of memory. */
+        /* No free span takes 40 MiB: the idle blocks go back to the pool before the driver
+         * is asked, their spans join, and the block is carved out of them with no driver
+         * call. The driver is never out of memory; the 8 MiB left stay free (spare). */
         assert_int_equal(s.oom_recoveries, 0);
         assert_int_equal(s.moves, 3);
-        assert_int_equal(fake_calls("cuMemCreate"), 1);
-        assert_int_equal(fake_calls("cuMemRelease"), 1);
+        assert_int_equal(fake_calls("cuMemCreate"), 0);
+        assert_int_equal(fake_calls("cuMemMap"), 0);
+        assert_int_equal(fake_calls("cuMemUnmap"), 0);
+        assert_int_equal(fake_calls("cuMemRelease"), 0);
+        assert_int_equal(s.bytes_cached, 8 * MiB);
+        assert_int_equal(fake_device_used(0), 48 * MiB);
     } else {
         /* The driver is out of memory: the idle blocks go back, and the retry succeeds. */
         assert_int_equal(s.oom_recoveries, 1);
         assert_true(s.releases >= 2);
         assert_int_equal(fake_calls("cuMemAlloc_v2"), 2);
+        assert_int_equal(fake_device_used(0), 40 * MiB);
     }
-    assert_int_equal(fake_device_used(0), 40 * MiB);
     /* What cannot fit fails with the driver's code, and the cache stays usable. */
     CUdeviceptr huge;
     assert_int_equal(cuMemAlloc(&huge, 40 * MiB), CUDA_ERROR_OUT_OF_MEMORY);
@@ -731,16 +739,16 @@ static void test_exit_with_cached_blocks(void **state)
     assert_int_equal(status, 0);
     if (shim_pooled())
         /* 1..10 MiB, each freed, then 1 MiB. Blocks: 1 MiB a slab slot (in a new granule),
-         * above that whole granules. 2, 3 (4 MiB), 5 (6), 7 (8) and 9 (10) miss; 4, 6, 8 and 10
-         * hit. Each miss holds more than the program's peak, so the idle block's memory moves
-         * to the new one and only one granule is new: 5 driver allocations. The last 1 MiB
-         * misses too (its slot moved away) and takes a granule of the moved 10 MiB: 8 MiB
-         * stay spare, and the free slot beside it. Saved: 11 requests - 5 driver allocations
-         * + 10 frees = 16 calls, 6 x 45 us + 10 x 31 us = 580 us. */
+         * above that carved out of the arena. Each request larger than the last finds no free
+         * span that fits: the idle block goes back to the arena, and the new block starts on
+         * its free span and maps only what is missing (a granule on every second request):
+         * 5 driver allocations, 6 requests carved or hits without a driver call (54.5 %).
+         * 9 MiB stay free, spare. Saved: 11 requests - 5 driver allocations + 10 frees = 16
+         * calls, 6 x 45 us + 10 x 31 us = 580 us. */
         assert_string_equal(err,
                             "cacheshim: statistics            device 0\n"
                             "cacheshim:   requests                  11\n"
-                            "cacheshim:   hit rate               36.3%\n"
+                            "cacheshim:   hit rate               54.5%\n"
                             "cacheshim:   peak in use         10.0 MiB\n"
                             "cacheshim:   peak reserved       10.0 MiB\n"
                             "cacheshim:   cached now          9.00 MiB\n"
@@ -807,22 +815,22 @@ static void test_exit_table_two_devices_with_details(void **state)
     assert_non_null(table);
     /* Device 0: 3 hits of 4, 7 calls saved (3 x 45 + 4 x 31 us); pooled, the 1 MiB block is
      * a slot of a one-granule slab, which is what the device holds. Device 1: the 6 MiB block
-     * is in use, so the cap refuses 4 MiB more; the 7 MiB request is a block of 8 MiB (whole
-     * granules), which fits once the idle 6 MiB are out of the way. Classic: the 6 MiB go back
+     * is in use, so the cap refuses 4 MiB more; the 7 MiB request (a block of 8 MiB, whole
+     * granules, classic; of 7 MiB carved, pooled) fits once the idle 6 MiB are out of the way. Classic: the 6 MiB go back
      * to the driver: 3 requests + 2 frees - 2 driver allocations - 1 driver free = 2 calls
      * (45 + 31 us). Pooled: the 6 MiB move into the new block, one granule is new, nothing
      * goes back: 3 calls (45 + 2 x 31 us). */
-    const char *pooled_rows[] = {"2.00 MiB  8.00 MiB", "2.00 MiB  8.00 MiB", "7         3",
-                                 "259 us    107 us", "0         0", "0         0"};
-    const char *classic_rows[] = {"1.00 MiB  8.00 MiB", "1.00 MiB  8.00 MiB", "7         2",
-                                  "259 us   76.0 us", "0         1", "0         1"};
+    const char *pooled_rows[] = {"1.00 MiB  7.00 MiB", "2.00 MiB  8.00 MiB", "2.00 MiB  8.00 MiB",
+                                 "7         3", "259 us    107 us", "0         0", "0         0"};
+    const char *classic_rows[] = {"1.00 MiB  8.00 MiB", "1.00 MiB  8.00 MiB", "1.00 MiB  8.00 MiB",
+                                  "7         2", "259 us   76.0 us", "0         1", "0         1"};
     const char **row = shim_pooled() ? pooled_rows : classic_rows;
     char want[4096];
     snprintf(want, sizeof want,
              "cacheshim: statistics            device 0  device 1\n"
              "cacheshim:   requests                   4         3\n"
              "cacheshim:   hit rate               75.0%%      0.0%%\n"
-             "cacheshim:   peak in use         1.00 MiB  8.00 MiB\n"
+             "cacheshim:   peak in use         %s\n"
              "cacheshim:   peak reserved       %s\n"
              "cacheshim:   cached now          %s\n"
              "cacheshim:   driver calls saved         %s\n"
@@ -847,7 +855,7 @@ static void test_exit_table_two_devices_with_details(void **state)
              "cacheshim: foreign frees: 1 (pointers the shim did not hand out, passed "
              "to the driver)\n"
              "cacheshim: work calls seen: 0 (driver calls that put work on a stream)\n",
-             row[0], row[1], row[2], row[3], row[4], row[5]);
+             row[0], row[1], row[2], row[3], row[4], row[5], row[6]);
     assert_string_equal(table, want);
 }
 

@@ -29,7 +29,7 @@ static void usage(FILE *f)
           "  --reuse MODE           ordered (default) or completed, as CACHESHIM_REUSE\n"
           "  --backend MODE         pooled (default) or classic, as CACHESHIM_BACKEND\n"
           "  --granularity SIZE     the device's allocation granularity (default 2M)\n"
-          "  --headroom PCT         as CACHESHIM_HEADROOM (default 0)\n"
+          "  --headroom PCT         as CACHESHIM_HEADROOM (default 10)\n"
           "  --alloc-us X           cost of one cuMemAlloc (default 45)\n"
           "  --free-us X            cost of one cuMemFree (default 31)\n"
           "  --fence-record-us X    cost of one fence record, cuEventRecord (default 0.36)\n"
@@ -111,7 +111,8 @@ typedef struct {
 static int parse_args(int argc, char **argv, args *a)
 {
     *a = (args){.cfg = {.costs = {45, 31, 0.36, 0.30, 12, 20, 33, 20},
-                        .granularity = 2ull << 20},
+                        .granularity = 2ull << 20,
+                        .headroom_pct = 10},  /* CACHESHIM_HEADROOM's default */
                 .ncaps = 1,
                 .nthresholds = 1};
     parse_setting("--device-size", "80G", &a->device);

@@ -50,16 +50,18 @@ def expect(replay, args, want):
 def part_exact(replay, data):
     t = lambda name: os.path.join(data, name)
     classic = ["--backend", "classic"]
-    # Pooled (the default, 2 MiB granules): 1 MiB and 4 KiB are slots of one small range.
+    # Pooled (the default, 2 MiB granules): 1 MiB and 4 KiB are slots of one small range; the
+    # 4 KiB slab is made on its free pages with no driver call: a hit.
     basic = dict(events=8, allocs=3, frees=3, skipped_frees=1, failed_allocs=1,
-                 replay_failures=0, hits=1, misses=2, driver_allocs=1, driver_frees=0,
+                 replay_failures=0, hits=2, misses=1, driver_allocs=1, driver_frees=0,
                  peak_live=MiB, peak_reserved=2 * MiB, releases=0, oom_recoveries=0,
                  oom_failures=0, cap_refusals=0, fences=3, fence_queries=1,
                  backend="pooled", granularity=2 * MiB, moves=0, chunk_creates=1,
                  chunk_releases=0, chunk_maps=1, chunk_unmaps=0)
     expect(replay, [t("basic.trace")], basic)
     # Classic: a block of each, one cuMemAlloc each.
-    basic_classic = dict(basic, driver_allocs=2, peak_reserved=MiB + 4096, backend="classic",
+    basic_classic = dict(basic, hits=1, misses=2, driver_allocs=2, peak_reserved=MiB + 4096,
+                         backend="classic",
                          chunk_creates=0, chunk_maps=0)
     expect(replay, classic + [t("basic.trace")], basic_classic)
     # The same as gzip, recognised by its magic bytes, whatever the name.
@@ -85,11 +87,11 @@ def part_exact(replay, data):
     # reuse hands the block out all the same; completed reuse takes a new one (classic: a
     # cuMemAlloc; pooled: the second 1 MiB slab of the same granule, no new memory). Pooled,
     # the two 1 MiB slabs then fill the granule, so 4 KiB takes a second one: both 1 MiB
-    # blocks are still busy, nothing can move.
+    # blocks are still busy, nothing can move. (A slot on free pages of a slab: a hit.)
     expect(replay, ["--gpu-lag-us", "100", t("basic.trace")],
-           dict(hits=1, misses=2, driver_allocs=1, peak_reserved=2 * MiB, fences=3))
+           dict(hits=2, misses=1, driver_allocs=1, peak_reserved=2 * MiB, fences=3))
     expect(replay, ["--gpu-lag-us", "100", "--reuse", "completed", t("basic.trace")],
-           dict(hits=0, misses=3, driver_allocs=2, peak_reserved=4 * MiB, fences=3,
+           dict(hits=1, misses=2, driver_allocs=2, peak_reserved=4 * MiB, fences=3,
                 chunk_creates=2, moves=0))
     expect(replay, classic + ["--gpu-lag-us", "100", t("basic.trace")],
            dict(hits=1, misses=2, driver_allocs=2, peak_reserved=MiB + 4096, fences=3))
@@ -97,18 +99,18 @@ def part_exact(replay, data):
            dict(hits=0, misses=3, driver_allocs=3, peak_reserved=2 * MiB + 4096, fences=3))
     # Lag 0.011 us = 11 ns: the fence recorded at 20 ns is queried at 30 ns (not yet); with
     # 10 ns it completes at 30 ns, just in time.
-    expect(replay, ["--gpu-lag-us", "0.011", t("basic.trace")], dict(hits=1, misses=2))
+    expect(replay, ["--gpu-lag-us", "0.011", t("basic.trace")], dict(hits=2, misses=1))
     expect(replay, ["--gpu-lag-us", "0.011", "--reuse", "completed", t("basic.trace")],
-           dict(hits=0, misses=3))
+           dict(hits=2, misses=1))  # both carved out of the granule's free pages
     expect(replay, ["--gpu-lag-us", "0.01", "--reuse", "completed", t("basic.trace")],
-           dict(hits=1, misses=2))
+           dict(hits=2, misses=1))
     # Threshold: classic gives the oldest block back to the driver. Pooled: its slot goes
     # back to the pool, the granule stays (the other 1 MiB slab is in use).
     expect(replay, classic + ["--threshold", "1M", t("threshold.trace")],
            dict(hits=1, misses=2, driver_allocs=2, driver_frees=1, releases=1,
                 peak_live=2 * MiB, peak_reserved=2 * MiB))
     expect(replay, ["--threshold", "1M", t("threshold.trace")],
-           dict(hits=1, misses=2, driver_allocs=1, driver_frees=0, releases=0,
+           dict(hits=2, misses=1, driver_allocs=1, driver_frees=0, releases=0,
                 peak_live=2 * MiB, peak_reserved=2 * MiB, chunk_creates=1, chunk_unmaps=0,
                 fence_queries=2))
     # 1 MiB granules: each block a granule, the oldest's chunk unmapped and released.
@@ -124,21 +126,22 @@ def part_exact(replay, data):
     expect(replay, classic + [t("threshold.trace")],
            dict(releases=0, driver_frees=0, peak_reserved=2 * MiB))
     # Out of memory: classic recovers by giving the idle block back (the refused call is no
-    # driver allocation); pooled moves the idle block's chunk to the small range instead.
+    # driver allocation); pooled moves the idle block back to the pool instead, and the small
+    # range is carved out of its free span: no driver call at all.
     expect(replay, classic + ["--device-size", "2M", t("oom.trace")],
            dict(hits=0, misses=3, driver_allocs=2, driver_frees=1, releases=1,
                 oom_recoveries=1, oom_failures=1, replay_failures=1, dropped_frees=1,
                 peak_live=2 * MiB, peak_reserved=2 * MiB, fences=2))
     expect(replay, ["--device-size", "2M", t("oom.trace")],
-           dict(hits=0, misses=3, driver_allocs=1, driver_frees=0, releases=0,
+           dict(hits=1, misses=2, driver_allocs=1, driver_frees=0, releases=0,
                 oom_recoveries=0, oom_failures=1, replay_failures=1, dropped_frees=1,
                 peak_live=2 * MiB, peak_reserved=2 * MiB, fences=2, moves=1,
-                chunk_creates=1, chunk_releases=0, chunk_maps=2, chunk_unmaps=1,
-                cached_us=99.02))
+                chunk_creates=1, chunk_releases=0, chunk_maps=1, chunk_unmaps=0,
+                cached_us=46.02))
     expect(replay, classic + [t("oom.trace")],
            dict(oom_recoveries=0, oom_failures=0, driver_allocs=3))
     expect(replay, [t("oom.trace")],
-           dict(oom_recoveries=0, oom_failures=0, driver_allocs=2, moves=1, chunk_creates=2))
+           dict(oom_recoveries=0, oom_failures=0, driver_allocs=2, moves=1, chunk_creates=3))
     # The cap: see the trace's comment for both backends.
     expect(replay, classic + ["--cap", "3M", t("cap.trace")],
            dict(events=9, allocs=5, frees=4, hits=0, misses=5, driver_allocs=3,
@@ -151,24 +154,31 @@ def part_exact(replay, data):
                 dropped_frees=3, peak_live=2 * MiB, peak_reserved=2 * MiB, cap=3 * MiB,
                 fences=1, moves=1, chunk_creates=1, chunk_releases=1, chunk_maps=1,
                 chunk_unmaps=1))
-    # The headroom (see the trace): moves at 0 and 49 %, none at exactly 50 % or more.
-    moved = dict(hits=0, misses=3, driver_allocs=3, driver_frees=1, moves=2,
-                 chunk_creates=3, chunk_releases=1, chunk_maps=4, chunk_unmaps=2,
+    # headroom.trace: a large idle block the GPU is done with goes back to the pool whatever
+    # the headroom when no free span takes a miss, and the block is carved out of its span
+    # (carved: no driver call, a hit).
+    moved = dict(hits=2, misses=1, driver_allocs=1, driver_frees=0, moves=2,
+                 chunk_creates=2, chunk_releases=0, chunk_maps=2, chunk_unmaps=0,
                  peak_live=4 * MiB, peak_reserved=4 * MiB, releases=0)
-    kept = dict(hits=1, misses=2, driver_allocs=2, driver_frees=0, moves=0, chunk_creates=2,
-                chunk_releases=0, chunk_maps=2, chunk_unmaps=0, peak_live=4 * MiB,
-                peak_reserved=6 * MiB, releases=0)
-    expect(replay, [t("headroom.trace")], moved)
-    expect(replay, ["--headroom", "0", t("headroom.trace")], moved)
-    expect(replay, ["--headroom", "49", t("headroom.trace")], moved)
-    expect(replay, ["--headroom", "50", t("headroom.trace")], kept)
-    expect(replay, ["--headroom=1000", t("headroom.trace")], kept)
+    for headroom in ([], ["--headroom", "0"], ["--headroom", "49"], ["--headroom", "50"],
+                     ["--headroom=1000"]):
+        expect(replay, headroom + [t("headroom.trace")], moved)
     expect(replay, classic + ["--headroom", "0", t("headroom.trace")],
            dict(hits=1, misses=2, driver_allocs=2, driver_frees=0, moves=0, chunk_creates=0,
                 peak_reserved=6 * MiB))
+    # headroom-small.trace: what the headroom decides, an idle small block moving or staying
+    # cached when new memory is needed; below 500 % it moves, from 500 % on it stays.
+    small_moved = dict(hits=0, misses=2, driver_allocs=2, driver_frees=0, moves=1,
+                       chunk_creates=2, chunk_releases=0, chunk_maps=2, chunk_unmaps=0,
+                       peak_reserved=4 * MiB)
+    small_kept = dict(small_moved, moves=0, chunk_creates=3, chunk_maps=3, peak_reserved=6 * MiB)
+    expect(replay, [t("headroom-small.trace")], small_moved)
+    expect(replay, ["--headroom", "499", t("headroom-small.trace")], small_moved)
+    expect(replay, ["--headroom", "500", t("headroom-small.trace")], small_kept)
+    expect(replay, ["--headroom", "1000", t("headroom-small.trace")], small_kept)
     # Slabs: nine 256 KiB blocks and 1 MiB in two granules (see the trace).
     expect(replay, [t("slab.trace")],
-           dict(hits=0, misses=10, driver_allocs=2, chunk_creates=2, chunk_maps=2, moves=0,
+           dict(hits=8, misses=2, driver_allocs=2, chunk_creates=2, chunk_maps=2, moves=0,
                 peak_live=9 * 256 * 1024, peak_reserved=4 * MiB))
     expect(replay, classic + [t("slab.trace")],
            dict(hits=0, misses=10, driver_allocs=10, peak_live=9 * 256 * 1024,
@@ -177,10 +187,10 @@ def part_exact(replay, data):
     # new memory.
     p = run(replay, "--headroom", "0", t("headroom.trace"))
     check("text: backend", ", backend pooled\n" in p.stdout, True)
-    check("text: pooled line", "  pooled              2 moves, 3 chunks created, 1 released, "
-          "4 mapped, 2 unmapped\n" in p.stdout, True)
-    check("text: driver allocs", "  driver allocs       3  (allocations that took new memory: "
-          "0.00 % served without)\n" in p.stdout, True)
+    check("text: pooled line", "  pooled              2 moves, 2 chunks created, 0 released, "
+          "2 mapped, 0 unmapped\n" in p.stdout, True)
+    check("text: driver allocs", "  driver allocs       1  (allocations that took new memory: "
+          "66.67 % served without)\n" in p.stdout, True)
     p = run(replay, *classic, t("headroom.trace"))
     check("text classic: backend", ", backend classic\n" in p.stdout, True)
     check("text classic: no pooled line", "  pooled " in p.stdout, False)
@@ -304,24 +314,24 @@ def part_sweep(replay, data):
 # back from the thread caches in class order, so which idle block moves first can differ).
 SHARED = {
     "resnet.trace.gz": {
-        (): dict(hits=4608, misses=2045, driver_allocs=259, driver_frees=92, moves=1726,
-                 peak_reserved=1155530752, chunk_creates=372, chunk_releases=92,
-                 chunk_maps=7601, chunk_unmaps=7340),
+        (): dict(hits=6530, misses=123, driver_allocs=106, driver_frees=0, moves=1906,
+                 peak_reserved=1163919360, chunk_creates=524, chunk_releases=0,
+                 chunk_maps=646, chunk_unmaps=122),
         ("--backend", "classic"): dict(hits=6209, misses=444, driver_allocs=444, driver_frees=0,
                                        moves=0, peak_reserved=3534678016, chunk_creates=0),
-        ("--headroom", "25"): dict(hits=5177, misses=1476, driver_allocs=285, driver_frees=66,
-                                   moves=1141, peak_reserved=1323302912, chunk_creates=373,
-                                   chunk_releases=66, chunk_maps=5717, chunk_unmaps=5419),
+        ("--headroom", "25"): dict(hits=6547, misses=106, driver_allocs=106, driver_frees=0,
+                                   moves=1860, peak_reserved=1218445312, chunk_creates=550,
+                                   chunk_releases=0, chunk_maps=555, chunk_unmaps=5),
     },
     "cupy.trace.gz": {
-        (): dict(hits=1072, misses=333, driver_allocs=24, driver_frees=5, moves=303,
-                 peak_reserved=134217728, chunk_creates=27, chunk_releases=5, chunk_maps=380,
-                 chunk_unmaps=358),
+        (): dict(hits=1354, misses=51, driver_allocs=12, driver_frees=0, moves=258,
+                 peak_reserved=136314880, chunk_creates=34, chunk_releases=0, chunk_maps=152,
+                 chunk_unmaps=118),
         ("--backend", "classic"): dict(hits=1372, misses=33, driver_allocs=33, driver_frees=0,
                                        moves=0, peak_reserved=144532480, chunk_creates=0),
-        ("--headroom", "25"): dict(hits=1369, misses=36, driver_allocs=15, driver_frees=0,
-                                   moves=3, peak_reserved=146800640, chunk_creates=16,
-                                   chunk_releases=0, chunk_maps=19, chunk_unmaps=3),
+        ("--headroom", "25"): dict(hits=1392, misses=13, driver_allocs=13, driver_frees=0,
+                                   moves=15, peak_reserved=146800640, chunk_creates=39,
+                                   chunk_releases=0, chunk_maps=40, chunk_unmaps=1),
     },
 }
 
@@ -367,15 +377,17 @@ def part_shared(replay, traces):
         pooled, classic, roomy = runs.get(()), runs.get(("--backend", "classic")), \
             runs.get(("--headroom", "25"))
         if pooled and classic and roomy:
-            # Pooled holds within 10 % of the program's peak; headroom trades memory for hits
-            # and mappings.
-            check(f"{name}: pooled reserved/live <= 1.1", pooled["reserved_over_live"] <= 1.1, True)
+            # Pooled holds within 10 % of the program's peak (resnet: 1.098, cupy: 1.093);
+            # more headroom trades memory for fewer mappings (resnet: 5 unmaps instead of 122)
+            # and holds at least as much.
+            check(f"{name}: pooled reserved/live <= 1.10", pooled["reserved_over_live"] <= 1.10,
+                  True)
             check(f"{name}: pooled holds less than classic",
                   pooled["peak_reserved"] < classic["peak_reserved"], True)
-            check(f"{name}: headroom 25: more hits", roomy["hit_rate"] > pooled["hit_rate"], True)
+            check(f"{name}: headroom 25: at least as many hits", roomy["hit_rate"] >= pooled["hit_rate"], True)
             check(f"{name}: headroom 25: fewer maps", roomy["chunk_maps"] < pooled["chunk_maps"], True)
-            check(f"{name}: headroom 25: more held",
-                  roomy["peak_reserved"] > pooled["peak_reserved"], True)
+            check(f"{name}: headroom 25: at least as much held",
+                  roomy["peak_reserved"] >= pooled["peak_reserved"], True)
             check(f"{name}: headroom 25: within 25 % (and rounding)",
                   roomy["reserved_over_live"] <= 1.25 * pooled["reserved_over_live"], True)
         # A tight cap costs hits and never lets reserved exceed it, with either backend.
