@@ -2,7 +2,7 @@
  * ("X" complete event, plus a "C" counter event after allocations and frees). Runs at flush
  * time, never inside the traced call. Numbers are printed with integer arithmetic or in the
  * auditor's own C locale, so the program's locale cannot change the output. */
-#include "ca_internal.h"
+#include "ca_format.h"
 
 #include <inttypes.h>
 #include <math.h>
@@ -103,13 +103,13 @@ static void put_fixed(sb *b, uint64_t ns, int digits)
 
 /* ---- names ---------------------------------------------------------------------------------- */
 
-const char *ca_lib_name(int lib)
+static const char *lib_name(int lib)
 {
     static const char *const names[] = {"driver", "shim", "runtime"};
     return lib >= 0 && lib < 3 ? names[lib] : "?";
 }
 
-const char *ca_from_name(int from)
+static const char *from_name(int from)
 {
     static const char *const names[] = {"app", "shim", "cudart"};
     return from >= 0 && from < 3 ? names[from] : "?";
@@ -346,9 +346,9 @@ size_t ca_format_rec(const ca_fmt_ctx *c, const ca_rec *r, long tid, char *buf, 
         put_str(&b, ",\"dur_ns\":");
         put_u64(&b, dur);
         put_str(&b, ",\"lib\":\"");
-        put_str(&b, ca_lib_name(r->lib));
+        put_str(&b, lib_name(r->lib));
         put_str(&b, "\",\"from\":\"");
-        put_str(&b, ca_from_name(r->from));
+        put_str(&b, from_name(r->from));
         put_str(&b, "\",\"name\":\"");
         put_str(&b, d->name);
         put_str(&b, "\",\"args\":{");
@@ -365,7 +365,7 @@ size_t ca_format_rec(const ca_fmt_ctx *c, const ca_rec *r, long tid, char *buf, 
         put_str(&b, "{\"name\":\"");
         put_str(&b, d->name);
         put_str(&b, "\",\"cat\":\"");
-        put_str(&b, ca_lib_name(r->lib));
+        put_str(&b, lib_name(r->lib));
         put_str(&b, "\",\"ph\":\"X\",\"ts\":");
         put_fixed(&b, t, 3);
         put_str(&b, ",\"dur\":");
@@ -375,7 +375,7 @@ size_t ca_format_rec(const ca_fmt_ctx *c, const ca_rec *r, long tid, char *buf, 
         put_str(&b, ",\"tid\":");
         put_i64(&b, tid);
         put_str(&b, ",\"args\":{\"from\":\"");
-        put_str(&b, ca_from_name(r->from));
+        put_str(&b, from_name(r->from));
         put_str(&b, "\",");
         put_result_json(&b, r, "result");
         put_str(&b, ",\"args\":{");
@@ -397,9 +397,9 @@ size_t ca_format_rec(const ca_fmt_ctx *c, const ca_rec *r, long tid, char *buf, 
             put_i64(&b, r->result);
         put_outs(&b, d, r, 0);
         put_str(&b, " [");
-        put_str(&b, ca_lib_name(r->lib));
+        put_str(&b, lib_name(r->lib));
         put_str(&b, ", from ");
-        put_str(&b, ca_from_name(r->from));
+        put_str(&b, from_name(r->from));
         put_str(&b, ", pid ");
         put_i64(&b, c->pid);
         put_str(&b, ", tid ");
@@ -422,6 +422,6 @@ size_t ca_format_counter(const ca_fmt_ctx *c, const ca_rec *r, char *buf, size_t
     uint64_t t = r->t1 >= c->t_origin ? r->t1 - c->t_origin : 0;
     put(&b, "{\"name\":\"device bytes\",\"ph\":\"C\",\"ts\":%" PRIu64 ".%03u,\"pid\":%d,"
             "\"args\":{\"%s\":%" PRId64 "}}",
-        t / 1000, (unsigned)(t % 1000), c->pid, ca_lib_name(r->lib), r->bytes);
+        t / 1000, (unsigned)(t % 1000), c->pid, lib_name(r->lib), r->bytes);
     return b.n;
 }

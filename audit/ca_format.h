@@ -1,0 +1,21 @@
+/* One record as text (layer 3, under ca_trace.c; see ca_desc.h). */
+#ifndef CA_FORMAT_H
+#define CA_FORMAT_H
+
+#include "ca_rec.h"
+
+typedef struct {
+    int format;        /* CS_TRACE_TEXT, _JSONL, _PERFETTO */
+    int pid;
+    uint64_t t_origin; /* ns: times are printed relative to it */
+} ca_fmt_ctx;
+
+/* One record as text into buf (at most cap bytes, always ends in '\n' for text/jsonl; a
+ * Chrome-trace event has no separator); returns the length. */
+size_t ca_format_rec(const ca_fmt_ctx *c, const ca_rec *r, long tid, char *buf, size_t cap);
+/* Perfetto: the counter event after r. */
+size_t ca_format_counter(const ca_fmt_ctx *c, const ca_rec *r, char *buf, size_t cap);
+/* Longest text of one record. */
+#define CA_REC_TEXT_MAX 4096
+
+#endif
