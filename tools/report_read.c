@@ -154,17 +154,28 @@ int rp_trace_load(rp_trace *t, const char *path)
     char *buf = NULL, copy[256], other[256] = "";
     size_t bufcap = 0;
     ssize_t len;
-    uint64_t lineno = 0, first_other = 0;
+    uint64_t lineno = 0, first_other = 0, cut = 0;
     while (rc == 0 && (len = getline(&buf, &bufcap, f)) != -1) {
         lineno++;
+        bool last = len == 0 || buf[len - 1] != '\n'; /* the file ends in this line */
         while (len > 0 && (buf[len - 1] == '\n' || buf[len - 1] == '\r'))
             buf[--len] = '\0';
-        snprintf(copy, sizeof copy, "%s", buf);
         if ((size_t)len != strlen(buf)) {
-            fprintf(stderr, REPORT_NAME ": %s:%" PRIu64 ": malformed line (a NUL byte)\n", path,
-                    lineno);
-            rc = 2;
-            break;
+            /* Zero bytes: the end of a file whose program died (the tracer grows its file
+             * ahead of the records), or a record it was writing then. What comes before the
+             * zeros is such a record, cut off; what comes after them is read on. */
+            cut += buf[strspn(buf, " \t")] != '\0';
+            const char *z = memrchr(buf, '\0', (size_t)len);
+            len -= z + 1 - buf;
+            memmove(buf, z + 1, (size_t)len + 1);
+            last = false;
+        }
+        snprintf(copy, sizeof copy, "%s", buf);
+        if (!strncmp(buf, "{\"cacheshim_lost\":", 18)) { /* the tracer's note of a write error */
+            fprintf(stderr, REPORT_NAME ": %s:%" PRIu64 ": %s calls were not written "
+                    "(the tracer's note: %.200s)\n", path, lineno, buf + 18 + strspn(buf + 18, " "),
+                    buf);
+            continue;
         }
         if (t->format == UNKNOWN) {
             const char *s = buf + strspn(buf, " \t");
@@ -210,7 +221,9 @@ int rp_trace_load(rp_trace *t, const char *path)
             got = got == 0 ? 1 : got;
             e.line = lineno;
         }
-        if (got == -1) {
+        if (got == -1 && t->format == RP_FORMAT_JSONL && last) {
+            cut++; /* the last record, cut off where the traced program died */
+        } else if (got == -1) {
             if (col)
                 fprintf(stderr, REPORT_NAME ": %s:%" PRIu64 ": malformed line (%s at column %zu): "
                         "%.200s\n", path, lineno, why, col, copy);
@@ -230,6 +243,9 @@ int rp_trace_load(rp_trace *t, const char *path)
     free(buf);
     if (replay_trace_close(f, is_pipe, rc == 0, path, REPORT_NAME) && rc == 0)
         rc = 2;
+    if (rc == 0 && cut)
+        fprintf(stderr, REPORT_NAME ": %s: %" PRIu64 " record%s cut off where the traced program "
+                "died, %zu read\n", path, cut, cut == 1 ? "" : "s", t->nev);
     if (rc == 0 && t->nev == 0) {
         fprintf(stderr, REPORT_NAME ": %s: no events (expected JSON Lines of libcacheaudit.so, "
                 "CACHESHIM_TRACE_FORMAT=jsonl, or an allocation trace: a SIZE PTR NS, f PTR NS, "

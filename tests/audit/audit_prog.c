@@ -9,6 +9,8 @@
 #include <cuda.h>
 #include <dlfcn.h>
 #include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -226,6 +228,51 @@ static void exit_from_thread(void)
     exit(1); /* not reached */
 }
 
+/* die HOW N: N allocations of 1 MiB, kept, then the end HOW: abort, _exit (status 3), kill
+ * (SIGKILL, which nothing can catch), segv (a write through a null pointer). */
+static void die(const char *how, int n)
+{
+    for (int i = 0; i < n; i++) {
+        CUdeviceptr p = 0;
+        CHECK(cuMemAlloc(&p, MiB) == CUDA_SUCCESS && p);
+    }
+    if (strcmp(how, "abort") == 0)
+        abort();
+    if (strcmp(how, "_exit") == 0)
+        _exit(3);
+    if (strcmp(how, "kill") == 0)
+        raise(SIGKILL);
+    if (strcmp(how, "segv") == 0)
+        *(volatile int *)(uintptr_t)0 = 1;
+    exit(2); /* unknown HOW */
+}
+
+/* die-busy HOW: THREADS threads allocate and free without end; once each has made 200
+ * pairs, the main thread ends the process as die does, in the middle of their calls. */
+static int started_pairs[THREADS];
+
+static void *busy_worker(void *arg)
+{
+    int k = (int)(intptr_t)arg;
+    CHECK(cuCtxSetCurrent(ctx) == CUDA_SUCCESS);
+    for (;;) {
+        pair(4096);
+        __atomic_add_fetch(&started_pairs[k], 1, __ATOMIC_RELAXED);
+    }
+    return NULL;
+}
+
+static void die_busy(const char *how)
+{
+    pthread_t t;
+    for (int i = 0; i < THREADS; i++)
+        CHECK(pthread_create(&t, NULL, busy_worker, (void *)(intptr_t)i) == 0);
+    for (int i = 0; i < THREADS; i++)
+        while (__atomic_load_n(&started_pairs[i], __ATOMIC_RELAXED) < 200)
+            usleep(100);
+    die(how, 0);
+}
+
 /* bench N [WORK]: N cuMemGetInfo calls, the cheapest traced entry point, each followed by
  * WORK iterations of a loop standing in for the program's own work between driver calls;
  * prints ns per call. */
@@ -268,6 +315,10 @@ int main(int argc, char **argv)
         spawn(argv[0]);
     else if (strcmp(s, "exit-thread") == 0)
         exit_from_thread();
+    else if (strcmp(s, "die") == 0 && argc > 3)
+        die(argv[2], atoi(argv[3]));
+    else if (strcmp(s, "die-busy") == 0 && argc > 2)
+        die_busy(argv[2]);
     else if (strcmp(s, "bench") == 0)
         bench(argc > 2 ? atol(argv[2]) : 1000000, argc > 3 ? atol(argv[3]) : 0);
     else
