@@ -163,8 +163,25 @@ int rp_trace_load(rp_trace *t, const char *path)
         if ((size_t)len != strlen(buf)) {
             /* Zero bytes: the end of a file whose program died (the tracer grows its file
              * ahead of the records), or a record it was writing then. What comes before the
-             * zeros is such a record, cut off; what comes after them is read on. */
-            cut += buf[strspn(buf, " \t")] != '\0';
+             * zeros is such a record, cut off (or whole, but for its newline); what comes
+             * after them is read on. */
+            if (buf[strspn(buf, " \t")] != '\0') {
+                rp_event e;
+                const char *why;
+                size_t col = 0;
+                int got = t->format == RP_FORMAT_JSONL ? rp_json_record(buf, t, &e, &why, &col)
+                                                       : -1;
+                if (got >= 0 || got == -2) {
+                    e.line = lineno;
+                    if (got == -2 || !push(t, &e)) {
+                        fprintf(stderr, REPORT_NAME ": out of memory\n");
+                        rc = 1;
+                        break;
+                    }
+                } else {
+                    cut++;
+                }
+            }
             const char *z = memrchr(buf, '\0', (size_t)len);
             len -= z + 1 - buf;
             memmove(buf, z + 1, (size_t)len + 1);
