@@ -13,8 +13,8 @@ of bad line with its line number, unsupported formats, bad options; exit 2 (1 fo
 unwritable page). html: the page parsed with html.parser (the same cells as the text tables,
 no scripts, no external resources, escaping) and its SVG with xml.etree (each line's peak and
 every column's height against this file's own computation from the trace). render: the page
-drawn by headless Chromium through RENDER_SCRIPT, the PNG decoded here (77 without
-Chromium). recorded: traces recorded by running tests/audit/audit_prog under
+drawn by headless Chromium through RENDER_SCRIPT, the PNG decoded here (a failure without
+Chromium, which scripts/setup installs). recorded: traces recorded by running tests/audit/audit_prog under
 libcacheaudit.so on the fake driver, reported, and checked against the trace.
 Python standard library only.
 """
@@ -821,9 +821,11 @@ def png_pixels(path):
 
 
 def part_render(report, data, script):
+    # Never skipped: scripts/setup installs Chromium (Debian package chromium), in CI too.
     if not any(shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome")):
-        print("no chromium: skipped")
-        sys.exit(77)
+        print("FAIL render: no chromium found: run scripts/setup (it installs the Debian "
+              "package chromium)", file=sys.stderr)
+        sys.exit(1)
     d = tempfile.mkdtemp(prefix="report-render-")
     page, png = os.path.join(d, "r.html"), os.path.join(d, "r.png")
     run(report, "--html", page, os.path.join(data, "report-basic.jsonl"))
