@@ -10,12 +10,13 @@ typedef struct {
     uint64_t t_origin; /* ns: times are printed relative to it */
 } ca_fmt_ctx;
 
-/* One record as text into buf (at most cap bytes, always ends in '\n' for text/jsonl; a
- * Chrome-trace event has no separator); returns the length. */
+/* One record as text into buf (cap: CA_REC_TEXT_MAX); returns the length, 0 when it cannot
+ * be formatted (no memory for the function's plan). Text and JSON Lines end in '\n'; a
+ * Chrome-trace event has no separator. */
 size_t ca_format_rec(const ca_fmt_ctx *c, const ca_rec *r, long tid, char *buf, size_t cap);
 /* Perfetto: the counter event after r. */
 size_t ca_format_counter(const ca_fmt_ctx *c, const ca_rec *r, char *buf, size_t cap);
 /* Longest text of one record. */
-#define CA_REC_TEXT_MAX 4096
+#define CA_REC_TEXT_MAX 8192
 
 #endif

@@ -223,7 +223,7 @@ void ca_end(ca_rec *r, int result)
     r->result = result;
     r->bytes = ca_mem_account(r);
     size_t n = ca_format_rec(&g_ctx, r, t->tid, t->text, CA_REC_TEXT_MAX);
-    if (g_ctx.format == CS_TRACE_PERFETTO) {
+    if (n > 0 && g_ctx.format == CS_TRACE_PERFETTO) {
         t->text[n++] = ',';
         t->text[n++] = '\n';
         if (r->bytes >= 0) {
@@ -235,7 +235,7 @@ void ca_end(ca_rec *r, int result)
     /* busy before the test of g_ended, both sequentially consistent: either the end sees
      * this thread busy and waits, or this thread sees the end and writes nothing. */
     __atomic_store_n(&t->busy, 1, __ATOMIC_SEQ_CST);
-    if (!__atomic_load_n(&g_ended, __ATOMIC_SEQ_CST))
+    if (n > 0 && !__atomic_load_n(&g_ended, __ATOMIC_SEQ_CST))
         ca_out_append(t->text, n);
     __atomic_store_n(&t->busy, 0, __ATOMIC_RELEASE);
     t->depth--;

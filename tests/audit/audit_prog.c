@@ -275,14 +275,18 @@ static void die_busy(const char *how)
 
 /* bench N [WORK]: N cuMemGetInfo calls, the cheapest traced entry point, each followed by
  * WORK iterations of a loop standing in for the program's own work between driver calls;
- * prints ns per call. */
-static void bench(long n, long work)
+ * prints ns per call. bench-launch N [WORK]: the same with cuLaunchKernel (of no kernel: the
+ * fake driver answers CUDA_ERROR_INVALID_HANDLE at once). */
+static void bench(long n, long work, int launch)
 {
     size_t f, t;
     struct timespec a, b;
     clock_gettime(CLOCK_MONOTONIC, &a);
     for (long i = 0; i < n; i++) {
-        cuMemGetInfo(&f, &t);
+        if (launch) /* a kernel launch's 11 arguments, as most of a framework's calls */
+            cuLaunchKernel(NULL, 1024, 1, 1, 128, 1, 1, 0, NULL, NULL, NULL);
+        else
+            cuMemGetInfo(&f, &t);
         for (volatile long w = 0; w < work; w++)
             ;
     }
@@ -320,7 +324,9 @@ int main(int argc, char **argv)
     else if (strcmp(s, "die-busy") == 0 && argc > 2)
         die_busy(argv[2]);
     else if (strcmp(s, "bench") == 0)
-        bench(argc > 2 ? atol(argv[2]) : 1000000, argc > 3 ? atol(argv[3]) : 0);
+        bench(argc > 2 ? atol(argv[2]) : 1000000, argc > 3 ? atol(argv[3]) : 0, 0);
+    else if (strcmp(s, "bench-launch") == 0)
+        bench(argc > 2 ? atol(argv[2]) : 1000000, argc > 3 ? atol(argv[3]) : 0, 1);
     else
         return 2;
     return 0;

@@ -19,7 +19,7 @@
 #define THREADS 8
 #define CALLS 3000
 
-static int done, stop;
+static int done, stop, end_early;
 
 static void record(int i)
 {
@@ -40,14 +40,14 @@ static void *worker(void *arg)
     for (int i = 0; i < CALLS; i++)
         record(i);
     __atomic_fetch_add(&done, 1, __ATOMIC_RELEASE);
-    for (int i = 0; !__atomic_load_n(&stop, __ATOMIC_ACQUIRE); i++)
-        record(i);
+    for (int i = 0; end_early && !__atomic_load_n(&stop, __ATOMIC_ACQUIRE); i++)
+        record(i); /* until the end, and after it */
     return NULL;
 }
 
 int main(int argc, char **argv)
 {
-    int end_early = argc > 1 && strcmp(argv[1], "end") == 0;
+    end_early = argc > 1 && strcmp(argv[1], "end") == 0;
     FILE *f = tmpfile();
     if (!f)
         return 1;
@@ -59,8 +59,6 @@ int main(int argc, char **argv)
         while (__atomic_load_n(&done, __ATOMIC_ACQUIRE) < 1)
             usleep(100);
         ca_trace_exit();
-        __atomic_store_n(&stop, 1, __ATOMIC_RELEASE);
-    } else {
         __atomic_store_n(&stop, 1, __ATOMIC_RELEASE);
     }
     for (int i = 0; i < THREADS; i++)
