@@ -18,9 +18,43 @@
 /* ---- writing: each record is checked once against the buffer (plan_max), then written
  * without further checks ------------------------------------------------------------------ */
 
-static inline char *w_mem(char *o, const char *s, size_t n)
+/* Longer copies: the C library's memcpy (the compiler would inline a rep movs, slow to
+ * start, for a copy of unknown length). */
+__attribute__((noinline)) static void copy_long(char *o, const char *s, size_t n)
 {
     memcpy(o, s, n);
+}
+
+/* Keys and names are short: two overlapping moves copy 4 to 32 bytes. */
+static inline char *w_mem(char *o, const char *s, size_t n)
+{
+    uint64_t a, b, c, d;
+    uint32_t x, y;
+    if (n >= 8 && n <= 16) {
+        memcpy(&a, s, 8);
+        memcpy(&b, s + n - 8, 8);
+        memcpy(o, &a, 8);
+        memcpy(o + n - 8, &b, 8);
+    } else if (n > 16 && n <= 32) {
+        memcpy(&a, s, 8);
+        memcpy(&b, s + 8, 8);
+        memcpy(&c, s + n - 16, 8);
+        memcpy(&d, s + n - 8, 8);
+        memcpy(o, &a, 8);
+        memcpy(o + 8, &b, 8);
+        memcpy(o + n - 16, &c, 8);
+        memcpy(o + n - 8, &d, 8);
+    } else if (n >= 4 && n < 8) {
+        memcpy(&x, s, 4);
+        memcpy(&y, s + n - 4, 4);
+        memcpy(o, &x, 4);
+        memcpy(o + n - 4, &y, 4);
+    } else if (n < 4) {
+        for (size_t i = 0; i < n; i++)
+            o[i] = s[i];
+    } else {
+        copy_long(o, s, n);
+    }
     return o + n;
 }
 
@@ -77,8 +111,14 @@ static char *w_hex(char *o, uint64_t v)
     int n = v ? (67 - __builtin_clzll(v)) / 4 : 1;
     o[0] = '0';
     o[1] = 'x';
-    for (int i = n + 1; i >= 2; i--, v >>= 4)
-        o[i] = digits[v & 15];
+    char *p = o + n + 2;
+    for (; v >= 16; v >>= 8) { /* two digits a step */
+        p -= 2;
+        p[0] = digits[(v >> 4) & 15];
+        p[1] = digits[v & 15];
+    }
+    if (p > o + 2)
+        p[-1] = digits[v & 15];
     return o + n + 2;
 }
 

@@ -39,6 +39,14 @@
 #define CA_OUT_STEP ((size_t)1 << 20)
 /* Kept free at the end of the mapping for the note of lost records and the closing "]}". */
 #define NOTE_MAX 256
+/* How far the helper thread keeps the file grown (and its pages in memory) ahead of the
+ * records, so that the program's threads find their pages ready: no page fault, no system
+ * call. */
+#define CA_OUT_AHEAD (4 * CA_OUT_STEP)
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23 /* Linux 5.14 */
+#endif
 
 enum { OUT_NONE, OUT_PENDING, OUT_MAP, OUT_STREAM };
 
@@ -59,6 +67,11 @@ static size_t g_mapped;
 static size_t g_limit; /* g_mapped - NOTE_MAX: records end at or before it */
 static size_t g_off;   /* bytes handed out */
 static pthread_mutex_t g_grow_lock = PTHREAD_MUTEX_INITIALIZER;
+/* The helper thread that grows the file ahead ("cacheshim-trace"): woken when the records
+ * pass g_kick (atomic); g_helper under g_grow_lock: 0 not started, 1 running, -1 none. */
+static pthread_cond_t g_grow_cond = PTHREAD_COND_INITIALIZER;
+static size_t g_kick = SIZE_MAX;
+static int g_helper, g_helper_wanted;
 
 /* One write() per record; the Chrome trace's commas go between records, under the lock. */
 static pthread_mutex_t g_stream_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -344,8 +357,13 @@ static int grow_locked(size_t need)
             ok = 0;
             break;
         }
+        /* The pages now, writable, not at the first record on each (Linux 5.14; older kernels
+         * fault them in as records reach them). */
+        (void)madvise(g_base + g_mapped, want - g_mapped, MADV_POPULATE_WRITE);
         __atomic_store_n(&g_mapped, want, __ATOMIC_RELAXED);
         __atomic_store_n(&g_limit, want - NOTE_MAX, __ATOMIC_RELEASE);
+        __atomic_store_n(&g_kick, want > CA_OUT_AHEAD ? want - CA_OUT_AHEAD : 0,
+                         __ATOMIC_RELAXED);
     }
     return ok;
 }
@@ -356,6 +374,52 @@ static int grow(size_t need)
     int ok = grow_locked(need);
     pthread_mutex_unlock(&g_grow_lock);
     return ok;
+}
+
+static void *helper_main(void *arg)
+{
+    (void)arg;
+    pthread_mutex_lock(&g_grow_lock);
+    for (;;) {
+        while (!g_helper_wanted)
+            pthread_cond_wait(&g_grow_cond, &g_grow_lock);
+        g_helper_wanted = 0;
+        if (g_mode == OUT_MAP && !__atomic_load_n(&g_finished, __ATOMIC_RELAXED))
+            (void)grow_locked(__atomic_load_n(&g_off, __ATOMIC_RELAXED) + CA_OUT_AHEAD);
+    }
+    return NULL;
+}
+
+/* Under g_grow_lock. All signals stay with the program's threads. */
+static void helper_start(void)
+{
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    pthread_attr_t attr;
+    pthread_t t;
+    int ok = pthread_attr_init(&attr) == 0 &&
+             pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED) == 0 &&
+             pthread_create(&t, &attr, helper_main, NULL) == 0;
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    g_helper = ok ? 1 : -1; /* without it, the program's threads grow the file themselves */
+    if (ok)
+        pthread_setname_np(t, "cacheshim-trace");
+}
+
+/* The records passed the mark: wake the helper (started here, at the first time: not while
+ * ld.so loads the program). Once per step of growth. */
+static void kick(size_t mark)
+{
+    if (!__atomic_compare_exchange_n(&g_kick, &mark, SIZE_MAX, 0, __ATOMIC_RELAXED,
+                                     __ATOMIC_RELAXED))
+        return; /* another thread did */
+    pthread_mutex_lock(&g_grow_lock);
+    if (g_helper == 0)
+        helper_start();
+    g_helper_wanted = 1;
+    pthread_cond_signal(&g_grow_cond);
+    pthread_mutex_unlock(&g_grow_lock);
 }
 
 /* Bytes [off, off + n) of the mapping for the caller alone, or SIZE_MAX. */
@@ -413,10 +477,14 @@ void ca_out_append(const char *p, size_t n)
         append_stream(p, n);
     } else if (mode == OUT_MAP) {
         size_t off = __atomic_load_n(&g_failed, __ATOMIC_RELAXED) ? SIZE_MAX : reserve(n);
-        if (off == SIZE_MAX)
+        if (off == SIZE_MAX) {
             lost(n);
-        else
-            memcpy(g_base + off, p, n);
+            return;
+        }
+        memcpy(g_base + off, p, n);
+        size_t mark = __atomic_load_n(&g_kick, __ATOMIC_RELAXED);
+        if (off + n >= mark)
+            kick(mark);
     }
 }
 
@@ -426,6 +494,10 @@ void ca_out_finish(void)
 {
     if (__atomic_exchange_n(&g_finished, 1, __ATOMIC_ACQ_REL))
         return;
+    /* No growth from now on: the lock is kept (the process is ending). Up to 100 ms for a
+     * growth under way; a thread that died holding the lock does not stop the end. */
+    for (int i = 0; i < 1000 && pthread_mutex_trylock(&g_grow_lock) != 0; i++)
+        usleep(100);
     if (g_mode == OUT_MAP && g_mapped > 0) {
         size_t end = __atomic_load_n(&g_off, __ATOMIC_ACQUIRE);
         if (g_note_len) { /* the note moves to the end of what was written */
@@ -484,6 +556,9 @@ void ca_out_fork_parent(void)
 void ca_out_fork_child(void)
 {
     pthread_mutex_init(&g_grow_lock, NULL);
+    pthread_cond_init(&g_grow_cond, NULL);
+    g_helper = g_helper_wanted = 0; /* not in the child; started again when needed */
+    g_kick = SIZE_MAX;
     pthread_mutex_init(&g_stream_lock, NULL);
     if (g_base)
         munmap(g_base, g_reserved);
