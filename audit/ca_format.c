@@ -489,8 +489,44 @@ static char *w_result_json(char *o, const ca_rec *r)
     return o;
 }
 
-size_t ca_format_rec(const ca_fmt_ctx *c, const ca_rec *r, long tid, char *buf, size_t cap)
+/* The piece with the pid and tid, the same in every record of a thread: made again after a
+ * fork (a new pid and tid). */
+static void make_ids(const ca_fmt_ctx *c, long tid, ca_fmt_ids *ids)
 {
+    char *o = ids->text;
+    switch (c->format) {
+    case CS_TRACE_JSONL:
+        o = W_LIT(o, "{\"pid\":");
+        o = w_i64(o, c->pid);
+        o = W_LIT(o, ",\"tid\":");
+        o = w_i64(o, tid);
+        o = W_LIT(o, ",\"ts_ns\":");
+        break;
+    case CS_TRACE_PERFETTO:
+        o = W_LIT(o, ",\"pid\":");
+        o = w_i64(o, c->pid);
+        o = W_LIT(o, ",\"tid\":");
+        o = w_i64(o, tid);
+        o = W_LIT(o, ",\"args\":{\"from\":\"");
+        break;
+    default:
+        o = W_LIT(o, ", pid ");
+        o = w_i64(o, c->pid);
+        o = W_LIT(o, ", tid ");
+        o = w_i64(o, tid);
+        o = W_LIT(o, ", at ");
+        break;
+    }
+    ids->len = (uint8_t)(o - ids->text);
+    ids->pid = c->pid;
+    ids->tid = tid;
+}
+
+size_t ca_format_rec(const ca_fmt_ctx *c, const ca_rec *r, long tid, ca_fmt_ids *ids, char *buf,
+                     size_t cap)
+{
+    if (ids->len == 0 || ids->pid != c->pid || ids->tid != tid)
+        make_ids(c, tid, ids);
     const plan *pl = plan_of(r->fn);
     uint64_t t = r->t0 >= c->t_origin ? r->t0 - c->t_origin : 0;
     uint64_t dur = r->t1 >= r->t0 ? r->t1 - r->t0 : 0;
@@ -499,11 +535,7 @@ size_t ca_format_rec(const ca_fmt_ctx *c, const ca_rec *r, long tid, char *buf, 
     char *o = buf;
     switch (c->format) {
     case CS_TRACE_JSONL:
-        o = W_LIT(o, "{\"pid\":");
-        o = w_i64(o, c->pid);
-        o = W_LIT(o, ",\"tid\":");
-        o = w_i64(o, tid);
-        o = W_LIT(o, ",\"ts_ns\":");
+        o = w_mem(o, ids->text, ids->len);
         o = w_u64(o, t);
         o = W_LIT(o, ",\"dur_ns\":");
         o = w_u64(o, dur);
@@ -529,11 +561,7 @@ size_t ca_format_rec(const ca_fmt_ctx *c, const ca_rec *r, long tid, char *buf, 
         o = w_fixed(o, t, 3);
         o = W_LIT(o, ",\"dur\":");
         o = w_fixed(o, dur, 3);
-        o = W_LIT(o, ",\"pid\":");
-        o = w_i64(o, c->pid);
-        o = W_LIT(o, ",\"tid\":");
-        o = w_i64(o, tid);
-        o = W_LIT(o, ",\"args\":{\"from\":\"");
+        o = w_mem(o, ids->text, ids->len);
         o = w_str(o, from_name(r->from));
         o = W_LIT(o, "\",\"result\":");
         o = w_result_json(o, r);
@@ -554,11 +582,7 @@ size_t ca_format_rec(const ca_fmt_ctx *c, const ca_rec *r, long tid, char *buf, 
         o = w_str(o, lib_name(r->lib));
         o = W_LIT(o, ", from ");
         o = w_str(o, from_name(r->from));
-        o = W_LIT(o, ", pid ");
-        o = w_i64(o, c->pid);
-        o = W_LIT(o, ", tid ");
-        o = w_i64(o, tid);
-        o = W_LIT(o, ", at ");
+        o = w_mem(o, ids->text, ids->len);
         o = w_fixed(o, t, 9);
         o = W_LIT(o, " s, ");
         o = w_fixed(o, dur, 3);

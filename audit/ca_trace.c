@@ -34,6 +34,7 @@ typedef struct ca_thread {
     int busy;                 /* atomic: appending a record (the end waits for it) */
     int depth;                /* traced calls in progress */
     ca_rec rec[CA_DEPTH];     /* their records */
+    ca_fmt_ids ids;           /* pid and tid as the format writes them */
     char text[2 * CA_REC_TEXT_MAX + 8]; /* one record formatted */
 } ca_thread;
 
@@ -222,7 +223,7 @@ void ca_end(ca_rec *r, int result)
     ca_thread *t = t_self;
     r->result = result;
     r->bytes = ca_mem_account(r);
-    size_t n = ca_format_rec(&g_ctx, r, t->tid, t->text, CA_REC_TEXT_MAX);
+    size_t n = ca_format_rec(&g_ctx, r, t->tid, &t->ids, t->text, CA_REC_TEXT_MAX);
     if (n > 0 && g_ctx.format == CS_TRACE_PERFETTO) {
         t->text[n++] = ',';
         t->text[n++] = '\n';
