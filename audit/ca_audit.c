@@ -1,5 +1,5 @@
-/* The rtld-audit entry points (layer 1, the top; see ca_desc.h): which objects are watched
- * and which bindings get a wrapper.
+/* The rtld-audit entry points (layer 1, the top; the layers are listed in ca_desc.h): which
+ * objects are watched and which bindings get a wrapper.
  *
  * ld.so asks la_symbind64 about every binding from an object that la_objopen marked
  * LA_FLG_BINDFROM (all of them) to one marked LA_FLG_BINDTO (libcuda, libcacheshim,
