@@ -438,22 +438,20 @@ static char *w_decoded(char *o, const ca_fn_desc *d, const ca_param *p, const vp
 
 /* ---- the formats ------------------------------------------------------------------------------ */
 
+/* One value after its key, and what is decoded of it. */
+static char *w_keyed(char *o, const plan *pl, int k, const vplan *v, uint64_t x, int json)
+{
+    o = json ? w_mem(o, v->json_key, v->json_len) : w_mem(o, v->text_key, v->text_len);
+    o = w_value(o, v, x, json);
+    return v->dec ? w_decoded(o, pl->d, &pl->d->params[k], v, x, json) : o;
+}
+
 static char *w_args(char *o, const plan *pl, const ca_rec *r, int json)
 {
     for (int i = 0; i < pl->d->nparams; i++) {
-        const vplan *v = &pl->arg[i];
-        if (json) {
-            if (i)
-                *o++ = ',';
-            o = w_mem(o, v->json_key, v->json_len);
-        } else {
-            if (i)
-                o = W_LIT(o, ", ");
-            o = w_mem(o, v->text_key, v->text_len);
-        }
-        o = w_value(o, v, r->arg[i], json);
-        if (v->dec)
-            o = w_decoded(o, pl->d, &pl->d->params[i], v, r->arg[i], json);
+        if (i)
+            o = json ? W_LIT(o, ",") : W_LIT(o, ", ");
+        o = w_keyed(o, pl, i, &pl->arg[i], r->arg[i], json);
     }
     return o;
 }
@@ -461,19 +459,11 @@ static char *w_args(char *o, const plan *pl, const ca_rec *r, int json)
 static char *w_outs(char *o, const plan *pl, const ca_rec *r, int json)
 {
     for (int i = 0; i < r->nout; i++) {
-        int k = r->out_idx[i];
-        const vplan *v = &pl->out[k];
-        if (json) {
-            if (i)
-                *o++ = ',';
-            o = w_mem(o, v->json_key, v->json_len);
-        } else {
+        if (!json)
             o = W_LIT(o, ", *");
-            o = w_mem(o, v->text_key, v->text_len);
-        }
-        o = w_value(o, v, r->out[i], json);
-        if (v->dec)
-            o = w_decoded(o, pl->d, &pl->d->params[k], v, r->out[i], json);
+        else if (i)
+            *o++ = ',';
+        o = w_keyed(o, pl, r->out_idx[i], &pl->out[r->out_idx[i]], r->out[i], json);
     }
     return o;
 }
