@@ -483,30 +483,17 @@ static char *w_result_json(char *o, const ca_rec *r)
  * fork (a new pid and tid). */
 static void make_ids(const ca_fmt_ctx *c, long tid, ca_fmt_ids *ids)
 {
-    char *o = ids->text;
-    switch (c->format) {
-    case CS_TRACE_JSONL:
-        o = W_LIT(o, "{\"pid\":");
-        o = w_i64(o, c->pid);
-        o = W_LIT(o, ",\"tid\":");
-        o = w_i64(o, tid);
-        o = W_LIT(o, ",\"ts_ns\":");
-        break;
-    case CS_TRACE_PERFETTO:
-        o = W_LIT(o, ",\"pid\":");
-        o = w_i64(o, c->pid);
-        o = W_LIT(o, ",\"tid\":");
-        o = w_i64(o, tid);
-        o = W_LIT(o, ",\"args\":{\"from\":\"");
-        break;
-    default:
-        o = W_LIT(o, ", pid ");
-        o = w_i64(o, c->pid);
-        o = W_LIT(o, ", tid ");
-        o = w_i64(o, tid);
-        o = W_LIT(o, ", at ");
-        break;
-    }
+    static const char *const pid[] = {[CS_TRACE_TEXT] = ", pid ", [CS_TRACE_JSONL] = "{\"pid\":",
+                                      [CS_TRACE_PERFETTO] = ",\"pid\":"};
+    static const char *const tid_[] = {[CS_TRACE_TEXT] = ", tid ", [CS_TRACE_JSONL] = ",\"tid\":",
+                                       [CS_TRACE_PERFETTO] = ",\"tid\":"};
+    static const char *const next[] = {[CS_TRACE_TEXT] = ", at ", [CS_TRACE_JSONL] = ",\"ts_ns\":",
+                                       [CS_TRACE_PERFETTO] = ",\"args\":{\"from\":\""};
+    char *o = w_str(ids->text, pid[c->format]);
+    o = w_i64(o, c->pid);
+    o = w_str(o, tid_[c->format]);
+    o = w_i64(o, tid);
+    o = w_str(o, next[c->format]);
     ids->len = (uint8_t)(o - ids->text);
     ids->pid = c->pid;
     ids->tid = tid;
