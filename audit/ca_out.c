@@ -175,7 +175,9 @@ static void lost(size_t n)
 {
     (void)n;
     uint64_t v = __atomic_add_fetch(&g_lost, 1, __ATOMIC_RELAXED);
-    if (g_note_len) /* in the mapping: the count survives the process too */
+    /* In the mapping: the count survives the process too. Not once the file is cut: its
+     * page may be past the end of the file now (SIGBUS). */
+    if (g_note_len && !__atomic_load_n(&g_finished, __ATOMIC_ACQUIRE))
         put_count(g_base + g_note_at + g_note_count, v);
 }
 
@@ -340,7 +342,8 @@ static int grow_locked(size_t need)
 {
     int ok = 1;
     while (__atomic_load_n(&g_limit, __ATOMIC_RELAXED) < need) {
-        if (__atomic_load_n(&g_failed, __ATOMIC_RELAXED) || g_mode != OUT_MAP) {
+        if (__atomic_load_n(&g_failed, __ATOMIC_RELAXED) || g_mode != OUT_MAP ||
+            __atomic_load_n(&g_finished, __ATOMIC_ACQUIRE)) {
             ok = 0;
             break;
         }
@@ -490,16 +493,23 @@ void ca_out_append(const char *p, size_t n)
 
 /* ---- the end ---------------------------------------------------------------------------------- */
 
+/* What g_off becomes at the end: no reservation succeeds after it (no record is copied past
+ * the end of the cut file, which would be a SIGBUS), and off + n cannot overflow. */
+#define OFF_CLOSED (SIZE_MAX / 2)
+
 void ca_out_finish(void)
 {
     if (__atomic_exchange_n(&g_finished, 1, __ATOMIC_ACQ_REL))
         return;
-    /* No growth from now on: the lock is kept (the process is ending). Up to 100 ms for a
-     * growth under way; a thread that died holding the lock does not stop the end. */
-    for (int i = 0; i < 1000 && pthread_mutex_trylock(&g_grow_lock) != 0; i++)
+    /* Records reserved from now on are not written; those reserved before lie below end. */
+    size_t end = __atomic_exchange_n(&g_off, OFF_CLOSED, __ATOMIC_ACQ_REL);
+    __atomic_store_n(&g_limit, 0, __ATOMIC_RELEASE);
+    /* Up to 100 ms for a growth under way, so that the file does not grow after it is cut;
+     * a thread stopped while holding the lock does not stop the end. */
+    int locked = 0;
+    for (int i = 0; i < 1000 && !(locked = pthread_mutex_trylock(&g_grow_lock) == 0); i++)
         usleep(100);
     if (g_mode == OUT_MAP && g_mapped > 0) {
-        size_t end = __atomic_load_n(&g_off, __ATOMIC_ACQUIRE);
         if (g_note_len) { /* the note moves to the end of what was written */
             put_count(g_base + g_note_at + g_note_count, __atomic_load_n(&g_lost, __ATOMIC_RELAXED));
             memmove(g_base + end, g_base + g_note_at, g_note_len);
@@ -529,10 +539,12 @@ void ca_out_finish(void)
         if (g_array)
             (void)write_all(g_fd, g_events > 0 ? "\n]}\n" : "]}\n", g_events > 0 ? 4 : 3);
     }
+    __atomic_store_n(&g_mode, OUT_NONE, __ATOMIC_RELEASE);
     if (g_fd > 2)
         close(g_fd);
     g_fd = -1;
-    __atomic_store_n(&g_mode, OUT_NONE, __ATOMIC_RELEASE);
+    if (locked)
+        pthread_mutex_unlock(&g_grow_lock);
 }
 
 /* ---- fork ------------------------------------------------------------------------------------- */

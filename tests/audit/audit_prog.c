@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -229,7 +230,7 @@ static void exit_from_thread(void)
 }
 
 /* die HOW N: N allocations of 1 MiB, kept, then the end HOW: abort, _exit (status 3), kill
- * (SIGKILL, which nothing can catch), segv (a write through a null pointer). */
+ * (SIGKILL, which nothing can catch), segv (a write to a page mapped without access). */
 static void die(const char *how, int n)
 {
     for (int i = 0; i < n; i++) {
@@ -242,8 +243,11 @@ static void die(const char *how, int n)
         _exit(3);
     if (strcmp(how, "kill") == 0)
         raise(SIGKILL);
-    if (strcmp(how, "segv") == 0)
-        *(volatile int *)(uintptr_t)0 = 1;
+    if (strcmp(how, "segv") == 0) { /* a real fault: a page that may not be written */
+        volatile char *page = mmap(NULL, 4096, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        CHECK(page != MAP_FAILED);
+        *page = 1;
+    }
     exit(2); /* unknown HOW */
 }
 

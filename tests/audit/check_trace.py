@@ -443,8 +443,11 @@ def die_records(fmt, raw, finished):
 def die_case(how):
     for fmt in FORMATS:
         path = trace_file(f"{how}.{fmt}")
+        # handle_segv=0: in the ASan build, the sanitizer would report the SIGSEGV and exit 1
+        # instead of letting the signal end the program.
+        asan = os.environ.get("ASAN_OPTIONS", "") + ":handle_segv=0"
         run("die", DEATHS[how], args=(how, str(N_DIE)), CACHESHIM_TRACE_FORMAT=fmt,
-            CACHESHIM_TRACE_FILE=path)
+            CACHESHIM_TRACE_FILE=path, ASAN_OPTIONS=asan.lstrip(":"))
         with open(path, "rb") as f:
             raw = f.read()
         recs = die_records(fmt, raw, finished=how != "kill")

@@ -1,5 +1,5 @@
 // crash_after N HOW: N cudaMalloc of 1 MiB (kept), then the process ends as HOW says: segv (a
-// write through a null pointer), kill (SIGKILL, which nothing can catch) or abort. Run under
+// write to a page mapped without access), kill (SIGKILL, which nothing can catch) or abort. Run under
 // LD_AUDIT=libcacheaudit.so by scripts/gpu-check-crash: the trace must hold N cuMemAlloc_v2
 // at the driver in each format. Static cudart (nvcc's default): cudart reaches the driver
 // through dlopen + cuGetProcAddress, as most CUDA programs do.
@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <sys/mman.h>
 #include <cuda_runtime.h>
 
 int main(int argc, char **argv)
@@ -35,10 +36,13 @@ int main(int argc, char **argv)
         raise(SIGKILL);
     if (strcmp(argv[2], "abort") == 0)
         abort();
-    if (strcmp(argv[2], "segv") == 0) {
-        // A null pointer the compiler cannot see, so the write is a real one (no trap).
-        volatile int *p = reinterpret_cast<volatile int *>(strtoull(argv[1], nullptr, 10) * 0);
-        *p = 1;
+    if (strcmp(argv[2], "segv") == 0) { // a real fault: a page that may not be written
+        void *page = mmap(nullptr, 4096, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (page == MAP_FAILED) {
+            printf("FAIL crash_after: mmap\n");
+            return 1;
+        }
+        *static_cast<volatile char *>(page) = 1;
     }
     printf("FAIL crash_after: still alive after %s\n", argv[2]);
     return 1;
