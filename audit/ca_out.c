@@ -216,10 +216,12 @@ static int expand_path(const char *tmpl, int pid, int child, char *out, size_t c
 }
 
 /* Address space for the whole file: its pages are mapped into it as it grows, so a record
- * never straddles two mappings. PROT_NONE and MAP_NORESERVE: no memory is committed. */
+ * never straddles two mappings. PROT_NONE and MAP_NORESERVE: no memory is committed. Taken
+ * at the first record, not while ld.so loads the program: a sanitizer's runtime maps its
+ * shadow memory at fixed addresses when it starts, and must find them free. */
 static int reserve_range(void)
 {
-    for (size_t size = (size_t)1 << 40; size >= ((size_t)1 << 26); size >>= 2) {
+    for (size_t size = (size_t)1 << 36; size >= ((size_t)1 << 26); size >>= 2) {
         void *p = mmap(NULL, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
         if (p != MAP_FAILED) {
             g_base = p;
@@ -232,25 +234,31 @@ static int reserve_range(void)
 
 static int grow_locked(size_t need);
 
-/* Under g_grow_lock: map the file if it is a regular file; the Chrome trace's header. */
+/* Under g_grow_lock: a regular file is mapped (at its first record), anything else written;
+ * the Chrome trace's header. */
 static void start_file(void)
 {
     struct stat st;
     g_mode = OUT_STREAM;
-    if (g_fd > 2 && fstat(g_fd, &st) == 0 && S_ISREG(st.st_mode) && reserve_range() == 0)
+    if (g_fd > 2 && fstat(g_fd, &st) == 0 && S_ISREG(st.st_mode))
         g_mode = OUT_MAP;
     g_events = 0;
-    if (!g_array)
-        return;
-    size_t n = sizeof g_head - 1;
-    if (g_mode == OUT_STREAM) {
-        int err = write_all(g_fd, g_head, n);
+    if (g_array && g_mode == OUT_STREAM) {
+        int err = write_all(g_fd, g_head, sizeof g_head - 1);
         if (err)
             fail(err, NULL);
-    } else if (grow_locked(n)) { /* no other thread appends before the lock is released */
-        memcpy(g_base, g_head, n);
-        __atomic_store_n(&g_off, n, __ATOMIC_RELEASE);
     }
+}
+
+/* Under g_grow_lock, at the first growth: the address space, and the header at the start of
+ * the file (no other thread reserves before g_limit is set). */
+static int start_mapping(void)
+{
+    if (reserve_range() != 0)
+        return ENOMEM;
+    if (g_array)
+        __atomic_store_n(&g_off, sizeof g_head - 1, __ATOMIC_RELAXED);
+    return 0;
 }
 
 /* Under g_grow_lock. A new file only (O_EXCL), never through a symbolic link (O_NOFOLLOW on
@@ -347,10 +355,18 @@ static int grow_locked(size_t need)
             ok = 0;
             break;
         }
+        int err = g_base ? 0 : start_mapping();
+        if (err) {
+            fail(err, "no address space to map the trace file into");
+            ok = 0;
+            break;
+        }
+        if (g_mapped == 0 && g_array)
+            need += sizeof g_head - 1;
         size_t want = need + NOTE_MAX > g_mapped + CA_OUT_STEP ? need + NOTE_MAX
                                                                : g_mapped + CA_OUT_STEP;
         want = (want + CA_OUT_STEP - 1) / CA_OUT_STEP * CA_OUT_STEP;
-        int err = want > g_reserved ? EFBIG : extend_file(g_mapped, want - g_mapped);
+        err = want > g_reserved ? EFBIG : extend_file(g_mapped, want - g_mapped);
         if (err == 0 && mmap(g_base + g_mapped, want - g_mapped, PROT_READ | PROT_WRITE,
                              MAP_SHARED | MAP_FIXED, g_fd, (off_t)g_mapped) == MAP_FAILED)
             err = errno;
@@ -360,6 +376,8 @@ static int grow_locked(size_t need)
             ok = 0;
             break;
         }
+        if (g_mapped == 0 && g_array)
+            memcpy(g_base, g_head, sizeof g_head - 1);
         /* The pages now, writable, not at the first record on each (Linux 5.14; older kernels
          * fault them in as records reach them). */
         (void)madvise(g_base + g_mapped, want - g_mapped, MADV_POPULATE_WRITE);
@@ -525,6 +543,9 @@ void ca_out_finish(void)
             }
         }
         (void)ftruncate(g_fd, (off_t)end);
+    } else if (g_mode == OUT_MAP && g_array) { /* no record: the header and its end */
+        (void)pwrite(g_fd, g_head, sizeof g_head - 1, 0);
+        (void)pwrite(g_fd, "]}\n", 3, (off_t)(sizeof g_head - 1));
     } else if (g_mode == OUT_STREAM) {
         if (g_failed) { /* most likely fails too; the line on stderr said it already */
             char note[NOTE_MAX];
