@@ -1,120 +1,156 @@
 /* The three output formats, one record at a time: a text line, a JSON line, a Chrome-trace
- * ("X" complete event, plus a "C" counter event after allocations and frees). Runs at flush
- * time, never inside the traced call. Numbers are printed with integer arithmetic or in the
- * auditor's own C locale, so the program's locale cannot change the output. */
-#include "ca_internal.h"
+ * ("X" complete event, and a "C" counter event after allocations and frees). Runs on the
+ * calling thread when a traced call returns, so it is built for speed: what a function's
+ * records share (its name, each parameter's key and how its value is printed) is worked out
+ * once per function (a plan), and a record is then a run of copies and number conversions.
+ * Numbers are printed with integer arithmetic, so the program's locale cannot change the
+ * output; floating point (rare) through snprintf in the auditor's own C locale. */
+#include "ca_format.h"
 
 #include <inttypes.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 
-#include "ca_stack.h"
 #include "cs_options.h"
 
-/* ---- a bounded string builder ------------------------------------------------------------- */
+/* ---- writing: each record is checked once against the buffer (plan_max), then written
+ * without further checks ------------------------------------------------------------------ */
 
-typedef struct {
-    char *p;
-    size_t n, cap; /* cap includes room for the final '\n' */
-} sb;
-
-__attribute__((format(printf, 2, 3))) static void put(sb *b, const char *fmt, ...)
+/* Longer copies: the C library's memcpy (the compiler would inline a rep movs, slow to
+ * start, for a copy of unknown length). */
+__attribute__((noinline)) static void copy_long(char *o, const char *s, size_t n)
 {
-    if (b->n + 1 >= b->cap)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    int k = vsnprintf(b->p + b->n, b->cap - 1 - b->n, fmt, ap);
-    va_end(ap);
-    if (k > 0)
-        b->n += (size_t)k < b->cap - 1 - b->n ? (size_t)k : b->cap - 2 - b->n;
+    memcpy(o, s, n);
 }
 
-/* Fast appenders for what every record has (names, integers, hex): formatting runs once
- * per traced call, and vsnprintf was most of the tracer's cost. */
-static void put_str(sb *b, const char *str)
+/* Keys and names are short: two overlapping moves copy 4 to 32 bytes. */
+static inline char *w_mem(char *o, const char *s, size_t n)
 {
-    size_t n = strlen(str);
-    if (n > b->cap - 1 - b->n)
-        n = b->cap - 1 - b->n;
-    memcpy(b->p + b->n, str, n);
-    b->n += n;
-}
-
-static void put_u64(sb *b, uint64_t v)
-{
-    char tmp[24];
-    int i = sizeof tmp;
-    while (v > UINT32_MAX) { /* 64-bit division only for the high digits */
-        tmp[--i] = (char)('0' + v % 10);
-        v /= 10;
+    uint64_t a, b, c, d;
+    uint32_t x, y;
+    if (n >= 8 && n <= 16) {
+        memcpy(&a, s, 8);
+        memcpy(&b, s + n - 8, 8);
+        memcpy(o, &a, 8);
+        memcpy(o + n - 8, &b, 8);
+    } else if (n > 16 && n <= 32) {
+        memcpy(&a, s, 8);
+        memcpy(&b, s + 8, 8);
+        memcpy(&c, s + n - 16, 8);
+        memcpy(&d, s + n - 8, 8);
+        memcpy(o, &a, 8);
+        memcpy(o + 8, &b, 8);
+        memcpy(o + n - 16, &c, 8);
+        memcpy(o + n - 8, &d, 8);
+    } else if (n >= 4 && n < 8) {
+        memcpy(&x, s, 4);
+        memcpy(&y, s + n - 4, 4);
+        memcpy(o, &x, 4);
+        memcpy(o + n - 4, &y, 4);
+    } else if (n < 4) {
+        for (size_t i = 0; i < n; i++)
+            o[i] = s[i];
+    } else {
+        copy_long(o, s, n);
     }
-    uint32_t w = (uint32_t)v;
-    do {
-        tmp[--i] = (char)('0' + w % 10);
-        w /= 10;
-    } while (w);
-    if ((size_t)(sizeof tmp - (size_t)i) > b->cap - 1 - b->n)
-        return;
-    memcpy(b->p + b->n, tmp + i, sizeof tmp - (size_t)i);
-    b->n += sizeof tmp - (size_t)i;
+    return o + n;
 }
 
-static void put_i64(sb *b, int64_t v)
+/* A literal: its length is known, so the copy is a few moves. */
+#define W_LIT(o, s) w_mem((o), (s), sizeof(s) - 1)
+
+static char *w_str(char *o, const char *s) { return w_mem(o, s, strlen(s)); }
+
+static const char pairs[] = "00010203040506070809101112131415161718192021222324252627282930313233"
+                            "34353637383940414243444546474849505152535455565758596061626364656667"
+                            "6869707172737475767778798081828384858687888990919293949596979899";
+
+static const uint64_t pow10[20] = {
+    1u, 10u, 100u, 1000u, 10000u, 100000u, 1000000u, 10000000u, 100000000u, 1000000000u,
+    10000000000u, 100000000000u, 1000000000000u, 10000000000000u, 100000000000000u,
+    1000000000000000u, 10000000000000000u, 100000000000000000u, 1000000000000000000u,
+    10000000000000000000u};
+
+static char *w_u64(char *o, uint64_t v)
+{
+    if (v < 10) {
+        *o = (char)('0' + v);
+        return o + 1;
+    }
+    int n = 2;
+    while (n < 20 && v >= pow10[n])
+        n++;
+    char *end = o + n, *p = end;
+    while (v >= 100) {
+        unsigned r = (unsigned)(v % 100);
+        v /= 100;
+        p -= 2;
+        memcpy(p, pairs + 2 * r, 2);
+    }
+    if (v >= 10)
+        memcpy(p - 2, pairs + 2 * v, 2);
+    else
+        p[-1] = (char)('0' + v);
+    return end;
+}
+
+static char *w_i64(char *o, int64_t v)
 {
     if (v < 0) {
-        put_str(b, "-");
-        put_u64(b, (uint64_t)0 - (uint64_t)v);
-    } else {
-        put_u64(b, (uint64_t)v);
+        *o++ = '-';
+        return w_u64(o, (uint64_t)0 - (uint64_t)v);
     }
+    return w_u64(o, (uint64_t)v);
 }
 
-static void put_hex(sb *b, uint64_t v)
+static char *w_hex(char *o, uint64_t v)
 {
     static const char digits[] = "0123456789abcdef";
-    char tmp[20];
-    int i = sizeof tmp;
-    do {
-        tmp[--i] = digits[v & 15];
-        v >>= 4;
-    } while (v);
-    tmp[--i] = 'x';
-    tmp[--i] = '0';
-    if ((size_t)(sizeof tmp - (size_t)i) > b->cap - 1 - b->n)
-        return;
-    memcpy(b->p + b->n, tmp + i, sizeof tmp - (size_t)i);
-    b->n += sizeof tmp - (size_t)i;
+    int n = v ? (67 - __builtin_clzll(v)) / 4 : 1;
+    o[0] = '0';
+    o[1] = 'x';
+    char *p = o + n + 2;
+    for (; v >= 16; v >>= 8) { /* two digits a step */
+        p -= 2;
+        p[0] = digits[(v >> 4) & 15];
+        p[1] = digits[v & 15];
+    }
+    if (p > o + 2)
+        p[-1] = digits[v & 15];
+    return o + n + 2;
 }
 
 /* ns as "U.FFF" (digits = 3, for µs from ns) or "S.FFFFFFFFF" (digits = 9, s from ns). */
-static void put_fixed(sb *b, uint64_t ns, int digits)
+static char *w_fixed(char *o, uint64_t ns, int digits)
 {
     uint64_t div = digits == 3 ? 1000u : 1000000000u;
-    put_u64(b, ns / div);
-    char frac[10];
-    uint64_t f = ns % div;
-    for (int i = digits - 1; i >= 0; i--, f /= 10)
-        frac[i] = (char)('0' + f % 10);
-    frac[digits] = '\0';
-    put_str(b, ".");
-    put_str(b, frac);
+    o = w_u64(o, ns / div);
+    *o = '.';
+    uint32_t f = (uint32_t)(ns % div);
+    for (int i = digits; i >= 1; i--, f /= 10)
+        o[i] = (char)('0' + f % 10);
+    return o + digits + 1;
+}
+
+/* At most n characters of printf output (the rare cases: floating point, decoded flags). */
+__attribute__((format(printf, 3, 4))) static char *w_fmt(char *o, size_t n, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int k = vsnprintf(o, n + 1, fmt, ap);
+    va_end(ap);
+    return k <= 0 ? o : o + ((size_t)k < n ? (size_t)k : n);
 }
 
 /* ---- names ---------------------------------------------------------------------------------- */
 
-const char *ca_lib_name(int lib)
-{
-    static const char *const names[] = {"driver", "shim", "runtime"};
-    return lib >= 0 && lib < 3 ? names[lib] : "?";
-}
+static const char *const lib_names[] = {"driver", "shim", "runtime"};
+static const char *const from_names[] = {"app", "shim", "cudart"};
 
-const char *ca_from_name(int from)
-{
-    static const char *const names[] = {"app", "shim", "cudart"};
-    return from >= 0 && from < 3 ? names[from] : "?";
-}
+static const char *lib_name(int lib) { return lib >= 0 && lib < 3 ? lib_names[lib] : "?"; }
+static const char *from_name(int from) { return from >= 0 && from < 3 ? from_names[from] : "?"; }
 
 /* The runtime's codes that memory calls return; others print as a number. */
 static const char *runtime_result_name(int code)
@@ -219,216 +255,355 @@ static int is_size_name(const char *name)
            strstr(name, "itch");
 }
 
-/* ---- one value ------------------------------------------------------------------------------ */
+/* ---- a function's plan ----------------------------------------------------------------------- */
+
+/* How a value is printed. */
+enum { V_UNSIGNED, V_SIGNED, V_HEX, V_REAL, V_RECORD };
+/* What is decoded after it. */
+enum { DEC_NONE, DEC_STREAM, DEC_FLAGS, DEC_SIZE };
+/* The most a decoded value adds: ,"NAME_decoded":"TEXT" with TEXT cut to DEC_TEXT_MAX. */
+#define DEC_TEXT_MAX 120
+/* The most one printed value takes ("0x" and 16 digits, 20 digits and a sign, %.9g). */
+#define VALUE_MAX 32
+/* The most a call site takes: ,"stack":[ and "0x" with 16 digits, quoted, per frame. */
+#define STACK_TEXT_MAX (16 + CA_STACK_MAX * 21)
 
 typedef struct {
-    int kind, size, is_signed, hex;
-} vtype;
+    const char *json_key;  /* "name": */
+    const char *text_key;  /* name= */
+    const char *json_dec;  /* ,"name_decoded":" */
+    uint8_t json_len, text_len, dec_len;
+    uint8_t v, size, dec;
+} vplan;
 
-/* The value as text; JSON gets numbers bare and everything else as a string. */
-static void put_value(sb *b, vtype t, uint64_t v, int json)
+typedef struct {
+    const ca_fn_desc *d;
+    size_t max;            /* the longest record of this function, any format */
+    vplan arg[CA_MAX_PARAMS], out[CA_MAX_PARAMS];
+    const char *text_head; /* [Intercepted] NAME( */
+    const char *json_name; /* NAME","args":{ */
+    const char *pf_head;   /* {"name":"NAME","cat":" */
+    size_t text_head_len, json_name_len, pf_head_len;
+    char arena[];
+} plan;
+
+static plan *g_plans[CA_FN_COUNT]; /* atomic; built at a function's first record */
+
+static vplan value_plan(const ca_fn_desc *d, const ca_param *p, int kind, int size, int is_signed,
+                        int hex, char **arena)
 {
-    const char *q = json ? "\"" : "";
-    if (t.kind == CA_K_RECORD || t.kind == CA_K_UNION) {
-        put(b, "%s{...}%s", q, q);
-    } else if (t.kind == CA_K_PTR || t.hex) {
-        put_str(b, q);
-        put_hex(b, v);
-        put_str(b, q);
-    } else if (t.kind == CA_K_REAL) {
+    vplan v = {.size = (uint8_t)size, .dec = DEC_NONE};
+    if (kind == CA_K_RECORD || kind == CA_K_UNION)
+        v.v = V_RECORD;
+    else if (kind == CA_K_PTR || hex)
+        v.v = V_HEX;
+    else if (kind == CA_K_REAL)
+        v.v = V_REAL;
+    else
+        v.v = is_signed ? V_SIGNED : V_UNSIGNED;
+    char tmp[256];
+    if (kind == CA_K_PTR && stream_name(p->name, 0))
+        v.dec = DEC_STREAM;
+    else if (is_flags_param(p->name) && decode_flags(d->name, 0, tmp, sizeof tmp))
+        v.dec = DEC_FLAGS;
+    else if (kind == CA_K_INT && size == 8 && !hex && is_size_name(p->name))
+        v.dec = DEC_SIZE;
+    v.json_key = *arena;
+    v.json_len = (uint8_t)sprintf(*arena, "\"%s\":", p->name);
+    *arena += v.json_len + 1;
+    v.text_key = *arena;
+    v.text_len = (uint8_t)sprintf(*arena, "%s=", p->name);
+    *arena += v.text_len + 1;
+    v.json_dec = *arena;
+    v.dec_len = (uint8_t)sprintf(*arena, ",\"%s_decoded\":\"", p->name);
+    *arena += v.dec_len + 1;
+    return v;
+}
+
+static plan *plan_new(unsigned fn)
+{
+    const ca_fn_desc *d = ca_desc(fn);
+    size_t need = 3 * (strlen(d->name) + 32);
+    for (int i = 0; i < d->nparams; i++)
+        need += 2 * (3 * strlen(d->params[i].name) + 24);
+    plan *pl = calloc(1, sizeof *pl + need);
+    if (!pl)
+        return NULL;
+    char *a = pl->arena;
+    pl->d = d;
+    /* all but the values: pid, times, names, result, call site */
+    pl->max = 400 + 2 * strlen(d->name) + STACK_TEXT_MAX;
+    for (int i = 0; i < d->nparams && i < CA_MAX_PARAMS; i++) {
+        const ca_param *p = &d->params[i];
+        /* each value: a separator, its key, the value, what is decoded */
+        size_t one = strlen(p->name) + 8 + VALUE_MAX, dec = strlen(p->name) + 16 + DEC_TEXT_MAX;
+        pl->arg[i] = value_plan(d, p, p->kind, p->size, p->is_signed, p->hex, &a);
+        pl->max += one + (pl->arg[i].dec ? dec : 0);
+        /* int * out-values (attributes, counts) are signed; the rest unsigned. */
+        if (p->out_kind) {
+            pl->out[i] = value_plan(d, p, p->out_kind, p->out_size,
+                                    p->out_kind == CA_K_INT && p->out_size == 4 && !p->hex,
+                                    p->hex, &a);
+            pl->max += one + (pl->out[i].dec ? dec : 0);
+        }
+    }
+    pl->text_head = a;
+    pl->text_head_len = (size_t)sprintf(a, "[Intercepted] %s(", d->name);
+    a += pl->text_head_len + 1;
+    pl->json_name = a;
+    pl->json_name_len = (size_t)sprintf(a, "%s\",\"args\":{", d->name);
+    a += pl->json_name_len + 1;
+    pl->pf_head = a;
+    pl->pf_head_len = (size_t)sprintf(a, "{\"name\":\"%s\",\"cat\":\"", d->name);
+    return pl;
+}
+
+static const plan *plan_of(unsigned fn)
+{
+    plan *pl = __atomic_load_n(&g_plans[fn], __ATOMIC_ACQUIRE);
+    if (pl)
+        return pl;
+    plan *mine = plan_new(fn), *none = NULL;
+    if (!mine)
+        return NULL;
+    if (__atomic_compare_exchange_n(&g_plans[fn], &none, mine, 0, __ATOMIC_ACQ_REL,
+                                    __ATOMIC_ACQUIRE))
+        return mine;
+    free(mine); /* another thread's is there */
+    return none;
+}
+
+/* ---- one value ------------------------------------------------------------------------------ */
+
+/* The value; JSON gets numbers bare and everything else as a string. */
+static char *w_value(char *o, const vplan *v, uint64_t x, int json)
+{
+    switch (v->v) {
+    case V_HEX:
+        if (json)
+            *o++ = '"';
+        o = w_hex(o, x);
+        if (json)
+            *o++ = '"';
+        return o;
+    case V_UNSIGNED:
+        return w_u64(o, v->size == 1 ? (uint8_t)x : v->size == 2 ? (uint16_t)x
+                      : v->size == 4 ? (uint32_t)x : x);
+    case V_SIGNED:
+        return w_i64(o, v->size == 1 ? (int8_t)x : v->size == 2 ? (int16_t)x
+                      : v->size == 4 ? (int32_t)x : (int64_t)x);
+    case V_REAL: {
         double d;
-        if (t.size == 4) {
+        if (v->size == 4) {
             float f;
-            memcpy(&f, &v, sizeof f);
+            memcpy(&f, &x, sizeof f);
             d = f;
         } else {
-            memcpy(&d, &v, sizeof d);
+            memcpy(&d, &x, sizeof d);
         }
-        if (isfinite(d))
-            put(b, "%.9g", d);
-        else
-            put(b, "\"%g\"", d);
-    } else if (t.is_signed || (t.size == 4 && t.kind == CA_K_INT && !t.hex && t.is_signed)) {
-        int64_t s = t.size == 1 ? (int8_t)v : t.size == 2 ? (int16_t)v
-                  : t.size == 4 ? (int32_t)v : (int64_t)v;
-        put_i64(b, s);
-    } else {
-        put_u64(b, v);
+        return isfinite(d) ? w_fmt(o, VALUE_MAX, "%.9g", d) : w_fmt(o, VALUE_MAX, "\"%g\"", d);
+    }
+    default:
+        return json ? W_LIT(o, "\"{...}\"") : W_LIT(o, "{...}");
     }
 }
 
 /* Decoded extras after a value: sizes, flags, stream handles. In text: " (...)". In JSON:
  * an extra key NAME_decoded. */
-static void put_decoded(sb *b, const char *fn, const char *name, vtype t, uint64_t v, int json)
+static char *w_decoded(char *o, const ca_fn_desc *d, const ca_param *p, const vplan *v,
+                       uint64_t x, int json)
 {
     char text[256];
     const char *s = NULL;
-    if (t.kind == CA_K_PTR) {
-        s = stream_name(name, v);
-    } else if (is_flags_param(name) && decode_flags(fn, v, text, sizeof text)) {
+    if (v->dec == DEC_STREAM)
+        s = stream_name(p->name, x);
+    else if (v->dec == DEC_FLAGS && decode_flags(d->name, x, text, sizeof text))
         s = text;
-    } else if (!json && t.kind == CA_K_INT && t.size == 8 && !t.hex && v >= 1024 &&
-               is_size_name(name)) {
-        cs_bytes_format(v, text, sizeof text);
+    else if (v->dec == DEC_SIZE && !json && x >= 1024) {
+        cs_bytes_format(x, text, sizeof text);
         s = text;
     }
     if (!s)
-        return;
-    if (json)
-        put(b, ",\"%s_decoded\":\"%s\"", name, s);
-    else
-        put(b, " (%s)", s);
-}
-
-static vtype arg_type(const ca_param *p)
-{
-    return (vtype){p->kind, p->size, p->is_signed, p->hex};
-}
-
-static vtype out_type(const ca_param *p)
-{
-    /* int * out-values (attributes, counts) are signed; the rest unsigned. */
-    return (vtype){p->out_kind, p->out_size,
-                   p->out_kind == CA_K_INT && p->out_size == 4 && !p->hex, p->hex};
+        return o;
+    size_t n = strlen(s);
+    n = n < DEC_TEXT_MAX ? n : DEC_TEXT_MAX;
+    if (json) {
+        o = w_mem(o, v->json_dec, v->dec_len);
+        o = w_mem(o, s, n);
+        *o++ = '"';
+    } else {
+        o = W_LIT(o, " (");
+        o = w_mem(o, s, n);
+        *o++ = ')';
+    }
+    return o;
 }
 
 /* ---- the formats ------------------------------------------------------------------------------ */
 
-static void put_args(sb *b, const ca_fn_desc *d, const ca_rec *r, int json)
+/* One value after its key, and what is decoded of it. */
+static char *w_keyed(char *o, const plan *pl, int k, const vplan *v, uint64_t x, int json)
 {
-    for (int i = 0; i < d->nparams; i++) {
-        const ca_param *p = &d->params[i];
-        put_str(b, i ? (json ? ",\"" : ", ") : (json ? "\"" : ""));
-        put_str(b, p->name);
-        put_str(b, json ? "\":" : "=");
-        put_value(b, arg_type(p), r->arg[i], json);
-        put_decoded(b, d->name, p->name, arg_type(p), r->arg[i], json);
-    }
+    o = json ? w_mem(o, v->json_key, v->json_len) : w_mem(o, v->text_key, v->text_len);
+    o = w_value(o, v, x, json);
+    return v->dec ? w_decoded(o, pl->d, &pl->d->params[k], v, x, json) : o;
 }
 
-static void put_outs(sb *b, const ca_fn_desc *d, const ca_rec *r, int json)
+static char *w_args(char *o, const plan *pl, const ca_rec *r, int json)
+{
+    for (int i = 0; i < pl->d->nparams; i++) {
+        if (i)
+            o = json ? W_LIT(o, ",") : W_LIT(o, ", ");
+        o = w_keyed(o, pl, i, &pl->arg[i], r->arg[i], json);
+    }
+    return o;
+}
+
+static char *w_outs(char *o, const plan *pl, const ca_rec *r, int json)
 {
     for (int i = 0; i < r->nout; i++) {
-        const ca_param *p = &d->params[r->out_idx[i]];
-        put_str(b, json ? (i ? ",\"" : "\"") : ", *");
-        put_str(b, p->name);
-        put_str(b, json ? "\":" : "=");
-        put_value(b, out_type(p), r->out[i], json);
-        put_decoded(b, d->name, p->name, out_type(p), r->out[i], json);
+        if (!json)
+            o = W_LIT(o, ", *");
+        else if (i)
+            *o++ = ',';
+        o = w_keyed(o, pl, r->out_idx[i], &pl->out[r->out_idx[i]], r->out[i], json);
     }
+    return o;
 }
 
-static void put_result_json(sb *b, const ca_rec *r, const char *key)
+static char *w_result_json(char *o, const ca_rec *r)
 {
     const char *rn = result_name(r);
-    put_str(b, "\"");
-    put_str(b, key);
-    put_str(b, rn ? "\":\"" : "\":null");
-    if (rn) {
-        put_str(b, rn);
-        put_str(b, "\"");
-    }
+    if (!rn)
+        return W_LIT(o, "null");
+    *o++ = '"';
+    o = w_str(o, rn);
+    *o++ = '"';
+    return o;
 }
 
-size_t ca_format_rec(const ca_fmt_ctx *c, const ca_rec *r, long tid, char *buf, size_t cap)
+/* JSON Lines: ,"stack":["0x..",...] when the call site was recorded (ca_stack.c). */
+static char *w_stack(char *o, const ca_rec *r)
 {
-    sb b = {buf, 0, cap};
-    const ca_fn_desc *d = ca_desc(r->fn);
+    if (!r->nstack)
+        return o;
+    o = W_LIT(o, ",\"stack\":[");
+    for (unsigned i = 0; i < r->nstack; i++) {
+        if (i)
+            *o++ = ',';
+        *o++ = '"';
+        o = w_hex(o, r->stack[i]);
+        *o++ = '"';
+    }
+    *o++ = ']';
+    return o;
+}
+
+/* The piece with the pid and tid, the same in every record of a thread: made again after a
+ * fork (a new pid and tid). */
+static void make_ids(const ca_fmt_ctx *c, long tid, ca_fmt_ids *ids)
+{
+    static const char *const pid[] = {[CS_TRACE_TEXT] = ", pid ", [CS_TRACE_JSONL] = "{\"pid\":",
+                                      [CS_TRACE_PERFETTO] = ",\"pid\":"};
+    static const char *const tid_[] = {[CS_TRACE_TEXT] = ", tid ", [CS_TRACE_JSONL] = ",\"tid\":",
+                                       [CS_TRACE_PERFETTO] = ",\"tid\":"};
+    static const char *const next[] = {[CS_TRACE_TEXT] = ", at ", [CS_TRACE_JSONL] = ",\"ts_ns\":",
+                                       [CS_TRACE_PERFETTO] = ",\"args\":{\"from\":\""};
+    char *o = w_str(ids->text, pid[c->format]);
+    o = w_i64(o, c->pid);
+    o = w_str(o, tid_[c->format]);
+    o = w_i64(o, tid);
+    o = w_str(o, next[c->format]);
+    ids->len = (uint8_t)(o - ids->text);
+    ids->pid = c->pid;
+    ids->tid = tid;
+}
+
+size_t ca_format_rec(const ca_fmt_ctx *c, const ca_rec *r, long tid, ca_fmt_ids *ids, char *buf,
+                     size_t cap)
+{
+    if (ids->len == 0 || ids->pid != c->pid || ids->tid != tid)
+        make_ids(c, tid, ids);
+    const plan *pl = plan_of(r->fn);
     uint64_t t = r->t0 >= c->t_origin ? r->t0 - c->t_origin : 0;
     uint64_t dur = r->t1 >= r->t0 ? r->t1 - r->t0 : 0;
+    if (!pl || pl->max > cap) /* out of memory for the plan; never too long in practice */
+        return 0;
+    char *o = buf;
     switch (c->format) {
     case CS_TRACE_JSONL:
-        if (r->nstack) /* the objects of its call site, described before it */
-            b.n = ca_stack_objects(c->pid, r, b.p, b.cap / 2);
-        put_str(&b, "{\"pid\":");
-        put_i64(&b, c->pid);
-        put_str(&b, ",\"tid\":");
-        put_i64(&b, tid);
-        put_str(&b, ",\"ts_ns\":");
-        put_u64(&b, t);
-        put_str(&b, ",\"dur_ns\":");
-        put_u64(&b, dur);
-        put_str(&b, ",\"lib\":\"");
-        put_str(&b, ca_lib_name(r->lib));
-        put_str(&b, "\",\"from\":\"");
-        put_str(&b, ca_from_name(r->from));
-        put_str(&b, "\",\"name\":\"");
-        put_str(&b, d->name);
-        put_str(&b, "\",\"args\":{");
-        put_args(&b, d, r, 1);
-        put_str(&b, "},\"out\":{");
-        put_outs(&b, d, r, 1);
-        put_str(&b, "},\"result\":");
-        put_i64(&b, r->result);
-        put_str(&b, ",");
-        put_result_json(&b, r, "result_name");
-        for (unsigned i = 0; i < r->nstack; i++) {
-            put_str(&b, i ? "\",\"" : ",\"stack\":[\"");
-            put_hex(&b, r->stack[i]);
-        }
-        put_str(&b, r->nstack ? "\"]}" : "}");
+        o = w_mem(o, ids->text, ids->len);
+        o = w_u64(o, t);
+        o = W_LIT(o, ",\"dur_ns\":");
+        o = w_u64(o, dur);
+        o = W_LIT(o, ",\"lib\":\"");
+        o = w_str(o, lib_name(r->lib));
+        o = W_LIT(o, "\",\"from\":\"");
+        o = w_str(o, from_name(r->from));
+        o = W_LIT(o, "\",\"name\":\"");
+        o = w_mem(o, pl->json_name, pl->json_name_len);
+        o = w_args(o, pl, r, 1);
+        o = W_LIT(o, "},\"out\":{");
+        o = w_outs(o, pl, r, 1);
+        o = W_LIT(o, "},\"result\":");
+        o = w_i64(o, r->result);
+        o = W_LIT(o, ",\"result_name\":");
+        o = w_result_json(o, r);
+        o = w_stack(o, r);
+        *o++ = '}';
         break;
     case CS_TRACE_PERFETTO:
-        put_str(&b, "{\"name\":\"");
-        put_str(&b, d->name);
-        put_str(&b, "\",\"cat\":\"");
-        put_str(&b, ca_lib_name(r->lib));
-        put_str(&b, "\",\"ph\":\"X\",\"ts\":");
-        put_fixed(&b, t, 3);
-        put_str(&b, ",\"dur\":");
-        put_fixed(&b, dur, 3);
-        put_str(&b, ",\"pid\":");
-        put_i64(&b, c->pid);
-        put_str(&b, ",\"tid\":");
-        put_i64(&b, tid);
-        put_str(&b, ",\"args\":{\"from\":\"");
-        put_str(&b, ca_from_name(r->from));
-        put_str(&b, "\",");
-        put_result_json(&b, r, "result");
-        put_str(&b, ",\"args\":{");
-        put_args(&b, d, r, 1);
-        put_str(&b, "},\"out\":{");
-        put_outs(&b, d, r, 1);
-        put_str(&b, "}}}");
-        return b.n; /* the writer puts the separators between events */
+        o = w_mem(o, pl->pf_head, pl->pf_head_len);
+        o = w_str(o, lib_name(r->lib));
+        o = W_LIT(o, "\",\"ph\":\"X\",\"ts\":");
+        o = w_fixed(o, t, 3);
+        o = W_LIT(o, ",\"dur\":");
+        o = w_fixed(o, dur, 3);
+        o = w_mem(o, ids->text, ids->len);
+        o = w_str(o, from_name(r->from));
+        o = W_LIT(o, "\",\"result\":");
+        o = w_result_json(o, r);
+        o = W_LIT(o, ",\"args\":{");
+        o = w_args(o, pl, r, 1);
+        o = W_LIT(o, "},\"out\":{");
+        o = w_outs(o, pl, r, 1);
+        o = W_LIT(o, "}}}");
+        return (size_t)(o - buf); /* the writer puts the separators between events */
     default: {
-        put_str(&b, "[Intercepted] ");
-        put_str(&b, d->name);
-        put_str(&b, "(");
-        put_args(&b, d, r, 0);
-        put_str(&b, ") = ");
+        o = w_mem(o, pl->text_head, pl->text_head_len);
+        o = w_args(o, pl, r, 0);
+        o = W_LIT(o, ") = ");
         const char *rn = result_name(r);
-        if (rn)
-            put_str(&b, rn);
-        else
-            put_i64(&b, r->result);
-        put_outs(&b, d, r, 0);
-        put_str(&b, " [");
-        put_str(&b, ca_lib_name(r->lib));
-        put_str(&b, ", from ");
-        put_str(&b, ca_from_name(r->from));
-        put_str(&b, ", pid ");
-        put_i64(&b, c->pid);
-        put_str(&b, ", tid ");
-        put_i64(&b, tid);
-        put_str(&b, ", at ");
-        put_fixed(&b, t, 9);
-        put_str(&b, " s, ");
-        put_fixed(&b, dur, 3);
-        put_str(&b, " us]");
+        o = rn ? w_str(o, rn) : w_i64(o, r->result);
+        o = w_outs(o, pl, r, 0);
+        o = W_LIT(o, " [");
+        o = w_str(o, lib_name(r->lib));
+        o = W_LIT(o, ", from ");
+        o = w_str(o, from_name(r->from));
+        o = w_mem(o, ids->text, ids->len);
+        o = w_fixed(o, t, 9);
+        o = W_LIT(o, " s, ");
+        o = w_fixed(o, dur, 3);
+        o = W_LIT(o, " us]");
         break;
     }
     }
-    b.p[b.n++] = '\n'; /* put always leaves room for it */
-    return b.n;
+    *o++ = '\n';
+    return (size_t)(o - buf);
 }
 
 size_t ca_format_counter(const ca_fmt_ctx *c, const ca_rec *r, char *buf, size_t cap)
 {
-    sb b = {buf, 0, cap};
+    (void)cap; /* at most about 120 bytes */
     uint64_t t = r->t1 >= c->t_origin ? r->t1 - c->t_origin : 0;
-    put(&b, "{\"name\":\"device bytes\",\"ph\":\"C\",\"ts\":%" PRIu64 ".%03u,\"pid\":%d,"
-            "\"args\":{\"%s\":%" PRId64 "}}",
-        t / 1000, (unsigned)(t % 1000), c->pid, ca_lib_name(r->lib), r->bytes);
-    return b.n;
+    char *o = W_LIT(buf, "{\"name\":\"device bytes\",\"ph\":\"C\",\"ts\":");
+    o = w_fixed(o, t, 3);
+    o = W_LIT(o, ",\"pid\":");
+    o = w_i64(o, c->pid);
+    o = W_LIT(o, ",\"args\":{\"");
+    o = w_str(o, lib_name(r->lib));
+    o = W_LIT(o, "\":");
+    o = w_i64(o, r->bytes);
+    o = W_LIT(o, "}}");
+    return (size_t)(o - buf);
 }

@@ -5,7 +5,7 @@
 
 #include <stdint.h>
 
-#include "ca_internal.h"
+#include "ca_rec.h"
 
 /* on: keep the accounting (Perfetto format); off: ca_mem_account always says -1. */
 void ca_mem_init(int on);

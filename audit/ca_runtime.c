@@ -1,45 +1,17 @@
-/* Hand-written wrappers: cudart's memory entry points (when a program binds a shared
- * libcudart), and libc's fork (so the trace follows the program's fork). The runtime
- * types are spelled as their ABI (cudaError_t is an int-sized enum, cudaStream_t a
- * pointer), so this file needs no cuda_runtime_api.h. */
-#include "ca_internal.h"
+/* Hand-written wrappers (layer 2, see ca_desc.h): cudart's memory entry points (when a
+ * program binds a shared libcudart), libc's fork (so the trace follows the program's fork)
+ * and _exit (so the file is finished), and the shim's dlsym. The runtime types are spelled
+ * as their ABI (cudaError_t is an int-sized enum, cudaStream_t a pointer), so this file
+ * needs no cuda_runtime_api.h. */
+#include "ca_symbols.h"
 
 #include <dlfcn.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/types.h>
 
 typedef int rt_err; /* cudaError_t */
 typedef void *rt_stream; /* cudaStream_t */
-
-#define PTR(n) {n, CA_K_PTR, sizeof(void *), 0, 0, 0, 0}
-#define OUTPTR(n) {n, CA_K_PTR, sizeof(void *), 0, 1, CA_K_PTR, sizeof(void *)} /* void ** */
-#define SIZE(n) {n, CA_K_INT, sizeof(size_t), 0, 0, 0, 0}
-#define OUTSIZE(n) {n, CA_K_PTR, sizeof(void *), 0, 0, CA_K_INT, sizeof(size_t)} /* size_t * */
-
-static const ca_param p_malloc[] = {OUTPTR("devPtr"), SIZE("size")};
-static const ca_param p_free[] = {PTR("devPtr")};
-static const ca_param p_malloc_async[] = {OUTPTR("devPtr"), SIZE("size"), PTR("hStream")};
-static const ca_param p_free_async[] = {PTR("devPtr"), PTR("hStream")};
-static const ca_param p_malloc_host[] = {OUTPTR("ptr"), SIZE("size")};
-static const ca_param p_free_host[] = {PTR("ptr")};
-static const ca_param p_mem_get_info[] = {OUTSIZE("free"), OUTSIZE("total")};
-
-static const ca_fn_desc rt_desc[CA_FN_COUNT - CA_RT_FIRST] = {
-    [CA_RT_cudaMalloc - CA_RT_FIRST] = {"cudaMalloc", 2, p_malloc},
-    [CA_RT_cudaFree - CA_RT_FIRST] = {"cudaFree", 1, p_free},
-    [CA_RT_cudaMallocAsync - CA_RT_FIRST] = {"cudaMallocAsync", 3, p_malloc_async},
-    [CA_RT_cudaMallocAsync_ptsz - CA_RT_FIRST] = {"cudaMallocAsync_ptsz", 3, p_malloc_async},
-    [CA_RT_cudaFreeAsync - CA_RT_FIRST] = {"cudaFreeAsync", 2, p_free_async},
-    [CA_RT_cudaFreeAsync_ptsz - CA_RT_FIRST] = {"cudaFreeAsync_ptsz", 2, p_free_async},
-    [CA_RT_cudaMallocHost - CA_RT_FIRST] = {"cudaMallocHost", 2, p_malloc_host},
-    [CA_RT_cudaFreeHost - CA_RT_FIRST] = {"cudaFreeHost", 1, p_free_host},
-    [CA_RT_cudaMemGetInfo - CA_RT_FIRST] = {"cudaMemGetInfo", 2, p_mem_get_info},
-};
-
-const ca_fn_desc *ca_desc(unsigned fn)
-{
-    return fn < CA_GEN_COUNT ? &ca_gen_desc[fn] : &rt_desc[fn - CA_RT_FIRST];
-}
 
 static void *rt_real[CA_FN_COUNT - CA_RT_FIRST];
 
@@ -61,7 +33,7 @@ static void out_size(ca_rec *r, int k, size_t *p)
 /* The pattern of every runtime wrapper: begin, arguments, call, out-values, end. */
 #define RT_CALL(FN, TYPE, ARGS, RECORD_ARGS, OUTS)                   \
     do {                                                             \
-        ca_rec *r = ca_begin(FN, CA_LIB_RUNTIME, __builtin_return_address(0)); \
+        ca_rec *r = ca_begin(FN, CA_LIB_RUNTIME, ca_from_of(__builtin_return_address(0))); \
         if (!r)                                                      \
             return REAL(FN, TYPE) ARGS;                              \
         RECORD_ARGS;                                                 \
@@ -150,9 +122,11 @@ static const struct {
 
 void *ca_runtime_bind(const char *name, void *real)
 {
+    int fn = ca_lookup_runtime(name);
+    if (fn < 0)
+        return NULL;
     for (size_t i = 0; i < sizeof rt_wrappers / sizeof rt_wrappers[0]; i++) {
-        int fn = rt_wrappers[i].fn;
-        if (strcmp(name, rt_desc[fn - CA_RT_FIRST].name) != 0)
+        if (rt_wrappers[i].fn != fn)
             continue;
         rt_real[fn - CA_RT_FIRST] = real;
         return ca_traced[fn] ? rt_wrappers[i].wrapper : NULL;
@@ -176,10 +150,40 @@ static pid_t w_fork(void)
     return pid;
 }
 
-void *ca_fork_bind(void *real)
+/* ---- _exit and _Exit: the process ends without exit()'s destructors ----------------------------- */
+
+typedef void (*exit_fn)(int);
+static exit_fn real_exit, real_Exit;
+
+static void w_exit(int status)
 {
-    real_fork = (fork_fn)(uintptr_t)real;
-    return FNPTR(w_fork);
+    ca_trace_exit();
+    real_exit(status);
+    __builtin_unreachable();
+}
+
+static void w_Exit(int status)
+{
+    ca_trace_exit();
+    real_Exit(status);
+    __builtin_unreachable();
+}
+
+void *ca_libc_bind(const char *name, void *real)
+{
+    if (strcmp(name, "fork") == 0) {
+        real_fork = (fork_fn)(uintptr_t)real;
+        return FNPTR(w_fork);
+    }
+    if (strcmp(name, "_exit") == 0) {
+        real_exit = (exit_fn)(uintptr_t)real;
+        return FNPTR(w_exit);
+    }
+    if (strcmp(name, "_Exit") == 0) {
+        real_Exit = (exit_fn)(uintptr_t)real;
+        return FNPTR(w_Exit);
+    }
+    return NULL;
 }
 
 /* ---- the shim's dlsym ------------------------------------------------------------------------------
@@ -187,7 +191,7 @@ void *ca_fork_bind(void *real)
  * With libcacheshim.so preloaded, a program's dlsym(libcuda, "cuGetProcAddress_v2") reaches
  * the shim's dlsym, which answers with the shim's own function: no binding for ld.so to
  * report. This wrapper maps what the shim answers by address (the shim's exported cu*
- * functions are in the table, see ca_audit.c), so the program's calls into the shim are
+ * functions are in the table, see ca_symbols.c), so the program's calls into the shim are
  * traced as lib "shim". RTLD_DEFAULT and RTLD_NEXT depend on who calls dlsym (glibc looks
  * at the return address): those go to the shim by a tail call, as if the program had
  * called it, and are not mapped. */

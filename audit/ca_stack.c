@@ -1,14 +1,22 @@
 /* Call sites: glibc's backtrace() at each traced allocation (when CACHESHIM_TRACE_STACK asks
- * for it), the tracer's own frames left out; at format time (the writer thread), the object
- * of each address through dladdr1, its path, load bias and GNU build-id read from its
- * program headers in memory, written once per object and file. Only libc and libdl. */
+ * for it), on the calling thread as its record is begun, the tracer's own frames left out;
+ * as the record is written (on the same thread), the object of each address through
+ * dladdr1, its path, load bias and GNU build-id read from its program headers in memory,
+ * written once per object and file. Only libc and libdl.
+ *
+ * Any thread may write a record: the objects table is read without a lock (entries are
+ * published by a release store of the count and never change after), a new entry is looked
+ * up with no lock held (dladdr1 takes ld.so's lock) and added under a lock held only for the
+ * copy, and whose line goes in this process's file is decided by one exchange. */
 #include "ca_stack.h"
 
 #include <dlfcn.h>
 #include <elf.h>
 #include <execinfo.h>
 #include <link.h>
+#include <pthread.h>
 #include <stdio.h>
+#include <string.h>
 #include <unistd.h>
 
 unsigned char ca_stack_fn[CA_FN_COUNT];
@@ -68,18 +76,19 @@ unsigned ca_stack_capture(uint64_t *pcs)
     return k;
 }
 
-/* ---- objects, at format time ------------------------------------------------------------- */
+/* ---- objects, as records are written ------------------------------------------------------ */
 
 #define MAX_OBJECTS 512
 
 typedef struct {
     uintptr_t lo, hi;
-    int written_pid; /* the process whose file has its line; 0 none */
+    int written_pid; /* atomic: the process whose file has its line; 0 none */
     char line[1200]; /* its JSON line without pid, "" when it has no usable path */
 } object;
 
 static object g_obj[MAX_OBJECTS];
-static int g_nobj;
+static int g_nobj;                                         /* atomic: entries published */
+static pthread_mutex_t g_add_lock = PTHREAD_MUTEX_INITIALIZER; /* adding an entry */
 
 static size_t hex_of(const unsigned char *p, size_t n, char *out, size_t cap)
 {
@@ -138,37 +147,55 @@ static int json_escape(const char *s, char *out, size_t cap)
     return 1;
 }
 
+static object *known_object(uintptr_t pc, int from, int to)
+{
+    for (int i = from; i < to; i++)
+        if (pc >= g_obj[i].lo && pc < g_obj[i].hi)
+            return &g_obj[i];
+    return NULL;
+}
+
 /* The object holding pc: known, or found through dladdr1 and added; NULL when none. */
 static object *object_of(uintptr_t pc)
 {
-    for (int i = 0; i < g_nobj; i++)
-        if (pc >= g_obj[i].lo && pc < g_obj[i].hi)
-            return &g_obj[i];
+    int n = __atomic_load_n(&g_nobj, __ATOMIC_ACQUIRE);
+    object *known = known_object(pc, 0, n);
+    if (known)
+        return known;
     Dl_info info;
     struct link_map *lm = NULL;
-    if (g_nobj == MAX_OBJECTS || !dladdr1((void *)pc, &info, (void **)&lm, RTLD_DL_LINKMAP) ||
+    if (n == MAX_OBJECTS || !dladdr1((void *)pc, &info, (void **)&lm, RTLD_DL_LINKMAP) ||
         !lm || !info.dli_fbase)
         return NULL;
-    object *o = &g_obj[g_nobj];
-    object_range(info.dli_fbase, lm->l_addr, &o->lo, &o->hi);
-    if (pc < o->lo || pc >= o->hi)
+    object o;
+    object_range(info.dli_fbase, lm->l_addr, &o.lo, &o.hi);
+    if (pc < o.lo || pc >= o.hi)
         return NULL;
     char path[1024] = "", esc[800], id[130];
     const char *name = lm->l_name;
     if (!name || !name[0]) { /* the main program */
-        ssize_t n = readlink("/proc/self/exe", path, sizeof path - 1);
-        path[n > 0 ? n : 0] = '\0';
+        ssize_t k = readlink("/proc/self/exe", path, sizeof path - 1);
+        path[k > 0 ? k : 0] = '\0';
         name = path;
     }
     build_id(info.dli_fbase, lm->l_addr, id, sizeof id);
-    o->line[0] = '\0';
+    o.line[0] = '\0';
     if (name[0] && json_escape(name, esc, sizeof esc))
-        snprintf(o->line, sizeof o->line,
+        snprintf(o.line, sizeof o.line,
                  "\"object\":\"%s\",\"base\":\"0x%lx\",\"build_id\":\"%s\"}", esc,
                  (unsigned long)lm->l_addr, id);
-    o->written_pid = 0;
-    g_nobj++;
-    return o;
+    o.written_pid = 0;
+    /* Another thread may have added it meanwhile. */
+    pthread_mutex_lock(&g_add_lock);
+    int now = __atomic_load_n(&g_nobj, __ATOMIC_RELAXED);
+    object *added = known_object(pc, n, now);
+    if (!added && now < MAX_OBJECTS) {
+        added = &g_obj[now];
+        memcpy(added, &o, sizeof o);
+        __atomic_store_n(&g_nobj, now + 1, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&g_add_lock);
+    return added;
 }
 
 size_t ca_stack_objects(int pid, const ca_rec *r, char *buf, size_t cap)
@@ -176,13 +203,19 @@ size_t ca_stack_objects(int pid, const ca_rec *r, char *buf, size_t cap)
     size_t n = 0;
     for (unsigned i = 0; i < r->nstack; i++) {
         object *o = object_of((uintptr_t)r->stack[i]);
-        if (!o || o->written_pid == pid || !o->line[0])
+        if (!o || !o->line[0] || __atomic_load_n(&o->written_pid, __ATOMIC_RELAXED) == pid)
             continue;
         int k = snprintf(buf + n, cap - n, "{\"pid\":%d,%s\n", pid, o->line);
         if (k < 0 || (size_t)k >= cap - n) /* no room now: with a later record */
             break;
-        n += (size_t)k;
-        o->written_pid = pid;
+        if (__atomic_exchange_n(&o->written_pid, pid, __ATOMIC_RELAXED) != pid)
+            n += (size_t)k; /* else another thread's record has it */
     }
     return n;
+}
+
+/* A thread of the parent may have been adding an entry: its copy was not published. */
+void ca_stack_fork_child(void)
+{
+    pthread_mutex_init(&g_add_lock, NULL);
 }

@@ -220,12 +220,8 @@ static void parse_trace(trace *t)
     size_t len;
     bool cut;
     int more;
-    long lineno = 0;
     while ((more = tr_next(&in, &buf, &len, &cut)) == 1) {
-        lineno++;
-        if (len != strlen(buf))
-            malformed(t->path, lineno, "(line contains a NUL byte)");
-
+        long lineno = (long)in.lineno;
         char copy[256];
         snprintf(copy, sizeof copy, "%s", buf);
         replay_event r;

@@ -76,19 +76,15 @@ int replay_trace_read(replay_trace *t, tr_input *in)
     char *buf;
     size_t len;
     bool cut;
-    long lineno = 0;
     while (rc == 0 && (got = tr_next(in, &buf, &len, &cut)) == 1) {
-        lineno++;
         char copy[256];
         snprintf(copy, sizeof copy, "%s", buf);
         replay_event e;
-        bool nul = len != strlen(buf);
-        int r = nul ? -1 : replay_trace_parse_line(buf, &e);
-        if (r < 0 && cut) { /* the program died while writing it */
-            fprintf(stderr, "%s: %s:%ld: the last line is cut short (the program died while "
-                    "writing it?): skipped\n", in->tool, in->path, lineno);
+        int r = replay_trace_parse_line(buf, &e);
+        if (r < 0 && cut) { /* cut off where the program died (trace_input.h) */
+            tr_cut(in);
         } else if (r < 0) {
-            rc = malformed(in, lineno, nul ? "(line contains a NUL byte)" : copy);
+            rc = malformed(in, (long)in->lineno, copy);
         } else if (r > 0 && !replay_trace_push(t, e)) {
             fprintf(stderr, "%s: out of memory\n", in->tool);
             rc = 2;
@@ -96,9 +92,8 @@ int replay_trace_read(replay_trace *t, tr_input *in)
     }
     if (rc == 0 && got < 0)
         rc = 2;
-    if (rc == 0 && in->gz_cut)
-        fprintf(stderr, "%s: %s: the gzip stream ends early (cut short): read as far as it "
-                "goes\n", in->tool, in->path);
+    if (rc == 0)
+        tr_done(in, t->nev);
     return rc;
 }
 

@@ -78,7 +78,6 @@ typedef struct {
     rp_event *ev;          /* sorted by rp_when, then line */
     size_t nev, evcap;
     uint64_t other_lines;  /* JSON Lines: lines not starting with '{' (a program's own output) */
-    bool cut;              /* the last line was cut short (and skipped) */
     rp_object *obj;        /* call sites' objects, in file order */
     size_t nobj, objcap;
     /* Interned strings: names and result names. */

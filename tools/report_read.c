@@ -159,24 +159,22 @@ bool rp_object_add(rp_trace *t, const rp_object *o)
     return true;
 }
 
-/* A line that could not be read as a record. The last line of a trace whose program died
- * while writing it can be cut anywhere: without a newline after it, it is skipped with a
- * note, and the report goes on. */
-static int bad_line(rp_trace *t, uint64_t lineno, bool cut, const char *why, size_t col,
+/* A line that could not be read as a record: a record cut off where the traced program died
+ * when it was cut (followed by zero bytes or the end of the file: trace_input.h), left out
+ * and counted; anywhere else a malformed line, which stops the run. */
+static int bad_line(rp_trace *t, tr_input *in, bool cut, const char *why, size_t col,
                     const char *copy)
 {
     if (cut) {
-        fprintf(stderr, REPORT_NAME ": %s:%" PRIu64 ": the last line is cut short (the program "
-                "died while writing it?): skipped\n", t->path, lineno);
-        t->cut = true;
+        tr_cut(in);
         return 0;
     }
     if (col)
-        fprintf(stderr, REPORT_NAME ": %s:%" PRIu64 ": malformed line (%s at column %zu): "
-                "%.200s\n", t->path, lineno, why, col, copy);
+        fprintf(stderr, REPORT_NAME ": %s:%lu: malformed line (%s at column %zu): %.200s\n",
+                t->path, in->lineno, why, col, copy);
     else
-        fprintf(stderr, REPORT_NAME ": %s:%" PRIu64 ": malformed line (%s): %.200s\n",
-                t->path, lineno, why, copy);
+        fprintf(stderr, REPORT_NAME ": %s:%lu: malformed line (%s): %.200s\n", t->path,
+                in->lineno, why, copy);
     return 2;
 }
 
@@ -187,18 +185,15 @@ static int read_lines(rp_trace *t, tr_input *in)
     char *buf, copy[256], other[256] = "";
     size_t len;
     bool cut;
-    uint64_t lineno = 0, first_other = 0;
+    uint64_t first_other = 0;
     while (rc == 0 && (got = tr_next(in, &buf, &len, &cut)) == 1) {
-        lineno++;
+        uint64_t lineno = in->lineno;
         snprintf(copy, sizeof copy, "%s", buf);
-        if (len != strlen(buf)) {
-            if (cut)
-                bad_line(t, lineno, cut, NULL, 0, NULL);
-            else
-                fprintf(stderr, REPORT_NAME ": %s:%" PRIu64 ": malformed line (a NUL byte)\n",
-                        path, lineno);
-            rc = cut ? 0 : 2;
-            break;
+        if (!strncmp(buf, "{\"cacheshim_lost\":", 18)) { /* the tracer's note of a write error */
+            fprintf(stderr, REPORT_NAME ": %s:%" PRIu64 ": %llu calls were not written "
+                    "(the tracer's note: %.200s)\n", path, lineno, strtoull(buf + 18, NULL, 10),
+                    buf);
+            continue;
         }
         if (t->format == UNKNOWN) {
             const char *s = buf + strspn(buf, " \t");
@@ -246,7 +241,7 @@ static int read_lines(rp_trace *t, tr_input *in)
             e.line = lineno;
         }
         if (got == -1)
-            rc = bad_line(t, lineno, cut, why, col, copy);
+            rc = bad_line(t, in, cut, why, col, copy);
         else if (got == -2 || (got == 1 && !push(t, &e))) {
             fprintf(stderr, REPORT_NAME ": out of memory\n");
             rc = 1;
@@ -254,9 +249,8 @@ static int read_lines(rp_trace *t, tr_input *in)
     }
     if (rc == 0 && got < 0)
         rc = got == -2 ? 1 : 2;
-    if (rc == 0 && in->gz_cut)
-        fprintf(stderr, REPORT_NAME ": %s: the gzip stream ends early (cut short): reported "
-                "as far as it goes\n", path);
+    if (rc == 0)
+        tr_done(in, t->nev);
     return rc;
 }
 

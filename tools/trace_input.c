@@ -12,7 +12,7 @@
 
 int tr_open(tr_input *in, const char *path, const char *tool)
 {
-    *in = (tr_input){.path = path, .tool = tool};
+    *in = (tr_input){.path = path, .tool = tool, .new_line = true};
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
         fprintf(stderr, "%s: %s: %s\n", tool, path, strerror(errno));
@@ -32,7 +32,7 @@ int tr_open(tr_input *in, const char *path, const char *tool)
 
 void tr_open_mem(tr_input *in, const void *data, size_t len, const char *path, const char *tool)
 {
-    *in = (tr_input){.mem = data, .memlen = len, .path = path, .tool = tool};
+    *in = (tr_input){.mem = data, .memlen = len, .path = path, .tool = tool, .new_line = true};
 }
 
 /* More raw bytes after the ones not taken yet; false at the end or after a message
@@ -88,55 +88,99 @@ static bool append(tr_input *in, size_t *n, const char *p, size_t k)
     return true;
 }
 
-int tr_next(tr_input *in, char **line, size_t *len, bool *cut)
+static const char *avail_bytes(const tr_input *in, size_t *avail)
 {
-    size_t n = 0;
-    bool any = false;
+    *avail = in->mem ? in->memlen - in->mempos : in->rlen - in->rpos;
+    return in->mem ? in->mem + in->mempos : in->raw + in->rpos;
+}
+
+static void take_bytes(tr_input *in, size_t n)
+{
+    if (in->mem)
+        in->mempos += n;
+    else
+        in->rpos += n;
+}
+
+/* How a piece of a line ends. */
+enum { AT_NEWLINE = '\n', AT_ZEROS = 0, AT_END = -3 };
+
+/* The bytes up to the next '\n' or zero byte appended to in->line (*n long), and how they
+ * end, the stop taken too: AT_NEWLINE, AT_ZEROS (the whole run of zero bytes), AT_END (the
+ * end of the input); -1 after a message, -2 out of memory. */
+static int piece(tr_input *in, size_t *n)
+{
     int err = 0;
     for (;;) {
-        const char *buf = in->mem ? in->mem + in->mempos : in->raw + in->rpos;
-        size_t avail = in->mem ? in->memlen - in->mempos : in->rlen - in->rpos;
+        size_t avail;
+        const char *buf = avail_bytes(in, &avail);
         const char *nl = memchr(buf, '\n', avail);
-        size_t take = nl ? (size_t)(nl - buf) : avail;
-        if (!append(in, &n, buf, take)) {
+        const char *stop = memchr(buf, '\0', nl ? (size_t)(nl - buf) : avail);
+        stop = stop ? stop : nl;
+        size_t take = stop ? (size_t)(stop - buf) : avail;
+        if (!append(in, n, buf, take)) {
             fprintf(stderr, "%s: out of memory\n", in->tool);
             return -2;
         }
-        any |= take > 0;
-        if (in->mem)
-            in->mempos += take + (nl != NULL);
-        else
-            in->rpos += take + (nl != NULL);
-        if (nl) {
-            *cut = false;
-            break;
+        take_bytes(in, take);
+        if (stop && *stop == '\n') {
+            take_bytes(in, 1);
+            return AT_NEWLINE;
         }
-        if (!fill(in, &err)) {
-            if (err)
-                return -1;
-            if (!any)
-                return 0;
-            *cut = true;
-            break;
+        if (stop) { /* the run of zero bytes, across refills */
+            for (;;) {
+                buf = avail_bytes(in, &avail);
+                size_t z = 0;
+                while (z < avail && buf[z] == '\0')
+                    z++;
+                take_bytes(in, z);
+                if (z < avail || !fill(in, &err))
+                    return err ? -1 : AT_ZEROS;
+            }
         }
+        if (!fill(in, &err))
+            return err ? -1 : AT_END;
     }
-    char *s = in->line;
-    size_t skip = 0;
-    while (skip < n && s[skip] == '\0') /* zero bytes a crash left before the line */
-        skip++;
-    if (*cut)
-        while (n > skip && s[n - 1] == '\0') /* the zero-filled end of the file */
+}
+
+int tr_next(tr_input *in, char **line, size_t *len, bool *cut)
+{
+    for (;;) {
+        if (in->new_line) {
+            in->lineno++;
+            in->new_line = false;
+        }
+        size_t n = 0;
+        int stop = piece(in, &n);
+        if (stop == -1 || stop == -2)
+            return stop;
+        in->new_line = stop == AT_NEWLINE;
+        char *s = in->line;
+        if (stop == AT_NEWLINE && n > 0 && s[n - 1] == '\r')
             n--;
-    if (*cut && n == skip)
-        return 0;
-    n -= skip;
-    memmove(s, s + skip, n);
-    if (n > 0 && s[n - 1] == '\r' && !*cut)
-        n--;
-    s[n] = '\0';
-    *line = s;
-    *len = n;
-    return 1;
+        if (n == 0) { /* an empty line, or zero bytes: nothing to read */
+            if (stop == AT_END)
+                return 0;
+            continue;
+        }
+        s[n] = '\0';
+        *line = s;
+        *len = n;
+        *cut = stop != AT_NEWLINE;
+        return 1;
+    }
+}
+
+void tr_cut(tr_input *in) { in->ncut++; }
+
+void tr_done(const tr_input *in, size_t nread)
+{
+    if (in->ncut)
+        fprintf(stderr, "%s: %s: %lu record%s cut off where the traced program died, %zu read\n",
+                in->tool, in->path, in->ncut, in->ncut == 1 ? "" : "s", nread);
+    if (in->gz_cut)
+        fprintf(stderr, "%s: %s: the gzip stream ends early (cut short): read as far as it "
+                "goes\n", in->tool, in->path);
 }
 
 void tr_close(tr_input *in)

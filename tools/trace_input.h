@@ -1,10 +1,14 @@
 /* Reading a trace file line by line: plain or gzipped (zlib, by the content), or a buffer in
- * memory (the fuzzers). Shared by cacheshim-report and cacheshim-replay.
+ * memory (the fuzzers). Shared by cacheshim-report and cacheshim-replay: their one reading
+ * of the trace of a program that died (docs/report.md, "Input").
  *
- * A program that dies while tracing can leave its file cut anywhere, or, where the file was
- * extended before it was written, ending in zero bytes. So: NUL bytes at the start of a line
- * or at the end of the input belong to no line, and the caller is told when the last line
- * has no newline (it may be a record cut short), and when a gzip stream ends early. */
+ * The tracer grows its file ahead of the records and each thread copies its record into the
+ * space it took, so a program that dies leaves zero bytes at the end of the file, and, where
+ * a thread was killed in the middle of its copy, a record cut off followed by zero bytes
+ * (then the records of other threads, on the same line). So zero bytes belong to no line:
+ * they end the piece of a line before them, which the caller gets as cut (like a last line
+ * without a newline: it may be a record cut off), and what follows them is read on. The
+ * caller counts the cut pieces it cannot read (tr_cut); tr_done says it once. */
 #ifndef TRACE_INPUT_H
 #define TRACE_INPUT_H
 
@@ -23,16 +27,28 @@ typedef struct {
     size_t rpos, rlen;
     bool eof;
     bool gz_cut;              /* the gzip stream ended early */
+    bool new_line;            /* the next piece starts a new line */
+    unsigned long lineno;     /* the line the current piece is on, from 1 */
+    unsigned long ncut;       /* pieces cut off the caller could not read (tr_cut) */
 } tr_input;
 
 /* 0, or -1 after "TOOL: PATH: why" on stderr. */
 int tr_open(tr_input *in, const char *path, const char *tool);
 /* Reads len bytes at data (kept by the caller until tr_close). */
 void tr_open_mem(tr_input *in, const void *data, size_t len, const char *path, const char *tool);
-/* The next line without '\n' or "\r\n", NUL-terminated in *line, its length in *len (NUL
- * bytes inside count). *cut: the input ended without a newline after it. 1 for a line, 0 at
- * the end, -1 after a message (read error, a damaged gzip stream; -2 out of memory). */
+/* The next line without '\n' or "\r\n", or the piece of it before zero bytes, NUL-terminated
+ * in *line, its length in *len; its line number in in->lineno. Empty pieces and zero bytes
+ * are skipped. *cut: not ended by a newline (zero bytes or the end of the input came after
+ * it). 1 for a line, 0 at the end, -1 after a message (read error, a damaged gzip stream; -2
+ * out of memory). */
 int tr_next(tr_input *in, char **line, size_t *len, bool *cut);
+/* The caller could not read the cut piece it got: a record cut off where the program died,
+ * left out and counted. */
+void tr_cut(tr_input *in);
+/* The whole input was read: one line on stderr for the records cut off, if any ("TOOL: PATH:
+ * N records cut off where the traced program died, NREAD read"), and one for a gzip stream
+ * that ended early. */
+void tr_done(const tr_input *in, size_t nread);
 void tr_close(tr_input *in);
 
 #endif

@@ -9,9 +9,12 @@
 #include <cuda.h>
 #include <dlfcn.h>
 #include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -226,16 +229,68 @@ static void exit_from_thread(void)
     exit(1); /* not reached */
 }
 
+/* die HOW N: N allocations of 1 MiB, kept, then the end HOW: abort, _exit (status 3), kill
+ * (SIGKILL, which nothing can catch), segv (a write to a page mapped without access). */
+static void die(const char *how, int n)
+{
+    for (int i = 0; i < n; i++) {
+        CUdeviceptr p = 0;
+        CHECK(cuMemAlloc(&p, MiB) == CUDA_SUCCESS && p);
+    }
+    if (strcmp(how, "abort") == 0)
+        abort();
+    if (strcmp(how, "_exit") == 0)
+        _exit(3);
+    if (strcmp(how, "kill") == 0)
+        raise(SIGKILL);
+    if (strcmp(how, "segv") == 0) { /* a real fault: a page that may not be written */
+        volatile char *page = mmap(NULL, 4096, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        CHECK(page != MAP_FAILED);
+        *page = 1;
+    }
+    exit(2); /* unknown HOW */
+}
+
+/* die-busy HOW: THREADS threads allocate and free without end; once each has made 200
+ * pairs, the main thread ends the process as die does, in the middle of their calls. */
+static int started_pairs[THREADS];
+
+static void *busy_worker(void *arg)
+{
+    int k = (int)(intptr_t)arg;
+    CHECK(cuCtxSetCurrent(ctx) == CUDA_SUCCESS);
+    for (;;) {
+        pair(4096);
+        __atomic_add_fetch(&started_pairs[k], 1, __ATOMIC_RELAXED);
+    }
+    return NULL;
+}
+
+static void die_busy(const char *how)
+{
+    pthread_t t;
+    for (int i = 0; i < THREADS; i++)
+        CHECK(pthread_create(&t, NULL, busy_worker, (void *)(intptr_t)i) == 0);
+    for (int i = 0; i < THREADS; i++)
+        while (__atomic_load_n(&started_pairs[i], __ATOMIC_RELAXED) < 200)
+            usleep(100);
+    die(how, 0);
+}
+
 /* bench N [WORK]: N cuMemGetInfo calls, the cheapest traced entry point, each followed by
  * WORK iterations of a loop standing in for the program's own work between driver calls;
- * prints ns per call. */
-static void bench(long n, long work)
+ * prints ns per call. bench-launch N [WORK]: the same with cuLaunchKernel (of no kernel: the
+ * fake driver answers CUDA_ERROR_INVALID_HANDLE at once). */
+static void bench(long n, long work, int launch)
 {
     size_t f, t;
     struct timespec a, b;
     clock_gettime(CLOCK_MONOTONIC, &a);
     for (long i = 0; i < n; i++) {
-        cuMemGetInfo(&f, &t);
+        if (launch) /* a kernel launch's 11 arguments, as most of a framework's calls */
+            cuLaunchKernel(NULL, 1024, 1, 1, 128, 1, 1, 0, NULL, NULL, NULL);
+        else
+            cuMemGetInfo(&f, &t);
         for (volatile long w = 0; w < work; w++)
             ;
     }
@@ -268,8 +323,14 @@ int main(int argc, char **argv)
         spawn(argv[0]);
     else if (strcmp(s, "exit-thread") == 0)
         exit_from_thread();
+    else if (strcmp(s, "die") == 0 && argc > 3)
+        die(argv[2], atoi(argv[3]));
+    else if (strcmp(s, "die-busy") == 0 && argc > 2)
+        die_busy(argv[2]);
     else if (strcmp(s, "bench") == 0)
-        bench(argc > 2 ? atol(argv[2]) : 1000000, argc > 3 ? atol(argv[3]) : 0);
+        bench(argc > 2 ? atol(argv[2]) : 1000000, argc > 3 ? atol(argv[3]) : 0, 0);
+    else if (strcmp(s, "bench-launch") == 0)
+        bench(argc > 2 ? atol(argv[2]) : 1000000, argc > 3 ? atol(argv[3]) : 0, 1);
     else
         return 2;
     return 0;

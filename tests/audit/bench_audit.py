@@ -4,11 +4,10 @@ cuMemGetInfo_v2 calls through direct binding, each followed by WORK iterations o
 standing in for the program's own work, and prints ns per call. Runs each configuration 5
 times, alternating untraced and traced runs, and prints medians and the differences.
 
-Two regimes:
-- back to back (WORK=0): calls come faster than the writer thread can format them, so the
-  calling thread ends up formatting too; this is the tracer's throughput bound.
+Two regimes, the calling thread formatting and writing each record either way:
+- back to back (WORK=0): the tracer's throughput bound.
 - with work between calls (WORK=2000, about a microsecond or more, like a framework's
-  launches): the writer keeps up and the calling thread pays only for recording.
+  launches).
 
 Usage: bench_audit.py AUDIT_LIB PROG FAKE_DIR CUDART_DIR [N]
 """

@@ -12,6 +12,8 @@ text) and checks exact event counts. Exit 0 on success, 1 with a message on fail
 import json
 import os
 import re
+import resource
+import signal
 import stat
 import subprocess
 import sys
@@ -36,7 +38,8 @@ def check(cond, msg):
         fail(msg)
 
 
-def run(scenario, expect_rc=0, preload=None, **env_vars):
+def run(scenario, expect_rc=0, preload=None, args=(), preexec=None, stderr=subprocess.PIPE,
+        **env_vars):
     env = dict(os.environ)
     for k in list(env):
         if k.startswith("CACHESHIM_"):
@@ -57,10 +60,10 @@ def run(scenario, expect_rc=0, preload=None, **env_vars):
         # LD_AUDIT; the shim's leaks are checked by its own tests, without LD_AUDIT.
         env["ASAN_OPTIONS"] = "verify_asan_link_order=0:detect_leaks=0"
     env.update(env_vars)
-    p = subprocess.run([PROG, scenario], env=env, cwd=WORK, stdout=subprocess.PIPE,
-                       stderr=subprocess.PIPE, text=True, timeout=120)
+    p = subprocess.run([PROG, scenario, *args], env=env, cwd=WORK, stdout=subprocess.PIPE,
+                       stderr=stderr, text=True, timeout=120, preexec_fn=preexec)
     if p.returncode != expect_rc:
-        fail(f"{scenario}: exit {p.returncode}, expected {expect_rc}\n{p.stderr[-3000:]}")
+        fail(f"{scenario}: exit {p.returncode}, expected {expect_rc}\n{(p.stderr or '')[-3000:]}")
     return p
 
 
@@ -383,6 +386,42 @@ def case_fork():
     check(stat.S_IMODE(os.stat(cf).st_mode) == 0o600, "child file mode")
 
 
+def objects_and_records(ev):
+    objects = [e for e in ev if "object" in e]
+    return objects, [e for e in ev if "object" not in e]
+
+
+def case_stack_threads():
+    # Call sites from 8 threads at once: each object's line once in the file (the threads
+    # meet audit_prog and libc together), every allocation with its stack.
+    path = trace_file()
+    run("threads", CACHESHIM_TRACE_FORMAT="jsonl", CACHESHIM_TRACE_FILE=path,
+        CACHESHIM_TRACE_STACK="4")
+    objects, ev = objects_and_records(jsonl(read(only_file())))
+    paths = [o["object"] for o in objects]
+    check(len(paths) == len(set(paths)), f"an object described twice: {sorted(paths)}")
+    check(any(p.endswith("/audit_prog") for p in paths), f"audit_prog not among {paths}")
+    allocs = [e for e in ev if e["name"] == "cuMemAlloc_v2"]
+    check(len(allocs) == 8 * 700, f"{len(allocs)} allocations")
+    check(all(1 <= len(e.get("stack", [])) <= 4 for e in allocs), "an allocation without stack")
+    check(not any("stack" in e for e in ev if e["name"] != "cuMemAlloc_v2"), "a free's stack")
+
+
+def case_stack_fork():
+    # The child of fork describes its objects again in its own file, with its pid.
+    path = trace_file("trace.%p")
+    p = run("fork", CACHESHIM_TRACE_FORMAT="jsonl", CACHESHIM_TRACE_FILE=path,
+            CACHESHIM_TRACE_STACK="4")
+    child = int(re.search(r"child (\d+)", p.stdout).group(1))
+    for f in os.listdir(WORK):
+        objects, ev = objects_and_records(jsonl(read(os.path.join(WORK, f))))
+        pid = ev[0]["pid"]
+        check(all(o["pid"] == pid for o in objects), f"{f}: an object of another process")
+        check(any(o["object"].endswith("/audit_prog") for o in objects), f"{f}: no audit_prog")
+        check(all(e.get("stack") for e in ev if e["name"] == "cuMemAlloc_v2"), f"{f}: stacks")
+        check((pid == child) == (f == f"trace.{child}"), f"{f}: pid {pid}")
+
+
 def case_fork_perfetto():
     path = trace_file("trace.%p.json")
     run("fork", CACHESHIM_TRACE_FORMAT="perfetto", CACHESHIM_TRACE_FILE=path)
@@ -400,6 +439,121 @@ def case_exit_thread():
     check(sum(e["ph"] == "X" and e["name"] == "cuMemAlloc_v2" for e in ev) == 50,
           "50 allocations before exit() from a thread")
     check(sum(e["ph"] == "X" for e in ev) == 100, "100 events")
+
+
+# ---------------------------------------------------------------- deaths and write errors
+
+N_DIE = 10
+FORMATS = ("text", "jsonl", "perfetto")
+# How the program ends, and its exit status as subprocess reports it.
+DEATHS = {"abort": -signal.SIGABRT, "_exit": 3, "kill": -signal.SIGKILL, "segv": -signal.SIGSEGV}
+
+
+def perfetto_events(raw, finished):
+    """The events of a Chrome trace. A finished file must be strict JSON; the file of a killed
+    program is read as the docs tell a strict parser to: zero tail and last comma off, ]}
+    added."""
+    if finished:
+        check(b"\0" not in raw, "zero bytes in a finished file")
+        return json.loads(raw)["traceEvents"]
+    body = raw.rstrip(b"\0").decode().rstrip()
+    check(body.endswith(","), f"the end of a killed program's file: {body[-80:]!r}")
+    return json.loads(body[:-1] + "]}")["traceEvents"]
+
+
+def die_records(fmt, raw, finished):
+    """The cuMemAlloc_v2 records of a trace written by audit_prog die."""
+    if fmt == "perfetto":
+        ev = perfetto_events(raw, finished)
+        return [e for e in ev if e["ph"] == "X" and e["name"] == "cuMemAlloc_v2"]
+    text = raw.decode()
+    if finished:
+        check("\0" not in text and text.endswith("\n"), "a finished file ends in a whole line")
+    else:
+        check(text.rstrip("\0").endswith("\n") and "\0" not in text.rstrip("\0"),
+              "a killed program's file: whole lines, then zero bytes")
+    lines = text.rstrip("\0").splitlines()
+    if fmt == "jsonl":
+        return [e for e in jsonl("\n".join(lines)) if e["name"] == "cuMemAlloc_v2"]
+    return [l for l in lines if l.startswith("[Intercepted] cuMemAlloc_v2(")]
+
+
+def die_case(how):
+    for fmt in FORMATS:
+        path = trace_file(f"{how}.{fmt}")
+        # handle_segv=0: in the ASan build, the sanitizer would report the SIGSEGV and exit 1
+        # instead of letting the signal end the program.
+        asan = os.environ.get("ASAN_OPTIONS", "") + ":handle_segv=0"
+        run("die", DEATHS[how], args=(how, str(N_DIE)), CACHESHIM_TRACE_FORMAT=fmt,
+            CACHESHIM_TRACE_FILE=path, ASAN_OPTIONS=asan.lstrip(":"))
+        with open(path, "rb") as f:
+            raw = f.read()
+        recs = die_records(fmt, raw, finished=how != "kill")
+        check(len(recs) == N_DIE, f"{how}, {fmt}: {len(recs)} allocations in the trace, "
+                                  f"expected {N_DIE}")
+        if how == "kill":  # the rest of the file's last step of growth, never written
+            check(len(raw) % (1 << 20) == 0 and raw.endswith(b"\0"), f"{fmt}: size {len(raw)}")
+
+
+def case_die_abort():
+    die_case("abort")
+
+
+def case_die_exit():
+    die_case("_exit")
+
+
+def case_die_kill():
+    die_case("kill")
+
+
+def case_die_segv():
+    die_case("segv")
+
+
+def limit_file_size(n):
+    return lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (n, n))
+
+
+def case_full_disk():
+    """The file cannot grow past RLIMIT_FSIZE (as on a full disk): the program runs to its
+    end untouched (SIGXFSZ would kill it), one line on stderr, every call either in the file
+    or counted in the note at its end."""
+    calls = 8 * 700 * 2
+    for fmt in FORMATS:
+        path = trace_file(f"full.{fmt}")
+        p = run("threads", preexec=limit_file_size(int(1.5 * (1 << 20))),
+                CACHESHIM_TRACE_FORMAT=fmt, CACHESHIM_TRACE_FILE=path)
+        said = [l for l in p.stderr.splitlines() if l.startswith("cacheshim: ")]
+        check(said == [f"cacheshim: cannot write the trace to '{path}': File too large; calls "
+                       f"from now on are counted in the trace, not written"], f"{fmt}: {said}")
+        raw = read(path)
+        if fmt == "jsonl":
+            ev = jsonl(raw)
+            note = ev[-1]
+            check(set(note) == {"cacheshim_lost", "error"} and note["error"] == "File too large",
+                  f"the note {note}")
+            written, lost = len(ev) - 1, note["cacheshim_lost"]
+        elif fmt == "perfetto":
+            ev = json.loads(raw)["traceEvents"]
+            note = [e for e in ev if e["name"] == "cacheshim: calls not written"]
+            check(len(note) == 1 and note[0]["args"]["error"] == "File too large", f"{note}")
+            written, lost = sum(e["ph"] == "X" for e in ev), note[0]["args"]["lost"]
+        else:
+            lines = raw.splitlines()
+            m = re.fullmatch(r"\[cacheshim\] +(\d+) calls not written: File too large", lines[-1])
+            check(m, f"the note {lines[-1]!r}")
+            written, lost = len(lines) - 1, int(m.group(1))
+        check(lost > 0 and written + lost == calls,
+              f"{fmt}: {written} written + {lost} counted, expected {calls} calls")
+        check(len(raw) <= 1.5 * (1 << 20), f"{fmt}: {len(raw)} bytes")
+
+
+def case_stderr_full():
+    """The trace on stderr, which is /dev/full: every write fails; the program runs on."""
+    with open("/dev/full", "w") as full:
+        run("threads", stderr=full, CACHESHIM_TRACE_FORMAT="jsonl")
+        run("direct", stderr=full, CACHESHIM_TRACE_FORMAT="perfetto")
 
 
 CASES = {k[5:].replace("_", "-"): v for k, v in globals().items() if k.startswith("case_")}

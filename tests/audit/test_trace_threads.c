@@ -1,65 +1,109 @@
-/* The per-thread buffers under contention, in one process (so ThreadSanitizer sees the
- * tracer's own code): THREADS threads record CALLS calls each, several buffers' worth, while
- * the main thread flushes everyone's buffers in a loop, as exit() or fork() from another
- * thread would. Every call must be written exactly once. */
+/* The record writer under contention, in one process (so the sanitizers see the tracer's
+ * own code, and the shared mapping of the trace file):
+ *
+ *   test_audit_trace_threads count   THREADS threads record CALLS calls each, growing the
+ *                                    file many times: every call is in the file exactly once
+ *   test_audit_trace_threads end     the process ends (ca_trace_exit, as exit() or a fatal
+ *                                    signal does) while THREADS threads record: every line
+ *                                    in the finished file is a whole record
+ *   test_audit_trace_threads stack   as count, with call sites (CACHESHIM_TRACE_STACK=4):
+ *                                    the threads meet the objects of their stacks at once
+ *                                    (here libc's, as the test program is the tracer's own
+ *                                    code): each object's line is in the file exactly once,
+ *                                    every record has its stack */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-#include "ca_internal.h"
+#include "ca_format.h"
+#include "ca_stack.h"
+#include "ca_trace.h"
 #include "cs_options.h"
 
 #define THREADS 8
 #define CALLS 3000
 
-static int done;
+static int done, stop, end_early;
+
+static void record(int i)
+{
+    ca_rec *r = ca_begin(CA_FN_cuMemAlloc_v2, CA_LIB_DRIVER, CA_FROM_APP);
+    if (!r)
+        return; /* after the end */
+    r->arg[0] = 0x1000;
+    r->arg[1] = (uint64_t)i;
+    ca_started(r);
+    ca_stopped(r);
+    ca_set_out(r, 0, 0x7000 + (uint64_t)i);
+    ca_end(r, 0);
+}
 
 static void *worker(void *arg)
 {
     (void)arg;
-    for (int i = 0; i < CALLS; i++) {
-        ca_rec *r = ca_begin(CA_FN_cuMemAlloc_v2, CA_LIB_DRIVER, NULL);
-        if (!r)
-            abort();
-        r->arg[0] = 0x1000;
-        r->arg[1] = (uint64_t)i;
-        ca_started(r);
-        ca_stopped(r);
-        ca_set_out(r, 0, 0x7000 + (uint64_t)i);
-        ca_end(r, 0);
-    }
+    for (int i = 0; i < CALLS; i++)
+        record(i);
     __atomic_fetch_add(&done, 1, __ATOMIC_RELEASE);
+    for (int i = 0; end_early && !__atomic_load_n(&stop, __ATOMIC_ACQUIRE); i++)
+        record(i); /* until the end, and after it */
     return NULL;
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    end_early = argc > 1 && strcmp(argv[1], "end") == 0;
+    int stacks = argc > 1 && strcmp(argv[1], "stack") == 0;
     FILE *f = tmpfile();
     if (!f)
         return 1;
     ca_trace_init_fd(dup(fileno(f)), CS_TRACE_JSONL, "memory");
+    if (stacks)
+        ca_stack_init(4);
     pthread_t t[THREADS];
     for (int i = 0; i < THREADS; i++)
         pthread_create(&t[i], NULL, worker, NULL);
-    while (__atomic_load_n(&done, __ATOMIC_ACQUIRE) < THREADS)
-        ca_flush_all(0);
+    if (end_early) {
+        while (__atomic_load_n(&done, __ATOMIC_ACQUIRE) < 1)
+            usleep(100);
+        ca_trace_exit();
+        __atomic_store_n(&stop, 1, __ATOMIC_RELEASE);
+    }
     for (int i = 0; i < THREADS; i++)
         pthread_join(t[i], NULL);
-    ca_flush_all(1);
+    ca_trace_exit();
     rewind(f);
-    char line[CA_REC_TEXT_MAX + 2];
-    long lines = 0;
-    long sum = 0;
+    static char line[CA_REC_TEXT_MAX + 2], objects[16][CA_REC_TEXT_MAX + 2];
+    long lines = 0, whole = 0, sum = 0, nobj = 0, twice = 0, with_stack = 0;
     while (fgets(line, sizeof line, f)) {
+        size_t n = strlen(line);
+        if (strstr(line, "\"object\":")) {
+            for (long i = 0; i < nobj; i++)
+                twice += strcmp(objects[i], line) == 0;
+            if (nobj < 16)
+                snprintf(objects[nobj++], sizeof objects[0], "%s", line);
+            continue;
+        }
+        with_stack += strstr(line, "\"stack\":[\"0x") != NULL;
         lines++;
+        whole += n > 2 && line[0] == '{' && line[n - 2] == '}' && line[n - 1] == '\n';
         const char *b = strstr(line, "\"bytesize\":");
         if (b)
             sum += atol(b + 11);
     }
+    if (end_early) {
+        printf("%ld lines, %ld whole records\n", lines, whole);
+        return lines >= CALLS && whole == lines ? 0 : 1;
+    }
+    if (stacks) {
+        printf("%ld records with a stack of %ld, %ld objects, %ld written twice\n", with_stack,
+               lines, nobj, twice);
+        if (with_stack != lines || nobj == 0 || twice)
+            return 1;
+    }
     long want_sum = (long)THREADS * CALLS * (CALLS - 1) / 2;
-    printf("%ld lines (expected %d), size sum %ld (expected %ld)\n", lines, THREADS * CALLS, sum,
-           want_sum);
-    return lines == THREADS * CALLS && sum == want_sum ? 0 : 1;
+    printf("%ld lines (expected %d), %ld whole, size sum %ld (expected %ld)\n", lines,
+           THREADS * CALLS, whole, sum, want_sum);
+    return lines == THREADS * CALLS && whole == lines && sum == want_sum ? 0 : 1;
 }

@@ -8,7 +8,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "ca_internal.h"
+#include "ca_format.h"
+#include "ca_symbols.h"
 #include "cs_options.h"
 
 int ca_test_all_wrappers(int lib, int *called, int *intact);
@@ -24,10 +25,10 @@ int main(void)
         int called = 0, intact = 0;
         int ok = ca_test_all_wrappers(lib, &called, &intact);
         printf("%s: %d wrappers, %d forwarded the call, %d the exact arguments, %d the result\n",
-               ca_lib_name(lib), CA_GEN_COUNT, called, intact, ok);
+               lib == CA_LIB_DRIVER ? "driver" : "shim", CA_GEN_COUNT, called, intact, ok);
         failed |= ok != CA_GEN_COUNT || called != CA_GEN_COUNT || intact != CA_GEN_COUNT;
     }
-    ca_flush_all(1);
+    ca_trace_exit();
     rewind(f);
     char line[CA_REC_TEXT_MAX + 2];
     int lines = 0, whole = 0;

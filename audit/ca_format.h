@@ -1,0 +1,32 @@
+/* One record as text (layer 3, under ca_trace.c; see ca_desc.h). */
+#ifndef CA_FORMAT_H
+#define CA_FORMAT_H
+
+#include "ca_rec.h"
+
+typedef struct {
+    int format;        /* CS_TRACE_TEXT, _JSONL, _PERFETTO */
+    int pid;
+    uint64_t t_origin; /* ns: times are printed relative to it */
+} ca_fmt_ctx;
+
+/* What a thread's records share, kept by the thread: its pid and tid as the format writes
+ * them (zero-initialised; made at the first record and again when pid or tid change). */
+typedef struct {
+    int pid;
+    long tid;
+    uint8_t len;
+    char text[80];
+} ca_fmt_ids;
+
+/* One record as text into buf (cap: CA_REC_TEXT_MAX); returns the length, 0 when it cannot
+ * be formatted (no memory for the function's plan). Text and JSON Lines end in '\n'; a
+ * Chrome-trace event has no separator. */
+size_t ca_format_rec(const ca_fmt_ctx *c, const ca_rec *r, long tid, ca_fmt_ids *ids, char *buf,
+                     size_t cap);
+/* Perfetto: the counter event after r. */
+size_t ca_format_counter(const ca_fmt_ctx *c, const ca_rec *r, char *buf, size_t cap);
+/* Longest text of one record. */
+#define CA_REC_TEXT_MAX 8192
+
+#endif

@@ -1,0 +1,614 @@
+/* The trace file: records reach the file's pages before the traced call returns.
+ *
+ * A trace file is mapped MAP_SHARED into one range of address space reserved at the start.
+ * A record is appended by reserving its bytes (one compare-and-swap on the offset) and
+ * copying them into the mapping: no lock, no system call. The pages are the file's own page
+ * cache, which the kernel writes back whatever happens to the process, SIGKILL included.
+ * The file grows by CA_OUT_STEP at a time (posix_fallocate, so a full disk is an error
+ * here, never a SIGBUS on a page), each step mapped at the end of the last.
+ *
+ * So a file whose process died ends in the rest of its last step: zero bytes, which the
+ * readers skip (cacheshim-report, cacheshim-replay, Perfetto). A process that ends by
+ * exit(), _exit() or a fatal signal gets its file finished: cut to what was written, and a
+ * Chrome trace closed with "]}".
+ *
+ * stderr (the default), and any file that cannot be mapped, is written with one write() per
+ * record instead.
+ *
+ * Write errors (a full disk, RLIMIT_FSIZE, a closed pipe): one line on stderr, and from then
+ * on records are counted, not written; the count is a note at the end of the trace, kept
+ * up to date in the mapping. */
+#include "ca_out.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cs_options.h"
+
+/* How much the file grows at a time: what a killed process leaves as a zero tail. */
+#define CA_OUT_STEP ((size_t)1 << 20)
+/* Kept free at the end of the mapping for the note of lost records and the closing "]}". */
+#define NOTE_MAX 256
+/* How far the helper thread keeps the file grown (and its pages in memory) ahead of the
+ * records, so that the program's threads find their pages ready: no page fault, no system
+ * call. */
+#define CA_OUT_AHEAD (4 * CA_OUT_STEP)
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23 /* Linux 5.14 */
+#endif
+
+enum { OUT_NONE, OUT_PENDING, OUT_MAP, OUT_STREAM };
+
+static int g_mode = OUT_NONE;
+static int g_fd = -1;
+static int g_format; /* CS_TRACE_TEXT, _JSONL, _PERFETTO */
+static int g_array;  /* Chrome trace: records end in ",\n", the file in "]}" */
+static char g_tmpl[CS_TRACE_TEXT_MAX]; /* "" for stderr */
+static char g_path[CS_TRACE_TEXT_MAX + 32]; /* the file's name, for messages */
+/* 1 when the named file already existed at start: this process traces to PATH.PID, created
+ * at its first record, where it says so once (2: said, or a child of fork, which needn't). */
+static int g_name_taken;
+
+/* The mapping. g_off, g_mapped and g_limit are atomic; g_grow_lock serialises growth. */
+static char *g_base;
+static size_t g_reserved;
+static size_t g_mapped;
+static size_t g_limit; /* g_mapped - NOTE_MAX: records end at or before it */
+static size_t g_off;   /* bytes handed out */
+static pthread_mutex_t g_grow_lock = PTHREAD_MUTEX_INITIALIZER;
+/* The helper thread that grows the file ahead ("cacheshim-trace"): woken when the records
+ * pass g_kick (atomic); g_helper under g_grow_lock: 0 not started, 1 running, -1 none. */
+static pthread_cond_t g_grow_cond = PTHREAD_COND_INITIALIZER;
+static size_t g_kick = SIZE_MAX;
+static int g_helper, g_helper_wanted;
+
+/* One write() per record; the Chrome trace's commas go between records, under the lock. */
+static pthread_mutex_t g_stream_lock = PTHREAD_MUTEX_INITIALIZER;
+static long g_events;
+
+/* Errors. g_failed and g_lost are atomic. */
+static int g_failed;
+static uint64_t g_lost;
+static size_t g_note_at, g_note_len, g_note_count; /* map: the note and its count field */
+static char g_error[160];
+static int g_finished;
+
+static const char g_head[] = "{\"displayTimeUnit\":\"ns\",\"traceEvents\":[\n";
+
+/* ---- raw output ---------------------------------------------------------------------------- */
+
+/* 0, or the errno of the failure. Never blocks on a pipe that is full without the caller's
+ * consent: the program's own stderr writes would block the same way. */
+static int write_all(int fd, const char *p, size_t n)
+{
+    while (n > 0) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w < 0)
+            return errno;
+        if (w == 0)
+            return EIO;
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+void ca_out_say(const char *line)
+{
+    char buf[CS_TRACE_TEXT_MAX + 512];
+    int n = snprintf(buf, sizeof buf, "%s\n", line);
+    if (n > 0)
+        (void)write_all(2, buf, (size_t)n < sizeof buf ? (size_t)n : sizeof buf - 1);
+}
+
+/* ---- the note of lost records ------------------------------------------------------------------ */
+
+/* The count, right-aligned in 20 characters: the note keeps its length as it changes. */
+static void put_count(char *at, uint64_t v)
+{
+    char digits[21];
+    snprintf(digits, sizeof digits, "%20" PRIu64, v);
+    memcpy(at, digits, 20);
+}
+
+/* The note in the trace's format into buf; *count: where its 20-character count field is.
+ * JSON Lines: {"cacheshim_lost":N,"error":"..."}; text: "[cacheshim] N calls not written:
+ * ..."; Chrome trace: an instant event "cacheshim: calls not written" with args lost, error. */
+static size_t note_text(char *buf, size_t cap, size_t *count)
+{
+    static const char *const pre[] = {
+        [CS_TRACE_TEXT] = "[cacheshim] ",
+        [CS_TRACE_JSONL] = "{\"cacheshim_lost\":",
+        [CS_TRACE_PERFETTO] = "{\"name\":\"cacheshim: calls not written\",\"ph\":\"i\",\"s\":\"g\","
+                              "\"ts\":0,\"pid\":0,\"tid\":0,\"args\":{\"lost\":",
+    };
+    static const char *const post[] = {
+        [CS_TRACE_TEXT] = " calls not written: %s\n",
+        [CS_TRACE_JSONL] = ",\"error\":\"%s\"}\n",
+        [CS_TRACE_PERFETTO] = ",\"error\":\"%s\"}},\n",
+    };
+    char tail[sizeof g_error + 64];
+    snprintf(tail, sizeof tail, post[g_format], g_error);
+    int n = snprintf(buf, cap, "%s%20s%s", pre[g_format], "", tail);
+    *count = strlen(pre[g_format]);
+    return n > 0 && (size_t)n < cap ? (size_t)n : 0;
+}
+
+/* Under g_grow_lock (map) or g_stream_lock, once: the first failure. */
+static void fail(int err, const char *what)
+{
+    if (__atomic_exchange_n(&g_failed, 1, __ATOMIC_ACQ_REL))
+        return;
+    snprintf(g_error, sizeof g_error, "%s", what ? what : strerror(err));
+    /* JSON strings: the messages of strerror have no quotes or backslashes. */
+    char line[sizeof g_path + sizeof g_error + 128];
+    snprintf(line, sizeof line, "cacheshim: cannot write the trace to '%s': %s; calls from now "
+                                "on are counted in the trace, not written",
+             g_mode == OUT_STREAM && !g_tmpl[0] ? "stderr" : g_path, g_error);
+    ca_out_say(line);
+    if (g_mode == OUT_MAP && g_mapped >= NOTE_MAX) {
+        size_t at = g_mapped - NOTE_MAX, count;
+        size_t n = note_text(g_base + at, NOTE_MAX, &count);
+        if (n) {
+            put_count(g_base + at + count, __atomic_load_n(&g_lost, __ATOMIC_RELAXED));
+            g_note_at = at;
+            g_note_len = n;
+            g_note_count = count;
+        }
+    }
+}
+
+static void lost(size_t n)
+{
+    (void)n;
+    uint64_t v = __atomic_add_fetch(&g_lost, 1, __ATOMIC_RELAXED);
+    /* In the mapping: the count survives the process too. Not once the file is cut: its
+     * page may be past the end of the file now (SIGBUS). */
+    if (g_note_len && !__atomic_load_n(&g_finished, __ATOMIC_ACQUIRE))
+        put_count(g_base + g_note_at + g_note_count, v);
+}
+
+/* ---- creating the file ------------------------------------------------------------------------ */
+
+/* The template with %p replaced by the pid; a process that is not the first to use the name
+ * (child) gets ".PID" appended when there is no %p, so it never shares (or fails to create)
+ * its parent's file. */
+static int expand_path(const char *tmpl, int pid, int child, char *out, size_t cap)
+{
+    size_t o = 0;
+    int had_pid = 0;
+    for (const char *s = tmpl; *s; s++) {
+        char num[24];
+        const char *piece = s;
+        size_t len = 1;
+        if (s[0] == '%' && s[1] == 'p') {
+            len = (size_t)snprintf(num, sizeof num, "%d", pid);
+            piece = num;
+            had_pid = 1;
+            s++;
+        }
+        if (o + len >= cap)
+            return -1;
+        memcpy(out + o, piece, len);
+        o += len;
+    }
+    if (child && !had_pid) {
+        int n = snprintf(out + o, cap - o, ".%d", pid);
+        if (n < 0 || (size_t)n >= cap - o)
+            return -1;
+        o += (size_t)n;
+    }
+    out[o] = '\0';
+    return 0;
+}
+
+/* Address space for the whole file: its pages are mapped into it as it grows, so a record
+ * never straddles two mappings. PROT_NONE and MAP_NORESERVE: no memory is committed. Taken
+ * at the first record, not while ld.so loads the program: a sanitizer's runtime maps its
+ * shadow memory at fixed addresses when it starts, and must find them free. */
+static int reserve_range(void)
+{
+    for (size_t size = (size_t)1 << 36; size >= ((size_t)1 << 26); size >>= 2) {
+        void *p = mmap(NULL, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (p != MAP_FAILED) {
+            g_base = p;
+            g_reserved = size;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+static int grow_locked(size_t need);
+
+/* Under g_grow_lock: a regular file is mapped (at its first record), anything else written;
+ * the Chrome trace's header. */
+static void start_file(void)
+{
+    struct stat st;
+    g_mode = OUT_STREAM;
+    if (g_fd > 2 && fstat(g_fd, &st) == 0 && S_ISREG(st.st_mode))
+        g_mode = OUT_MAP;
+    g_events = 0;
+    if (g_array && g_mode == OUT_STREAM) {
+        int err = write_all(g_fd, g_head, sizeof g_head - 1);
+        if (err)
+            fail(err, NULL);
+    }
+}
+
+/* Under g_grow_lock, at the first growth: the address space, and the header at the start of
+ * the file (no other thread reserves before g_limit is set). */
+static int start_mapping(void)
+{
+    if (reserve_range() != 0)
+        return ENOMEM;
+    if (g_array)
+        __atomic_store_n(&g_off, sizeof g_head - 1, __ATOMIC_RELAXED);
+    return 0;
+}
+
+/* Under g_grow_lock. A new file only (O_EXCL), never through a symbolic link (O_NOFOLLOW on
+ * the last component; O_EXCL also refuses a dangling link), mode 0600. On failure: one
+ * line, and the trace goes to stderr.
+ *
+ * A program started by the traced program (subprocess, popen, torchrun's workers) inherits
+ * CACHESHIM_TRACE_FILE and finds the file of its ancestor there. With no %p in the name it
+ * then traces to PATH.PID, created at its first record: a shell or gzip that never calls the
+ * driver leaves no file and prints nothing. */
+static void open_output(int child)
+{
+    int pid = (int)getpid();
+    g_fd = 2;
+    if (g_tmpl[0] != '\0') {
+        if (expand_path(g_tmpl, pid, child || g_name_taken, g_path, sizeof g_path) != 0) {
+            ca_out_say("cacheshim: trace file name too long; tracing to stderr");
+        } else {
+            int fd = open(g_path, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+            if (fd < 0 && errno == EEXIST && !child && !g_name_taken &&
+                strstr(g_tmpl, "%p") == NULL) {
+                g_name_taken = 1;
+                g_mode = OUT_PENDING;
+                return;
+            }
+            if (fd < 0) {
+                char line[sizeof g_path + 128];
+                snprintf(line, sizeof line, "cacheshim: cannot create trace file '%s': %s; "
+                                            "tracing to stderr", g_path, strerror(errno));
+                ca_out_say(line);
+            } else {
+                g_fd = fd;
+                if (g_name_taken == 1) {
+                    g_name_taken = 2;
+                    char line[2 * sizeof g_path + 128];
+                    snprintf(line, sizeof line, "cacheshim: trace file '%s' exists; process %d "
+                                                "traces to '%s'", g_tmpl, pid, g_path);
+                    ca_out_say(line);
+                }
+            }
+        }
+    }
+    start_file();
+}
+
+void ca_out_open(const char *tmpl, int format)
+{
+    pthread_mutex_lock(&g_grow_lock);
+    snprintf(g_tmpl, sizeof g_tmpl, "%s", tmpl);
+    g_format = format;
+    g_array = format == CS_TRACE_PERFETTO;
+    open_output(0);
+    pthread_mutex_unlock(&g_grow_lock);
+}
+
+void ca_out_open_fd(int fd, int format)
+{
+    pthread_mutex_lock(&g_grow_lock);
+    g_tmpl[0] = '\0';
+    g_format = format;
+    g_array = format == CS_TRACE_PERFETTO;
+    g_fd = fd;
+    start_file();
+    pthread_mutex_unlock(&g_grow_lock);
+}
+
+/* ---- growing the mapping ------------------------------------------------------------------------ */
+
+/* Blocks [off, off + len) of the file, or the errno. Past RLIMIT_FSIZE the kernel also sends
+ * SIGXFSZ, whose default action would kill the program: it is blocked here and taken back. */
+static int extend_file(size_t off, size_t len)
+{
+    sigset_t xfsz, old, pending;
+    sigemptyset(&xfsz);
+    sigaddset(&xfsz, SIGXFSZ);
+    pthread_sigmask(SIG_BLOCK, &xfsz, &old);
+    int was_pending = sigpending(&pending) == 0 && sigismember(&pending, SIGXFSZ);
+    int err = posix_fallocate(g_fd, (off_t)off, (off_t)len);
+    if (err && !was_pending && sigpending(&pending) == 0 && sigismember(&pending, SIGXFSZ)) {
+        struct timespec zero = {0, 0};
+        sigtimedwait(&xfsz, NULL, &zero);
+    }
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    return err;
+}
+
+/* Under g_grow_lock: map at least up to need + NOTE_MAX; 0 after a failure (said once). */
+static int grow_locked(size_t need)
+{
+    int ok = 1;
+    while (__atomic_load_n(&g_limit, __ATOMIC_RELAXED) < need) {
+        if (__atomic_load_n(&g_failed, __ATOMIC_RELAXED) || g_mode != OUT_MAP ||
+            __atomic_load_n(&g_finished, __ATOMIC_ACQUIRE)) {
+            ok = 0;
+            break;
+        }
+        int err = g_base ? 0 : start_mapping();
+        if (err) {
+            fail(err, "no address space to map the trace file into");
+            ok = 0;
+            break;
+        }
+        if (g_mapped == 0 && g_array)
+            need += sizeof g_head - 1;
+        size_t want = need + NOTE_MAX > g_mapped + CA_OUT_STEP ? need + NOTE_MAX
+                                                               : g_mapped + CA_OUT_STEP;
+        want = (want + CA_OUT_STEP - 1) / CA_OUT_STEP * CA_OUT_STEP;
+        err = want > g_reserved ? EFBIG : extend_file(g_mapped, want - g_mapped);
+        if (err == 0 && mmap(g_base + g_mapped, want - g_mapped, PROT_READ | PROT_WRITE,
+                             MAP_SHARED | MAP_FIXED, g_fd, (off_t)g_mapped) == MAP_FAILED)
+            err = errno;
+        if (err) {
+            fail(err, want > g_reserved ? "the trace outgrew the address space reserved for it"
+                                        : NULL);
+            ok = 0;
+            break;
+        }
+        if (g_mapped == 0 && g_array)
+            memcpy(g_base, g_head, sizeof g_head - 1);
+        /* The pages now, writable, not at the first record on each (Linux 5.14; older kernels
+         * fault them in as records reach them). */
+        (void)madvise(g_base + g_mapped, want - g_mapped, MADV_POPULATE_WRITE);
+        __atomic_store_n(&g_mapped, want, __ATOMIC_RELAXED);
+        __atomic_store_n(&g_limit, want - NOTE_MAX, __ATOMIC_RELEASE);
+        __atomic_store_n(&g_kick, want > CA_OUT_AHEAD ? want - CA_OUT_AHEAD : 0,
+                         __ATOMIC_RELAXED);
+    }
+    return ok;
+}
+
+static int grow(size_t need)
+{
+    pthread_mutex_lock(&g_grow_lock);
+    int ok = grow_locked(need);
+    pthread_mutex_unlock(&g_grow_lock);
+    return ok;
+}
+
+static void *helper_main(void *arg)
+{
+    (void)arg;
+    pthread_mutex_lock(&g_grow_lock);
+    for (;;) {
+        while (!g_helper_wanted)
+            pthread_cond_wait(&g_grow_cond, &g_grow_lock);
+        g_helper_wanted = 0;
+        if (g_mode == OUT_MAP && !__atomic_load_n(&g_finished, __ATOMIC_RELAXED))
+            (void)grow_locked(__atomic_load_n(&g_off, __ATOMIC_RELAXED) + CA_OUT_AHEAD);
+    }
+    return NULL;
+}
+
+/* Under g_grow_lock. All signals stay with the program's threads. */
+static void helper_start(void)
+{
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    pthread_attr_t attr;
+    pthread_t t;
+    int ok = pthread_attr_init(&attr) == 0 &&
+             pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED) == 0 &&
+             pthread_create(&t, &attr, helper_main, NULL) == 0;
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    g_helper = ok ? 1 : -1; /* without it, the program's threads grow the file themselves */
+    if (ok)
+        pthread_setname_np(t, "cacheshim-trace");
+}
+
+/* The records passed the mark: wake the helper (started here, at the first time: not while
+ * ld.so loads the program). Once per step of growth. */
+static void kick(size_t mark)
+{
+    if (!__atomic_compare_exchange_n(&g_kick, &mark, SIZE_MAX, 0, __ATOMIC_RELAXED,
+                                     __ATOMIC_RELAXED))
+        return; /* another thread did */
+    pthread_mutex_lock(&g_grow_lock);
+    if (g_helper == 0)
+        helper_start();
+    g_helper_wanted = 1;
+    pthread_cond_signal(&g_grow_cond);
+    pthread_mutex_unlock(&g_grow_lock);
+}
+
+/* Bytes [off, off + n) of the mapping for the caller alone, or SIZE_MAX. */
+static size_t reserve(size_t n)
+{
+    for (;;) {
+        size_t off = __atomic_load_n(&g_off, __ATOMIC_RELAXED);
+        size_t lim = __atomic_load_n(&g_limit, __ATOMIC_ACQUIRE);
+        if (off + n > lim) {
+            if (!grow(off + n))
+                return SIZE_MAX;
+            continue;
+        }
+        if (__atomic_compare_exchange_n(&g_off, &off, off + n, 0, __ATOMIC_RELAXED,
+                                        __ATOMIC_RELAXED))
+            return off;
+    }
+}
+
+/* ---- appending -------------------------------------------------------------------------------- */
+
+static void append_stream(const char *p, size_t n)
+{
+    pthread_mutex_lock(&g_stream_lock);
+    int err = 0;
+    if (__atomic_load_n(&g_failed, __ATOMIC_RELAXED)) {
+        lost(n);
+    } else if (g_array) {
+        /* Commas between events, not after the last: records end in ",\n". */
+        if (g_events++ > 0)
+            err = write_all(g_fd, ",\n", 2);
+        if (!err)
+            err = write_all(g_fd, p, n >= 2 ? n - 2 : n);
+    } else {
+        err = write_all(g_fd, p, n);
+    }
+    if (err) {
+        fail(err, NULL);
+        lost(n);
+    }
+    pthread_mutex_unlock(&g_stream_lock);
+}
+
+void ca_out_append(const char *p, size_t n)
+{
+    int mode = __atomic_load_n(&g_mode, __ATOMIC_ACQUIRE);
+    if (mode == OUT_PENDING) {
+        pthread_mutex_lock(&g_grow_lock);
+        if (g_mode == OUT_PENDING)
+            open_output(1);
+        pthread_mutex_unlock(&g_grow_lock);
+        mode = g_mode;
+    }
+    if (mode == OUT_STREAM) {
+        append_stream(p, n);
+    } else if (mode == OUT_MAP) {
+        size_t off = __atomic_load_n(&g_failed, __ATOMIC_RELAXED) ? SIZE_MAX : reserve(n);
+        if (off == SIZE_MAX) {
+            lost(n);
+            return;
+        }
+        memcpy(g_base + off, p, n);
+        size_t mark = __atomic_load_n(&g_kick, __ATOMIC_RELAXED);
+        if (off + n >= mark)
+            kick(mark);
+    }
+}
+
+/* ---- the end ---------------------------------------------------------------------------------- */
+
+/* What g_off becomes at the end: no reservation succeeds after it (no record is copied past
+ * the end of the cut file, which would be a SIGBUS), and off + n cannot overflow. */
+#define OFF_CLOSED (SIZE_MAX / 2)
+
+void ca_out_finish(void)
+{
+    if (__atomic_exchange_n(&g_finished, 1, __ATOMIC_ACQ_REL))
+        return;
+    /* Records reserved from now on are not written; those reserved before lie below end. */
+    size_t end = __atomic_exchange_n(&g_off, OFF_CLOSED, __ATOMIC_ACQ_REL);
+    __atomic_store_n(&g_limit, 0, __ATOMIC_RELEASE);
+    /* Up to 100 ms for a growth under way, so that the file does not grow after it is cut;
+     * a thread stopped while holding the lock does not stop the end. */
+    int locked = 0;
+    for (int i = 0; i < 1000 && !(locked = pthread_mutex_trylock(&g_grow_lock) == 0); i++)
+        usleep(100);
+    if (g_mode == OUT_MAP && g_mapped > 0) {
+        if (g_note_len) { /* the note moves to the end of what was written */
+            put_count(g_base + g_note_at + g_note_count, __atomic_load_n(&g_lost, __ATOMIC_RELAXED));
+            memmove(g_base + end, g_base + g_note_at, g_note_len);
+            end += g_note_len;
+        }
+        if (g_array) {
+            if (end >= 2 && g_base[end - 2] == ',') { /* the last record's comma */
+                memcpy(g_base + end - 2, "\n]}\n", 4);
+                end += 2;
+            } else {
+                memcpy(g_base + end, "]}\n", 3);
+                end += 3;
+            }
+        }
+        (void)ftruncate(g_fd, (off_t)end);
+    } else if (g_mode == OUT_MAP && g_array) { /* no record: the header and its end */
+        (void)pwrite(g_fd, g_head, sizeof g_head - 1, 0);
+        (void)pwrite(g_fd, "]}\n", 3, (off_t)(sizeof g_head - 1));
+    } else if (g_mode == OUT_STREAM) {
+        if (g_failed) { /* most likely fails too; the line on stderr said it already */
+            char note[NOTE_MAX];
+            size_t count, n = note_text(note, sizeof note, &count);
+            if (n) {
+                put_count(note + count, __atomic_load_n(&g_lost, __ATOMIC_RELAXED));
+                if (g_array && g_events++ > 0)
+                    (void)write_all(g_fd, ",\n", 2);
+                (void)write_all(g_fd, note, n - (g_array ? 2 : 0));
+            }
+        }
+        if (g_array)
+            (void)write_all(g_fd, g_events > 0 ? "\n]}\n" : "]}\n", g_events > 0 ? 4 : 3);
+    }
+    __atomic_store_n(&g_mode, OUT_NONE, __ATOMIC_RELEASE);
+    if (g_fd > 2)
+        close(g_fd);
+    g_fd = -1;
+    if (locked)
+        pthread_mutex_unlock(&g_grow_lock);
+}
+
+/* ---- fork ------------------------------------------------------------------------------------- */
+
+void ca_out_fork_prepare(void)
+{
+    pthread_mutex_lock(&g_grow_lock);
+    pthread_mutex_lock(&g_stream_lock);
+}
+
+void ca_out_fork_parent(void)
+{
+    pthread_mutex_unlock(&g_stream_lock);
+    pthread_mutex_unlock(&g_grow_lock);
+}
+
+/* The parent's file is the parent's to finish: the child unmaps it and starts its own at
+ * its first record, not now: a child that only calls exec (subprocess) must not leave an
+ * empty file behind, nor take the name that the program it runs, with the same pid, will
+ * want for its own trace. */
+void ca_out_fork_child(void)
+{
+    pthread_mutex_init(&g_grow_lock, NULL);
+    pthread_cond_init(&g_grow_cond, NULL);
+    g_helper = g_helper_wanted = 0; /* not in the child; started again when needed */
+    g_kick = SIZE_MAX;
+    pthread_mutex_init(&g_stream_lock, NULL);
+    if (g_base)
+        munmap(g_base, g_reserved);
+    g_base = NULL;
+    g_reserved = g_mapped = g_limit = g_off = 0;
+    g_failed = 0;
+    g_lost = 0;
+    g_note_len = 0;
+    g_events = 0;
+    if (g_name_taken)
+        g_name_taken = 2;
+    if (g_finished || g_mode == OUT_NONE)
+        return;
+    if (g_tmpl[0] != '\0') {
+        if (g_fd > 2)
+            close(g_fd);
+        g_fd = -1;
+        g_mode = OUT_PENDING;
+    }
+}

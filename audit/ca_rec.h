@@ -1,0 +1,59 @@
+/* One traced call as raw values (the record writer's unit, ca_trace.h), and the helpers the
+ * wrappers fill it with. ca_format.c gives the values meaning through ca_desc(fn). */
+#ifndef CA_REC_H
+#define CA_REC_H
+
+#include <string.h>
+
+#include "ca_desc.h"
+
+#define CA_MAX_OUTS 4
+/* Most frames recorded per call site (CACHESHIM_TRACE_STACK, ca_stack.c). */
+#define CA_STACK_MAX 16
+
+typedef struct {
+    uint16_t fn;
+    uint8_t lib, from;
+    uint8_t nout;
+    uint8_t out_idx[CA_MAX_OUTS]; /* parameter index of each recorded out-value */
+    int32_t result;
+    uint64_t t0, t1;              /* CLOCK_MONOTONIC ns */
+    int64_t bytes;                /* device bytes after the call (Perfetto counter), or -1 */
+    uint64_t out[CA_MAX_OUTS];
+    uint64_t arg[CA_MAX_PARAMS];
+    uint8_t nstack;               /* call site: return addresses recorded in stack */
+    uint64_t stack[CA_STACK_MAX];
+} ca_rec;
+
+static inline uint64_t ca_raw(const void *v, size_t n, int kind)
+{
+    uint64_t u = 0;
+    if (kind != CA_K_RECORD && kind != CA_K_UNION && n <= sizeof u)
+        memcpy(&u, v, n); /* little-endian: the low bytes */
+    return u;
+}
+
+/* Any argument as 64 raw bits (structures passed by value: 0; they are printed as {...}). */
+#define CA_RAW(x) \
+    __extension__({ \
+        __typeof__(x) ca_v_ = (x); \
+        ca_raw(&ca_v_, sizeof ca_v_, CA_KIND_OF(ca_v_)); \
+    })
+
+static inline void ca_set_out(ca_rec *r, int k, uint64_t v)
+{
+    if (r->nout < CA_MAX_OUTS) {
+        r->out_idx[r->nout] = (uint8_t)k;
+        r->out[r->nout++] = v;
+    }
+}
+
+/* *p after the call, for scalar pointees (the generator passes only non-const T *). */
+#define CA_OUT(r, k, p) \
+    do { \
+        if ((p) != NULL && CA_KIND_OF(*(p)) != CA_K_RECORD && CA_KIND_OF(*(p)) != CA_K_UNION && \
+            sizeof *(p) <= 8) \
+            ca_set_out((r), (k), ca_raw((p), sizeof *(p), CA_KIND_OF(*(p)))); \
+    } while (0)
+
+#endif

@@ -1,0 +1,34 @@
+/* The record writer (layer 3, see ca_desc.h): what the wrappers and the audit entry points
+ * call. Each call's record is formatted and appended to the trace file when the call
+ * returns (ca_end), so a program that dies loses nothing it has recorded. */
+#ifndef CA_TRACE_H
+#define CA_TRACE_H
+
+#include "ca_rec.h"
+
+/* Is fn traced (the filter)? Filled by ca_trace_init. */
+extern unsigned char ca_traced[CA_FN_COUNT];
+
+/* A record to fill for a call of fn into lib made by from (CA_FROM_*), or NULL when this
+ * call is not traced (filtered out, tracing finished, too deeply nested, out of memory). */
+ca_rec *ca_begin(unsigned fn, int lib, int from);
+void ca_started(ca_rec *r);
+void ca_stopped(ca_rec *r);
+/* The call returned result: the record is written. */
+void ca_end(ca_rec *r, int result);
+
+/* Reads the options (once), prepares the output, computes ca_traced, and catches the fatal
+ * signals that end a program by default so that the file is finished first. */
+void ca_trace_init(void);
+/* For tests: trace to fd (written with write(), never mapped) with the given format and
+ * filter instead of the options. */
+void ca_trace_init_fd(int fd, int format, const char *filter);
+/* The process ends (exit, _exit, a fatal signal): record nothing more, let calls being
+ * written finish (briefly), and finish the file. Async-signal-safe; runs once. */
+void ca_trace_exit(void);
+/* fork: before, after in the parent and in the child. */
+void ca_fork_prepare(void);
+void ca_fork_parent(void);
+void ca_fork_child(void);
+
+#endif

@@ -1,0 +1,98 @@
+#!/usr/bin/env python3
+"""The tools read the trace of a program that died: cacheshim-report and cacheshim-replay on
+JSON Lines recorded by tests/audit/audit_prog under LD_AUDIT=libcacheaudit.so on the fake
+driver.
+
+Usage: check_cut.py REPORT REPLAY AUDIT_LIB PROG FAKE_DIR CUDART_DIR
+
+- cut: a trace of N allocations cut at every byte boundary of its last record, with and
+  without a zero tail (what a killed program leaves: the rest of the file's last step of
+  growth): both tools succeed, count N-1 allocations (N once the record is whole, its
+  newline aside), and say on stderr that a record was cut off.
+- busy: a program killed by SIGKILL while 8 threads are in the middle of driver calls: both
+  tools read the file, and count every whole record of it.
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+REPORT, REPLAY, AUDIT, PROG, FAKE_DIR, CUDART_DIR = sys.argv[1:7]
+WORK = tempfile.mkdtemp(prefix="cacheaudit-cut-")
+N = 10
+failures = []
+
+
+def check(what, got, want):
+    if got != want:
+        failures.append(f"{what}: got {got!r}, want {want!r}")
+
+
+def record(scenario, *args, rc):
+    path = os.path.join(WORK, f"{scenario}.jsonl")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CACHESHIM_")}
+    env.update(LD_AUDIT=AUDIT, LD_LIBRARY_PATH=FAKE_DIR + ":" + CUDART_DIR,
+               CACHESHIM_TRACE_FORMAT="jsonl", CACHESHIM_TRACE_FILE=path)
+    env.setdefault("GLIBC_TUNABLES", "glibc.rtld.optional_static_tls=16777216")
+    p = subprocess.run([PROG, scenario, *args], env=env, capture_output=True, timeout=120)
+    check(f"{scenario} exit status", p.returncode, rc)
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def counts(data):
+    """(report's allocation count, replay's allocation count, stderr of both) for a file."""
+    path = os.path.join(WORK, "cut.jsonl")
+    with open(path, "wb") as f:
+        f.write(data)
+    rep = subprocess.run([REPORT, path], capture_output=True, text=True, timeout=60)
+    rpl = subprocess.run([REPLAY, path], capture_output=True, text=True, timeout=60)
+    if rep.returncode or rpl.returncode:
+        return None, None, rep.stderr + rpl.stderr
+    m = re.search(r"^  cuMemAlloc_v2 +driver +(\d+) ", rep.stdout, re.M)
+    r = re.search(r"^  allocations +(\d+)", rpl.stdout, re.M)
+    return (int(m.group(1)) if m else 0), (int(r.group(1)) if r else None), rep.stderr + rpl.stderr
+
+
+def part_cut():
+    data = record("die", "_exit", str(N), rc=3)
+    lines = data.splitlines(keepends=True)
+    check("recorded allocations", sum(b'"cuMemAlloc_v2"' in l for l in lines), N)
+    start = len(data) - len(lines[-1])
+    for tail in (b"", b"\0" * 4096):
+        for cut in range(start, len(data) + 1):
+            got_rep, got_rpl, err = counts(data[:cut] + tail)
+            whole = cut >= len(data) - 1  # the record is complete without its newline
+            want = N if whole else N - 1
+            what = f"cut at byte {cut - start} of {len(lines[-1])}, {len(tail)} zero bytes after"
+            check(f"report, {what}", got_rep, want)
+            check(f"replay, {what}", got_rpl, want)
+            cut_off = cut > start and not whole
+            said = f"1 record cut off where the traced program died, {want} read" in err
+            check(f"the note, {what}: {err.strip()!r}", said, cut_off)
+
+
+def part_busy():
+    data = record("die-busy", "kill", rc=-9)
+    text = data.rstrip(b"\0").decode("utf-8", "replace")
+    whole = 0
+    for line in text.split("\n"):
+        line = line.split("\0")[-1]  # what follows a record cut off in the middle of the file
+        try:
+            whole += json.loads(line)["name"] == "cuMemAlloc_v2"
+        except ValueError:
+            pass
+    got_rep, got_rpl, err = counts(data)
+    check(f"report's allocations of a killed 8-thread program ({err.strip()!r})", got_rep, whole)
+    check("replay's allocations of a killed 8-thread program", got_rpl, whole)
+    check("at least 200 pairs a thread", whole >= 8 * 200, True)
+
+
+if __name__ == "__main__":
+    {"cut": part_cut, "busy": part_busy}[sys.argv[7]]()
+    for f in failures[:20]:
+        print("FAIL", f, file=sys.stderr)
+    print(f"{sys.argv[7]}: {len(failures)} failures")
+    sys.exit(1 if failures else 0)
