@@ -17,6 +17,10 @@ import torch  # noqa: E402
 
 alloc = torch.cuda.memory.CUDAPluggableAllocator(lib, "cacheshim_torch_alloc", "cacheshim_torch_free")
 torch.cuda.memory.change_current_allocator(alloc)
+# A pluggable allocator has no device statistics in PyTorch 2.11 ("CUDAPluggableAllocator does
+# not yet support getDeviceStats"): scripts that print torch.cuda.max_memory_allocated() (as
+# torch_train.py does) get 0, as with PyTorch's cache off; the shim's own numbers follow below.
+torch.cuda.max_memory_allocated = lambda *args, **kwargs: 0
 
 
 class Stats(ctypes.Structure):
