@@ -39,6 +39,10 @@ static const option_row options[LOPT_COUNT] = {
     [LOPT_CACHE] = {"--cache", 0, NULL, NULL, true, false,
                     "also load the cache (libcacheshim.so) and take its options:\n"
                     "--cap, --threshold, --group, --stats, --verbose, --disable as for run"},
+    [LOPT_BIND] = {"--bind", 0, NULL, NULL, false, true,
+                   "also hook the driver at symbol-bind time (libcacheshim.so in LD_AUDIT):\n"
+                   "libraries loaded with RTLD_DEEPBIND or dlmopen reach the cache too\n"
+                   "(experimental: PyTorch died at exit with it on an H100)"},
 };
 
 const char *launch_opt_variable(launch_opt o) { return options[o].variable; }
