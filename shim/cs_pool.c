@@ -714,6 +714,17 @@ static long movable(const arena *a, const plan *pl, uint64_t bytes)
     return best;
 }
 
+/* A spare chunk of granularity << e, to be mapped at va: false without host memory (the
+ * chunk then stays spare). */
+static bool place_spare(cs_pool *p, plan *pl, uint64_t va, int e)
+{
+    chunk c = spare_pop(p, e);
+    if (add_place(pl, (place){va, 0, c, FROM_SPARE, false}))
+        return true;
+    spare_push(p, c);  /* room was there: it was just taken */
+    return false;
+}
+
 /* Give back what plan_make took (the lock held): spare chunks to the spare, chunks marked to
  * move to their free spans. */
 static void plan_undo(cs_pool *p, plan *pl)
@@ -764,9 +775,7 @@ static int plan_make(cs_pool *p, const window *w, uint64_t size, uint64_t max_ne
         uint64_t at = pc->va, end = pc->va + pc->size;
         int e;
         while (pc->hole && at < end && (e = spare_fit(p, end - at)) >= 0) {
-            chunk c = spare_pop(p, e);
-            if (!add_place(pl, (place){at, 0, c, FROM_SPARE, false})) {
-                spare_push(p, c);
+            if (!place_spare(p, pl, at, e)) {
                 free(tail);
                 plan_undo(p, pl);
                 return CS_BE_OOM;
@@ -785,9 +794,7 @@ static int plan_make(cs_pool *p, const window *w, uint64_t size, uint64_t max_ne
         uint64_t sz = p->gran << e;
         if (p->spare[e].n && sz > tail[last] && sz - tail[last] <= ext) {
             uint64_t at = pl->pieces[last].va + pl->pieces[last].size - tail[last];
-            chunk c = spare_pop(p, e);
-            if (!add_place(pl, (place){at, 0, c, FROM_SPARE, false})) {
-                spare_push(p, c);
+            if (!place_spare(p, pl, at, e)) {
                 free(tail);
                 plan_undo(p, pl);
                 return CS_BE_OOM;
