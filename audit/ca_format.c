@@ -383,13 +383,18 @@ static const plan *plan_of(unsigned fn)
 
 /* ---- one value ------------------------------------------------------------------------------ */
 
-/* The length of the valid UTF-8 sequence at s (0: not one). */
+/* The length of the valid UTF-8 sequence at s (0: not one, or one a JSON reader refuses:
+ * overlong, a surrogate, beyond U+10FFFF). */
 static int utf8_len(const unsigned char *s)
 {
-    int n = s[0] >= 0xf0 && s[0] <= 0xf4 ? 4 : s[0] >= 0xe0 ? 3 : s[0] >= 0xc2 ? 2 : 0;
+    unsigned char c = s[0];
+    int n = c >= 0xf0 && c <= 0xf4 ? 4 : c >= 0xe0 && c <= 0xef ? 3 : c >= 0xc2 && c <= 0xdf ? 2 : 0;
     for (int i = 1; i < n; i++)
         if ((s[i] & 0xc0) != 0x80)
             return 0;
+    if ((c == 0xe0 && s[1] < 0xa0) || (c == 0xed && s[1] > 0x9f) || (c == 0xf0 && s[1] < 0x90) ||
+        (c == 0xf4 && s[1] > 0x8f))
+        return 0;
     return n;
 }
 

@@ -467,6 +467,8 @@ def part_malformed(report, data, version):
         ("size", rec(args={"dptr": "0x10"}), 2, 'an allocation without its size in "args"', None),
         ("free", rec(name="cuMemFree_v2", args={}), 2, 'a free without its pointer in "args"',
          None),
+        ("scope-name", rec(name="cacheshim_scope_begin", lib="shim", args={"name": 5}), 2,
+         'cacheshim_scope_begin without its name (a string or null) in "args"', None),
         ("pitch", rec(name="cuMemAllocPitch_v2", args={"dptr": "0x1"}), 2,
          'cuMemAllocPitch without WidthInBytes and Height in "args"', None),
         ("hex", rec(name="cuMemFree_v2", args={"dptr": "0xzz"}), 2,
@@ -1025,10 +1027,10 @@ def part_recorded(report, audit, prog, fake_dir, cudart_dir, shim):
     expect_rows("scopes", t, "Scopes", [
         ["outer", "1", "0", "6", "1.63 MiB", "1.13 MiB", "640 KiB"],
         ["inner", "2", "0", "4", "136 KiB", "68.0 KiB", "64.0 KiB"],
-        ['odd "name"?\u00e9', "1", "0", "0", "0 B", "0 B", "0 B"]], head)
+        ['odd "name"?\u00e9???', "1", "0", "0", "0 B", "0 B", "0 B"]], head)
     out, text, page = load_page(report, path)
     check_page_tables("scopes page", out, page)
-    check_scope_marks("scopes page", text, ["outer", "inner", "inner", 'odd "name"\ufffd\u00e9'])
+    check_scope_marks("scopes page", text, ["outer", "inner", "inner", 'odd "name"\ufffd\u00e9???'])
     # The trace cut inside the second "inner" (a program killed there), after its two
     # allocations: both scopes still open, counted to the end of the trace.
     lines = open(path).read().splitlines(keepends=True)

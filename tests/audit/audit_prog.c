@@ -213,7 +213,8 @@ static void scopes(void)
     check_stats(&st, 6, MiB + 2 * (4096 + 64 * 1024) + 512 * 1024,
                 MiB + 2 * 64 * 1024 + 4096, 2 * 64 * 1024 + 512 * 1024);
     CHECK(cacheshim_scope_end_if_loaded(NULL) == -1); /* none open */
-    CHECK(cacheshim_scope_begin_if_loaded("odd \"name\"\t\xc3\xa9", 0) == 0);
+    /* a quote, a tab, an e-acute, a surrogate's bytes (not UTF-8): escaped, kept, '?' x3 */
+    CHECK(cacheshim_scope_begin_if_loaded("odd \"name\"\t\xc3\xa9\xed\xa0\x80", 0) == 0);
     CHECK(cacheshim_scope_end_if_loaded(NULL) == 0);
     CHECK(cuMemFree(c[0]) == CUDA_SUCCESS && cuMemFree(c[1]) == CUDA_SUCCESS);
     CHECK(cuMemFree(d) == CUDA_SUCCESS && cuMemFree(x) == CUDA_SUCCESS);

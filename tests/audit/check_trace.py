@@ -206,7 +206,7 @@ def case_shim_procaddr():
 # ---------------------------------------------------------------- scopes (cacheshim.h)
 
 # audit_prog scopes: the begins (name, flags) and ends (result) in order; one end has no scope.
-SCOPE_NAMES = ["outer", "inner", "inner", 'odd "name"\t\u00e9']
+SCOPE_NAMES = ["outer", "inner", "inner", 'odd "name"\t\u00e9???']
 SCOPE_FLAGS = [0, 1, 1, 0]
 SCOPE_ENDS = [0, 0, 0, -1, 0]
 # The program's calls on its main thread: B(egin), E(nd), A(llocation), F(ree).
@@ -243,7 +243,7 @@ def case_scopes_text():
             r"cacheshim_scope_end\(out=0x[0-9a-f]+, size=56\) = 0"] * 1
     want = [want[0], want[1], want[2], want[1], want[2], want[2],
             r"cacheshim_scope_end\(out=0x0, size=0\) = -1",
-            r'cacheshim_scope_begin\(name="odd \\"name\\"\\u0009\u00e9", flags=0 \(0\)\) = 0',
+            r'cacheshim_scope_begin\(name="odd \\"name\\"\\u0009\u00e9\?\?\?", flags=0 \(0\)\) = 0',
             r"cacheshim_scope_end\(out=0x0, size=0\) = 0"]
     check(len(lines) == len(want), f"{len(lines)} scope lines:\n" + "\n".join(lines))
     for line, pat in zip(lines, want):
