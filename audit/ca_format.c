@@ -383,21 +383,6 @@ static const plan *plan_of(unsigned fn)
 
 /* ---- one value ------------------------------------------------------------------------------ */
 
-/* The length of the valid UTF-8 sequence at s (0: not one, or one a JSON reader refuses:
- * overlong, a surrogate, beyond U+10FFFF). */
-static int utf8_len(const unsigned char *s)
-{
-    unsigned char c = s[0];
-    int n = c >= 0xf0 && c <= 0xf4 ? 4 : c >= 0xe0 && c <= 0xef ? 3 : c >= 0xc2 && c <= 0xdf ? 2 : 0;
-    for (int i = 1; i < n; i++)
-        if ((s[i] & 0xc0) != 0x80)
-            return 0;
-    if ((c == 0xe0 && s[1] < 0xa0) || (c == 0xed && s[1] > 0x9f) || (c == 0xf0 && s[1] < 0x90) ||
-        (c == 0xf4 && s[1] > 0x8f))
-        return 0;
-    return n;
-}
-
 /* A recorded string, quoted and escaped as JSON (in every format): valid UTF-8 is kept,
  * other bytes (a name cut in a character, Latin-1) become '?'. A null pointer: null. */
 static char *w_quoted(char *o, const char *str, uint64_t ptr)
@@ -417,7 +402,7 @@ static char *w_quoted(char *o, const char *str, uint64_t ptr)
         } else if (*s < 0x80) {
             *o++ = (char)*s++;
         } else {
-            int n = utf8_len(s);
+            int n = cs_utf8_len(s);
             if (n == 0) {
                 *o++ = '?';
                 s++;

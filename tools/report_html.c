@@ -6,19 +6,7 @@
 
 #include <string.h>
 
-/* The length of the valid UTF-8 sequence at s, or 0. */
-static int utf8_len(const unsigned char *s)
-{
-    unsigned char c = s[0];
-    int n = c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3 : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
-    for (int i = 1; i < n; i++)
-        if ((s[i] & 0xc0) != 0x80)
-            return 0;
-    if ((c == 0xe0 && s[1] < 0xa0) || (c == 0xed && s[1] > 0x9f) || /* overlong, surrogates */
-        (c == 0xf0 && s[1] < 0x90) || (c == 0xf4 && s[1] > 0x8f))
-        return 0;
-    return n;
-}
+#include "cs_options.h"
 
 void rp_put_escaped(FILE *f, const char *text)
 {
@@ -37,7 +25,7 @@ void rp_put_escaped(FILE *f, const char *text)
                 else
                     fputc(*s, f);
             } else {
-                int n = utf8_len(s);
+                int n = cs_utf8_len(s);
                 if (!n) {
                     fputs("&#xFFFD;", f);
                     n = 1;
