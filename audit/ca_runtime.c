@@ -1,6 +1,7 @@
 /* Hand-written wrappers (layer 2, see ca_desc.h): cudart's memory entry points (when a
- * program binds a shared libcudart), the shim's scope functions, libc's fork (so the trace follows the program's fork)
- * and _exit (so the file is finished), and the shim's dlsym. The runtime types are spelled
+ * program binds a shared libcudart), the shim's scope functions (the name recorded as text),
+ * libc's fork (so the trace follows the program's fork) and _exit (so the file is finished),
+ * and the shim's dlsym. The runtime types are spelled
  * as their ABI (cudaError_t is an int-sized enum, cudaStream_t a pointer), so this file
  * needs no cuda_runtime_api.h. */
 #include "ca_symbols.h"
