@@ -204,9 +204,15 @@ static void scopes(void)
         CHECK(cacheshim_scope_end_if_loaded(&st) == 0);
         check_stats(&st, 2, 4096 + 64 * 1024, 4096 + 64 * 1024, 64 * 1024);
     }
+    /* A large stack: the tests reserve 16 MiB of static TLS (for TSan under LD_AUDIT, see
+     * check_trace.py), which glibc places on each thread's stack; what the default 8 MiB
+     * leaves is too little for the ASan-built shim's first allocation on a thread. */
     pthread_t th;
+    pthread_attr_t attr;
+    CHECK(pthread_attr_init(&attr) == 0 && pthread_attr_setstacksize(&attr, 64 * MiB) == 0);
     scoped_free_ptr = a;
-    CHECK(pthread_create(&th, NULL, free_other_thread, &x) == 0);
+    CHECK(pthread_create(&th, &attr, free_other_thread, &x) == 0);
+    CHECK(pthread_attr_destroy(&attr) == 0);
     CHECK(pthread_join(th, NULL) == 0);
     CHECK(cuMemAlloc(&d, 512 * 1024) == CUDA_SUCCESS);
     CHECK(cacheshim_scope_end_if_loaded(&st) == 0);
