@@ -89,6 +89,10 @@ CA_EXPORT uintptr_t la_symbind64(Elf64_Sym *sym, unsigned int ndx, uintptr_t *re
             w = ca_dlsym_bind((void *)real);
             break;
         }
+        if (*defcook == OBJ_SHIM && strncmp(symname, "cacheshim_scope_", 16) == 0) {
+            w = ca_scope_bind(symname, (void *)real);
+            break;
+        }
         if (symname[0] != 'c' || symname[1] != 'u')
             break;
         /* Answered by the cache as an earlier audit module: the call goes into the shim. */

@@ -1,4 +1,5 @@
-/* The descriptors of cudart's memory entry points (the generated ones are in ca_desc_gen.c),
+/* The descriptors of cudart's memory entry points and of the shim's scope functions (the
+ * generated ones are in ca_desc_gen.c),
  * and lookups by index and by name. The runtime types are spelled as their ABI
  * (cudaError_t is an int-sized enum, cudaStream_t a pointer). */
 #include "ca_desc.h"
@@ -18,6 +19,9 @@ static const ca_param p_free_async[] = {PTR("devPtr"), PTR("hStream")};
 static const ca_param p_malloc_host[] = {OUTPTR("ptr"), SIZE("size")};
 static const ca_param p_free_host[] = {PTR("ptr")};
 static const ca_param p_mem_get_info[] = {OUTSIZE("free"), OUTSIZE("total")};
+static const ca_param p_scope_begin[] = {{"name", CA_K_STR, sizeof(void *), 0, 0, 0, 0},
+                                         {"flags", CA_K_INT, sizeof(unsigned), 0, 0, 0, 0}};
+static const ca_param p_scope_end[] = {PTR("out"), SIZE("size")};
 
 static const ca_fn_desc rt_desc[CA_FN_COUNT - CA_RT_FIRST] = {
     [CA_RT_cudaMalloc - CA_RT_FIRST] = {"cudaMalloc", 2, p_malloc},
@@ -29,6 +33,8 @@ static const ca_fn_desc rt_desc[CA_FN_COUNT - CA_RT_FIRST] = {
     [CA_RT_cudaMallocHost - CA_RT_FIRST] = {"cudaMallocHost", 2, p_malloc_host},
     [CA_RT_cudaFreeHost - CA_RT_FIRST] = {"cudaFreeHost", 1, p_free_host},
     [CA_RT_cudaMemGetInfo - CA_RT_FIRST] = {"cudaMemGetInfo", 2, p_mem_get_info},
+    [CA_SCOPE_begin - CA_RT_FIRST] = {"cacheshim_scope_begin", 2, p_scope_begin},
+    [CA_SCOPE_end - CA_RT_FIRST] = {"cacheshim_scope_end", 2, p_scope_end},
 };
 
 const ca_fn_desc *ca_desc(unsigned fn)
@@ -48,10 +54,14 @@ int ca_lookup_gen(const char *name)
     return d ? (int)(d - ca_gen_desc) : -1;
 }
 
-int ca_lookup_runtime(const char *name)
+static int lookup_hand(const char *name, int first, int end)
 {
-    for (int fn = CA_RT_FIRST; fn < CA_FN_COUNT; fn++)
+    for (int fn = first; fn < end; fn++)
         if (strcmp(name, rt_desc[fn - CA_RT_FIRST].name) == 0)
             return fn;
     return -1;
 }
+
+int ca_lookup_runtime(const char *name) { return lookup_hand(name, CA_RT_FIRST, CA_SCOPE_FIRST); }
+
+int ca_lookup_scope(const char *name) { return lookup_hand(name, CA_SCOPE_FIRST, CA_FN_COUNT); }

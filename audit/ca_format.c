@@ -1,5 +1,6 @@
 /* The three output formats, one record at a time: a text line, a JSON line, a Chrome-trace
- * ("X" complete event, and a "C" counter event after allocations and frees). Runs on the
+ * ("X" complete event, and a "C" counter event after allocations and frees; a scope's
+ * begin and end as a "B" and an "E" event, a duration slice on its thread). Runs on the
  * calling thread when a traced call returns, so it is built for speed: what a function's
  * records share (its name, each parameter's key and how its value is printed) is worked out
  * once per function (a plan), and a record is then a run of copies and number conversions.
@@ -173,6 +174,8 @@ static const char *runtime_result_name(int code)
 
 static const char *result_name(const ca_rec *r)
 {
+    if (r->fn >= CA_SCOPE_FIRST)
+        return NULL; /* 0 or -1, printed as numbers */
     return r->lib == CA_LIB_RUNTIME ? runtime_result_name(r->result) : ca_result_name(r->result);
 }
 
@@ -198,6 +201,7 @@ static const struct {
       {4, "CU_MEMHOSTREGISTER_IOMEMORY"}, {8, "CU_MEMHOSTREGISTER_READ_ONLY"}}},
     {"cuMemAllocManaged", "0",
      {{1, "CU_MEM_ATTACH_GLOBAL"}, {2, "CU_MEM_ATTACH_HOST"}, {4, "CU_MEM_ATTACH_SINGLE"}}},
+    {"cacheshim_scope_begin", "0", {{1, "CACHESHIM_SCOPE_RELEASE"}}},
     {"cuEventCreate", "CU_EVENT_DEFAULT",
      {{1, "CU_EVENT_BLOCKING_SYNC"}, {2, "CU_EVENT_DISABLE_TIMING"},
       {4, "CU_EVENT_INTERPROCESS"}}},
@@ -258,7 +262,7 @@ static int is_size_name(const char *name)
 /* ---- a function's plan ----------------------------------------------------------------------- */
 
 /* How a value is printed. */
-enum { V_UNSIGNED, V_SIGNED, V_HEX, V_REAL, V_RECORD };
+enum { V_UNSIGNED, V_SIGNED, V_HEX, V_REAL, V_RECORD, V_STR };
 /* What is decoded after it. */
 enum { DEC_NONE, DEC_STREAM, DEC_FLAGS, DEC_SIZE };
 /* The most a decoded value adds: ,"NAME_decoded":"TEXT" with TEXT cut to DEC_TEXT_MAX. */
@@ -267,6 +271,8 @@ enum { DEC_NONE, DEC_STREAM, DEC_FLAGS, DEC_SIZE };
 #define VALUE_MAX 32
 /* The most a call site takes: ,"stack":[ and "0x" with 16 digits, quoted, per frame. */
 #define STACK_TEXT_MAX (16 + CA_STACK_MAX * 21)
+/* The most a string value takes: quoted, each byte escaped as \u00XX at worst. */
+#define STR_TEXT_MAX (2 + 6 * CA_STR_MAX)
 
 typedef struct {
     const char *json_key;  /* "name": */
@@ -295,6 +301,8 @@ static vplan value_plan(const ca_fn_desc *d, const ca_param *p, int kind, int si
     vplan v = {.size = (uint8_t)size, .dec = DEC_NONE};
     if (kind == CA_K_RECORD || kind == CA_K_UNION)
         v.v = V_RECORD;
+    else if (kind == CA_K_STR)
+        v.v = V_STR;
     else if (kind == CA_K_PTR || hex)
         v.v = V_HEX;
     else if (kind == CA_K_REAL)
@@ -338,7 +346,7 @@ static plan *plan_new(unsigned fn)
         /* each value: a separator, its key, the value, what is decoded */
         size_t one = strlen(p->name) + 8 + VALUE_MAX, dec = strlen(p->name) + 16 + DEC_TEXT_MAX;
         pl->arg[i] = value_plan(d, p, p->kind, p->size, p->is_signed, p->hex, &a);
-        pl->max += one + (pl->arg[i].dec ? dec : 0);
+        pl->max += one + (pl->arg[i].dec ? dec : 0) + (p->kind == CA_K_STR ? STR_TEXT_MAX : 0);
         /* int * out-values (attributes, counts) are signed; the rest unsigned. */
         if (p->out_kind) {
             pl->out[i] = value_plan(d, p, p->out_kind, p->out_size,
@@ -375,10 +383,45 @@ static const plan *plan_of(unsigned fn)
 
 /* ---- one value ------------------------------------------------------------------------------ */
 
-/* The value; JSON gets numbers bare and everything else as a string. */
-static char *w_value(char *o, const vplan *v, uint64_t x, int json)
+/* A recorded string, quoted and escaped as JSON (in every format): valid UTF-8 is kept,
+ * other bytes (a name cut in a character, Latin-1) become '?'. A null pointer: null. */
+static char *w_quoted(char *o, const char *str, uint64_t ptr)
+{
+    static const char hex[] = "0123456789abcdef";
+    if (!ptr)
+        return W_LIT(o, "null");
+    *o++ = '"';
+    for (const unsigned char *s = (const unsigned char *)str; *s;) {
+        if (*s == '"' || *s == '\\') {
+            *o++ = '\\';
+            *o++ = (char)*s++;
+        } else if (*s < 0x20) {
+            o = W_LIT(o, "\\u00");
+            *o++ = hex[*s >> 4];
+            *o++ = hex[*s++ & 15];
+        } else if (*s < 0x80) {
+            *o++ = (char)*s++;
+        } else {
+            int n = cs_utf8_len(s);
+            if (n == 0) {
+                *o++ = '?';
+                s++;
+            }
+            for (; n > 0; n--)
+                *o++ = (char)*s++;
+        }
+    }
+    *o++ = '"';
+    return o;
+}
+
+/* The value; JSON gets numbers bare and everything else as a string. str: the recorded text
+ * of a string value. */
+static char *w_value(char *o, const vplan *v, uint64_t x, int json, const char *str)
 {
     switch (v->v) {
+    case V_STR:
+        return w_quoted(o, str, x);
     case V_HEX:
         if (json)
             *o++ = '"';
@@ -442,10 +485,11 @@ static char *w_decoded(char *o, const ca_fn_desc *d, const ca_param *p, const vp
 /* ---- the formats ------------------------------------------------------------------------------ */
 
 /* One value after its key, and what is decoded of it. */
-static char *w_keyed(char *o, const plan *pl, int k, const vplan *v, uint64_t x, int json)
+static char *w_keyed(char *o, const plan *pl, int k, const vplan *v, uint64_t x, int json,
+                     const char *str)
 {
     o = json ? w_mem(o, v->json_key, v->json_len) : w_mem(o, v->text_key, v->text_len);
-    o = w_value(o, v, x, json);
+    o = w_value(o, v, x, json, str);
     return v->dec ? w_decoded(o, pl->d, &pl->d->params[k], v, x, json) : o;
 }
 
@@ -454,7 +498,7 @@ static char *w_args(char *o, const plan *pl, const ca_rec *r, int json)
     for (int i = 0; i < pl->d->nparams; i++) {
         if (i)
             o = json ? W_LIT(o, ",") : W_LIT(o, ", ");
-        o = w_keyed(o, pl, i, &pl->arg[i], r->arg[i], json);
+        o = w_keyed(o, pl, i, &pl->arg[i], r->arg[i], json, r->str);
     }
     return o;
 }
@@ -466,7 +510,7 @@ static char *w_outs(char *o, const plan *pl, const ca_rec *r, int json)
             o = W_LIT(o, ", *");
         else if (i)
             *o++ = ',';
-        o = w_keyed(o, pl, r->out_idx[i], &pl->out[r->out_idx[i]], r->out[i], json);
+        o = w_keyed(o, pl, r->out_idx[i], &pl->out[r->out_idx[i]], r->out[i], json, NULL);
     }
     return o;
 }
@@ -519,6 +563,30 @@ static void make_ids(const ca_fmt_ctx *c, long tid, ca_fmt_ids *ids)
     ids->tid = tid;
 }
 
+/* Perfetto: a scope opened (a "B" event at the begin call, named as the scope) or closed
+ * (an "E" event at the end call's return), a duration slice on its thread. */
+static char *w_scope_event(char *o, const ca_fmt_ctx *c, const ca_rec *r, const ca_fmt_ids *ids)
+{
+    int begin = r->fn == CA_SCOPE_begin;
+    uint64_t t = begin ? r->t0 : r->t1;
+    t = t >= c->t_origin ? t - c->t_origin : 0;
+    o = W_LIT(o, "{\"name\":");
+    o = begin ? w_quoted(o, r->str, r->arg[0]) : W_LIT(o, "\"cacheshim_scope_end\"");
+    o = begin ? W_LIT(o, ",\"cat\":\"scope\",\"ph\":\"B\",\"ts\":")
+              : W_LIT(o, ",\"cat\":\"scope\",\"ph\":\"E\",\"ts\":");
+    o = w_fixed(o, t, 3);
+    o = w_mem(o, ids->text, ids->len);
+    o = w_str(o, from_name(r->from));
+    if (begin) {
+        o = W_LIT(o, "\",\"flags\":");
+        o = w_u64(o, (uint32_t)r->arg[1]);
+    } else {
+        o = W_LIT(o, "\",\"result\":");
+        o = w_i64(o, r->result);
+    }
+    return W_LIT(o, "}}");
+}
+
 size_t ca_format_rec(const ca_fmt_ctx *c, const ca_rec *r, long tid, ca_fmt_ids *ids, char *buf,
                      size_t cap)
 {
@@ -553,6 +621,8 @@ size_t ca_format_rec(const ca_fmt_ctx *c, const ca_rec *r, long tid, ca_fmt_ids 
         *o++ = '}';
         break;
     case CS_TRACE_PERFETTO:
+        if (r->fn >= CA_SCOPE_FIRST && r->result == 0) /* a failed call stays an "X" */
+            return (size_t)(w_scope_event(o, c, r, ids) - buf);
         o = w_mem(o, pl->pf_head, pl->pf_head_len);
         o = w_str(o, lib_name(r->lib));
         o = W_LIT(o, "\",\"ph\":\"X\",\"ts\":");

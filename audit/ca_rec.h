@@ -10,6 +10,8 @@
 #define CA_MAX_OUTS 4
 /* Most frames recorded per call site (CACHESHIM_TRACE_STACK, ca_stack.c). */
 #define CA_STACK_MAX 16
+/* Most bytes of a string argument recorded (a scope's name: the shim keeps 63 too). */
+#define CA_STR_MAX 63
 
 typedef struct {
     uint16_t fn;
@@ -21,6 +23,7 @@ typedef struct {
     int64_t bytes;                /* device bytes after the call (Perfetto counter), or -1 */
     uint64_t out[CA_MAX_OUTS];
     uint64_t arg[CA_MAX_PARAMS];
+    char str[CA_STR_MAX + 1];     /* a CA_K_STR argument's text (arg holds the pointer) */
     uint8_t nstack;               /* call site: return addresses recorded in stack */
     uint64_t stack[CA_STACK_MAX];
 } ca_rec;

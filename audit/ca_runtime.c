@@ -1,6 +1,7 @@
 /* Hand-written wrappers (layer 2, see ca_desc.h): cudart's memory entry points (when a
- * program binds a shared libcudart), libc's fork (so the trace follows the program's fork)
- * and _exit (so the file is finished), and the shim's dlsym. The runtime types are spelled
+ * program binds a shared libcudart), the shim's scope functions (the name recorded as text),
+ * libc's fork (so the trace follows the program's fork) and _exit (so the file is finished),
+ * and the shim's dlsym. The runtime types are spelled
  * as their ABI (cudaError_t is an int-sized enum, cudaStream_t a pointer), so this file
  * needs no cuda_runtime_api.h. */
 #include "ca_symbols.h"
@@ -30,10 +31,11 @@ static void out_size(ca_rec *r, int k, size_t *p)
         ca_set_out(r, k, *p);
 }
 
-/* The pattern of every runtime wrapper: begin, arguments, call, out-values, end. */
-#define RT_CALL(FN, TYPE, ARGS, RECORD_ARGS, OUTS)                   \
+/* The pattern of every hand-written wrapper of a call returning an int: begin, arguments,
+ * call, out-values, end. */
+#define HAND_CALL(FN, LIB, TYPE, ARGS, RECORD_ARGS, OUTS)            \
     do {                                                             \
-        ca_rec *r = ca_begin(FN, CA_LIB_RUNTIME, ca_from_of(__builtin_return_address(0))); \
+        ca_rec *r = ca_begin(FN, LIB, ca_from_of(__builtin_return_address(0))); \
         if (!r)                                                      \
             return REAL(FN, TYPE) ARGS;                              \
         RECORD_ARGS;                                                 \
@@ -46,6 +48,7 @@ static void out_size(ca_rec *r, int k, size_t *p)
         ca_end(r, e);                                                \
         return e;                                                    \
     } while (0)
+#define RT_CALL(FN, ...) HAND_CALL(FN, CA_LIB_RUNTIME, __VA_ARGS__)
 
 #define A(k, v) r->arg[k] = (uint64_t)(uintptr_t)(v)
 
@@ -132,6 +135,43 @@ void *ca_runtime_bind(const char *name, void *real)
         return ca_traced[fn] ? rt_wrappers[i].wrapper : NULL;
     }
     return NULL;
+}
+
+/* ---- the shim's scopes (cacheshim.h): the program's begin and end, with the name ------------------ */
+
+typedef int (*scope_begin_fn)(const char *, unsigned);
+typedef int (*scope_end_fn)(void *, size_t);
+
+/* The name's text is recorded (its first CA_STR_MAX bytes), not only its address. */
+static void record_name(ca_rec *r, const char *name)
+{
+    A(0, name);
+    r->str[0] = '\0';
+    if (name)
+        strncat(r->str, name, CA_STR_MAX);
+}
+
+static int w_scope_begin(const char *name, unsigned flags)
+{
+    HAND_CALL(CA_SCOPE_begin, CA_LIB_SHIM, scope_begin_fn, (name, flags),
+              (record_name(r, name), A(1, flags)), (void)0);
+}
+
+static int w_scope_end(void *out, size_t size)
+{
+    HAND_CALL(CA_SCOPE_end, CA_LIB_SHIM, scope_end_fn, (out, size), (A(0, out), A(1, size)),
+              (void)0);
+}
+
+void *ca_scope_bind(const char *name, void *real)
+{
+    int fn = ca_lookup_scope(name);
+    if (fn < 0)
+        return NULL;
+    rt_real[fn - CA_RT_FIRST] = real;
+    if (!ca_traced[fn])
+        return NULL;
+    return fn == CA_SCOPE_begin ? FNPTR(w_scope_begin) : FNPTR(w_scope_end);
 }
 
 /* ---- fork ---------------------------------------------------------------------------------------- */

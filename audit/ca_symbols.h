@@ -33,6 +33,8 @@ void *ca_wrap_address(void *p);
 
 /* The wrapper for a cudart symbol, or NULL. */
 void *ca_runtime_bind(const char *name, void *real);
+/* The wrapper for libcacheshim.so's cacheshim_scope_begin or _end, or NULL. */
+void *ca_scope_bind(const char *name, void *real);
 /* The wrapper for libc's fork, _exit or _Exit, or NULL for other names. */
 void *ca_libc_bind(const char *name, void *real);
 /* The wrapper for libcacheshim.so's dlsym. */

@@ -71,7 +71,8 @@ static void report_line(const char *line, void *arg)
 static const char memory_globs[] =
     "cuMemAlloc*,cuMemFree*,cuMemGetInfo*,cuMemHostAlloc*,cuMemHostRegister*,"
     "cuMemHostUnregister*,cuMemCreate*,cuMemRelease*,cuMemMap*,cuMemUnmap*,"
-    "cuMemAddressReserve*,cuMemAddressFree*,cuMemGetAddressRange*,cuMemPool*,cuda*";
+    "cuMemAddressReserve*,cuMemAddressFree*,cuMemGetAddressRange*,cuMemPool*,cuda*,"
+    "cacheshim_scope_*";
 
 static int matches(const char *list, const char *name)
 {

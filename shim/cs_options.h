@@ -95,6 +95,9 @@ uint64_t cs_size_resolve(const cs_size_spec *spec, uint64_t device_total);
 /* "8 GiB", "75% of device memory", "unlimited": for the verbose print and messages. */
 void cs_size_format(const cs_size_spec *spec, char *buf, size_t len);
 void cs_bytes_format(uint64_t bytes, char *buf, size_t len);
+/* The length of the valid UTF-8 sequence at s, or 0 (not one, or one that JSON readers
+ * refuse: overlong, a surrogate, beyond U+10FFFF). Shared by the tracer and the report. */
+int cs_utf8_len(const unsigned char *s);
 
 /* One variable of the table, by name, parsed into opts as cs_options_load would parse it
  * (the launcher checks its command line with this). Returns 0; -1 for a bad value or a NULL

@@ -6,6 +6,7 @@
  *   report_read.c   a whole trace into events (JSON Lines or the allocation format)
  *   report_sum.c    the numbers: calls, callers, sizes, bytes in use over time, failures,
  *                   each allocation's lifetime and the call sites holding memory at the peak
+ *   report_scope.c  the program's scopes (cacheshim.h): what was allocated in each
  *   report_sym.c    call sites' addresses into functions, files and lines (libdw)
  *   report_table.c  the numbers as tables of text cells, shared by both outputs
  *   report_text.c   the tables aligned on stdout
@@ -33,6 +34,8 @@ enum { RP_LIB_DRIVER, RP_LIB_SHIM, RP_LIB_RUNTIME, RP_LIB_TRACE, RP_NLIB };
 enum { RP_FROM_APP, RP_FROM_SHIM, RP_FROM_CUDART, RP_FROM_NONE, RP_NFROM };
 /* What it does to device bytes: the calls and rules of the tracer's counter (audit/ca_mem.c). */
 enum { RP_ROLE_NONE, RP_ROLE_ALLOC, RP_ROLE_FREE };
+/* A call of the shim's scopes (cacheshim_scope_begin, cacheshim_scope_end). */
+enum { RP_SCOPE_NONE, RP_SCOPE_BEGIN, RP_SCOPE_END };
 
 #define RP_NO_STRING UINT32_MAX
 
@@ -47,7 +50,8 @@ typedef struct {
     uint32_t name;    /* string index */
     uint32_t result_name; /* string index or RP_NO_STRING */
     uint32_t stack;   /* call site ("PID 0xPC 0xPC..." interned) or RP_NO_STRING */
-    uint8_t lib, from, role;
+    uint32_t scope_name; /* RP_SCOPE_BEGIN: the scope's name (string index) */
+    uint8_t lib, from, role, scope;
     uint8_t handle;   /* ptr is a cuMemCreate handle, not an address */
 } rp_event;
 
@@ -162,6 +166,26 @@ typedef struct {
     uint64_t in_use;    /* bytes in use through the same library when it failed */
 } rp_failure;
 
+/* One entry into a scope: from the end of its begin call to the start of its end call
+ * (UINT64_MAX: still open when the trace ends), and the program's allocations on its
+ * thread meanwhile (inner scopes' too). held: bytes of those not freed at its end. */
+typedef struct {
+    uint32_t name;
+    int64_t pid, tid;
+    uint64_t start, end;
+    uint32_t parent, depth;   /* the entry it is nested in (UINT32_MAX none), how deep */
+    uint64_t allocs, bytes, peak, held;
+} rp_scope_entry;
+
+/* A scope's entries added up per name, as the shim's exit report: peak the highest of
+ * them, held_at_end the last entry's (at the trace's end when it is still open). */
+typedef struct {
+    uint32_t name;
+    uint64_t entered, open;   /* entries, and those with no end in the trace */
+    uint64_t allocs, bytes, peak, held_at_end;
+    bool last_open;
+} rp_scope_stat;
+
 typedef struct {
     const rp_trace *trace;
     uint64_t t_first, t_last;   /* first start, last end */
@@ -181,12 +205,18 @@ typedef struct {
     bool has_stacks;            /* some allocation has a call site */
     rp_site *sites;             /* at prog_lib's peak, most bytes first */
     size_t nsites;
+    rp_scope_entry *scope_entries; /* in order of entry */
+    size_t nscope_entries;
+    rp_scope_stat *scopes;      /* per name, in order of first entry */
+    size_t nscopes;
 } rp_summary;
 
 /* Computes everything from t with nslices timeline slices and ncols plot columns (both
  * >= 1; fewer when the trace spans fewer nanoseconds). 0, or -1 when out of host memory. */
 int rp_summarize(const rp_trace *t, size_t nslices, size_t ncols, rp_summary *s);
 void rp_summary_free(rp_summary *s);
+/* The scopes of s from t (report_scope.c; after the bands). 0, or -1 when out of memory. */
+int rp_scopes(const rp_trace *t, rp_summary *s);
 /* Start time of slice i of n over the trace's span ([t_first, t_last]). */
 uint64_t rp_slice_start(const rp_summary *s, size_t i, size_t n);
 
@@ -231,6 +261,9 @@ int rp_text_write(FILE *f, const rp_tables *ts);
 int rp_html_write(FILE *f, const rp_summary *s, const rp_tables *ts);
 /* Columns of the plot: the summary's ncols for the HTML page, one a pixel. */
 #define RP_PLOT_COLUMNS 840
+/* text escaped for HTML (report_html.c); bytes that are not UTF-8 and control characters
+ * as U+FFFD. */
+void rp_put_escaped(FILE *f, const char *text);
 /* The inline SVG plot of bytes in use over time. */
 void rp_svg_write(FILE *f, const rp_summary *s);
 /* Allocations drawn one band each at most (the largest by bytes x lifetime); the rest as one

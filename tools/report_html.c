@@ -6,21 +6,9 @@
 
 #include <string.h>
 
-/* The length of the valid UTF-8 sequence at s, or 0. */
-static int utf8_len(const unsigned char *s)
-{
-    unsigned char c = s[0];
-    int n = c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3 : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
-    for (int i = 1; i < n; i++)
-        if ((s[i] & 0xc0) != 0x80)
-            return 0;
-    if ((c == 0xe0 && s[1] < 0xa0) || (c == 0xed && s[1] > 0x9f) || /* overlong, surrogates */
-        (c == 0xf0 && s[1] < 0x90) || (c == 0xf4 && s[1] > 0x8f))
-        return 0;
-    return n;
-}
+#include "cs_options.h"
 
-static void put_escaped(FILE *f, const char *text)
+void rp_put_escaped(FILE *f, const char *text)
 {
     const unsigned char *s = (const unsigned char *)text;
     while (*s) {
@@ -37,7 +25,7 @@ static void put_escaped(FILE *f, const char *text)
                 else
                     fputc(*s, f);
             } else {
-                int n = utf8_len(s);
+                int n = cs_utf8_len(s);
                 if (!n) {
                     fputs("&#xFFFD;", f);
                     n = 1;
@@ -71,11 +59,11 @@ static void put_table(FILE *f, const rp_table *t)
     for (int c = 0; c < t->ncols; c++)
         head |= t->head[c][0] != '\0';
     fprintf(f, "<section id=\"%s\">\n<h2>", t->id);
-    put_escaped(f, t->title);
+    rp_put_escaped(f, t->title);
     fputs("</h2>\n", f);
     if (t->note) {
         fputs("<p class=\"note\">", f);
-        put_escaped(f, t->note);
+        rp_put_escaped(f, t->note);
         fputs("</p>\n", f);
     }
     if (t->nrows) {
@@ -84,7 +72,7 @@ static void put_table(FILE *f, const rp_table *t)
             fputs("<thead><tr>", f);
             for (int c = 0; c < t->ncols; c++) {
                 fputs(t->right >> c & 1 ? "<th class=\"num\">" : "<th>", f);
-                put_escaped(f, t->head[c]);
+                rp_put_escaped(f, t->head[c]);
                 fputs("</th>", f);
             }
             fputs("</tr></thead>\n", f);
@@ -94,7 +82,7 @@ static void put_table(FILE *f, const rp_table *t)
             fputs("<tr>", f);
             for (int c = 0; c < t->ncols; c++) {
                 fputs(t->right >> c & 1 ? "<td class=\"num\">" : "<td>", f);
-                put_escaped(f, t->cell[r * (size_t)t->ncols + (size_t)c]);
+                rp_put_escaped(f, t->cell[r * (size_t)t->ncols + (size_t)c]);
                 fputs("</td>", f);
             }
             fputs("</tr>\n", f);
@@ -109,10 +97,10 @@ int rp_html_write(FILE *f, const rp_summary *s, const rp_tables *ts)
     fputs("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
           "<meta name=\"generator\" content=\"" REPORT_NAME " " REPORT_VERSION "\">\n"
           "<title>cacheshim report: ", f);
-    put_escaped(f, s->trace->path);
+    rp_put_escaped(f, s->trace->path);
     fprintf(f, "</title>\n<style>\n%s</style>\n</head>\n<body>\n<h1>cacheshim report</h1>\n"
                "<p class=\"sub\">", style);
-    put_escaped(f, s->trace->path);
+    rp_put_escaped(f, s->trace->path);
     fputs(" &#8212; " REPORT_NAME " " REPORT_VERSION "</p>\n", f);
     /* The trace's own table first, then the plot, then the rest. */
     for (size_t i = 0; i < ts->n; i++) {

@@ -122,6 +122,24 @@ static const char *memory_role(const char *name, const json_t *args, const json_
     return mul_ok(pitch, height, &e->size) ? NULL : "cuMemAllocPitch size overflows";
 }
 
+/* The shim's scopes: a begin names its scope (a string, or null: "(unnamed)" as the shim). */
+static const char *scope_call(const char *name, const json_t *args, rp_trace *t, rp_event *e,
+                              int *oom)
+{
+    if (!strcmp(name, "cacheshim_scope_end"))
+        e->scope = RP_SCOPE_END;
+    if (strcmp(name, "cacheshim_scope_begin"))
+        return NULL;
+    const json_t *v = json_object_get(args, "name");
+    if (!v || (!json_is_string(v) && !json_is_null(v)))
+        return "cacheshim_scope_begin without its name (a string or null) in \"args\"";
+    e->scope = RP_SCOPE_BEGIN;
+    e->scope_name = v && json_is_string(v) ? rp_intern(t, json_string_value(v), json_string_length(v))
+                                           : rp_intern(t, "(unnamed)", 9);
+    *oom = e->scope_name == RP_NO_STRING;
+    return NULL;
+}
+
 /* The call site: "PID 0xPC 0xPC ..." interned, so that equal stacks are one site. */
 static const char *call_site(const json_t *stack, rp_trace *t, rp_event *e, int *oom)
 {
@@ -218,7 +236,8 @@ int rp_json_record(const char *line, size_t len, rp_trace *t, rp_event *e, const
         *why = "\"result_name\" must be a string or null";
     else if ((args && !json_is_object(args)) || (out && !json_is_object(out)))
         *why = "\"args\" and \"out\" must be objects";
-    else if (!(*why = memory_role(json_string_value(name), args, out, e)))
+    else if (!(*why = memory_role(json_string_value(name), args, out, e)) &&
+             !(*why = scope_call(json_string_value(name), args, t, e, &oom)))
         *why = call_site(json_object_get(root, "stack"), t, e, &oom);
     if (*why)
         goto done;

@@ -437,7 +437,7 @@ int rp_summarize(const rp_trace *t, size_t nslices, size_t ncols, rp_summary *s)
         s->ncols = span ? (size_t)span : 1;
     choose_libs(t, s);
     if (calls_by_name(t, s) || calls_by_caller(t, s) || bytes_in_use(t, s) ||
-        count_threads(t, s) || sites_at_peak(s)) {
+        count_threads(t, s) || sites_at_peak(s) || rp_scopes(t, s)) {
         rp_summary_free(s);
         return -1;
     }
@@ -453,6 +453,8 @@ void rp_summary_free(rp_summary *s)
     for (size_t i = 0; i < s->nsites; i++)
         free(s->sites[i].where);
     free(s->sites);
+    free(s->scope_entries);
+    free(s->scopes);
     for (int l = 0; l < RP_NLIB; l++) {
         free(s->series[l].slice_max);
         free(s->series[l].col_max);

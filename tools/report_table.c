@@ -412,6 +412,36 @@ static void sites_table(builder *b, const rp_summary *s)
     }
 }
 
+/* The program's scopes (cacheshim.h), when the trace has any. */
+static void scopes_table(builder *b, const rp_summary *s)
+{
+    if (s->nscopes == 0)
+        return;
+    static const char *const head[] = {"scope", ">entered", ">still open", ">allocations",
+                                       ">bytes", ">peak", ">held at end", NULL};
+    rp_table *t = table(b, "scopes", "Scopes", head);
+    if (!t)
+        return;
+    t->note = format(b, "Per scope name (cacheshim_scope_begin): the program's allocations (%s) "
+                     "on the scope's thread while it was open, inner scopes' included; peak: "
+                     "the most of those bytes held at once in one entry; held at end: what "
+                     "the last entry still held at its end, or at the end of the trace when "
+                     "it is still open (marked *).",
+                     rp_lib_name(s->prog_lib));
+    for (size_t i = 0; i < s->nscopes; i++) {
+        const rp_scope_stat *x = &s->scopes[i];
+        char held[32];
+        rp_fmt_bytes(x->held_at_end, held, sizeof held);
+        char *name = format(b, "%s", rp_str(s->trace, x->name));
+        for (char *p = name; p && *p; p++) /* the program's text: no control characters */
+            *p = (unsigned char)*p < 0x20 || *p == 0x7f ? '?' : *p;
+        row(b, t, (char *[]){name, u64_cell(b, x->entered),
+                             u64_cell(b, x->open), u64_cell(b, x->allocs),
+                             bytes_cell(b, x->bytes), bytes_cell(b, x->peak),
+                             format(b, "%s%s", held, x->last_open ? " *" : "")});
+    }
+}
+
 int rp_tables_build(const rp_summary *s, rp_tables *out)
 {
     *out = (rp_tables){0};
@@ -423,6 +453,7 @@ int rp_tables_build(const rp_summary *s, rp_tables *out)
     in_use_table(&b, s);
     timeline_table(&b, s);
     sites_table(&b, s);
+    scopes_table(&b, s);
     failures_table(&b, s);
     if (b.failed) {
         rp_tables_free(out);

@@ -192,6 +192,36 @@ static const char *prog_meaning(int lib)
     }
 }
 
+/* The program's scope entries (cacheshim.h) as shaded intervals behind the bands, from the end
+ * of the begin call to the start of the end call (the end of the trace when still open):
+ * nested ones shade deeper. At most RP_MAX_BANDS, the first ones. */
+static void scope_marks(FILE *f, const rp_summary *s, const scale *c)
+{
+    if (s->nscope_entries == 0)
+        return;
+    fputs("<g class=\"scopes\" fill=\"#ff7f0e\" fill-opacity=\"0.12\">\n", f);
+    for (size_t i = 0; i < s->nscope_entries && i < RP_MAX_BANDS; i++) {
+        const rp_scope_entry *x = &s->scope_entries[i];
+        uint64_t end = x->end != UINT64_MAX ? x->end : s->t_last;
+        double x0 = xof(c, x->start), x1 = xof(c, end > x->start ? end : x->start);
+        char t0[32], t1[32] = "still open", bytes[32];
+        rp_fmt_seconds(x->start, t0, sizeof t0);
+        if (x->end != UINT64_MAX)
+            rp_fmt_seconds(x->end, t1, sizeof t1);
+        rp_fmt_bytes(x->bytes, bytes, sizeof bytes);
+        const char *name = rp_str(s->trace, x->name);
+        fputs("<rect class=\"scope\" data-scope=\"", f);
+        rp_put_escaped(f, name);
+        fprintf(f, "\" x=\"%.1f\" y=\"%d\" width=\"%.1f\" height=\"%d\"><title>scope ", x0,
+                MT, x1 - x0 > 0.5 ? x1 - x0 : 0.5, PH);
+        rp_put_escaped(f, name);
+        fprintf(f, " (thread %" PRId64 "), %s s to %s%s: %" PRIu64 " allocations, %s</title>"
+                   "</rect>\n", x->tid, t0, t1, x->end != UINT64_MAX ? " s" : "", x->allocs,
+                bytes);
+    }
+    fputs("</g>\n", f);
+}
+
 int rp_timeline_write(FILE *f, const rp_summary *s)
 {
     const rp_series *prog = &s->series[s->prog_lib];
@@ -230,11 +260,13 @@ int rp_timeline_write(FILE *f, const rp_summary *s)
                "stacked in allocation order: a free lets the bands above it down. Grey: all "
                "of %s's bytes in use (the highest of each pixel column); what the bands "
                "leave of it is the smaller allocations."
-               "%s Hover a band for its size and times.</p>\n",
+               "%s%s Hover a band for its size and times.</p>\n",
             n, s->nbands, rp_lib_name(s->prog_lib), prog_meaning(s->prog_lib),
             rp_lib_name(s->prog_lib),
             res ? " Dashed: the driver's reserved bytes, what the process held on the device."
-                : "");
+                : "",
+            s->nscope_entries ? " Shaded: the program's scopes (cacheshim.h), each entry from its "
+                                "begin to its end; nested ones deeper." : "");
     fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" class=\"plot timeline\" width=\"%d\" "
                "height=\"%d\" viewBox=\"0 0 %d %d\" role=\"img\" data-bands=\"%zu\" "
                "data-allocations=\"%zu\" data-y-max-bytes=\"%.0f\">\n"
@@ -261,6 +293,7 @@ int rp_timeline_write(FILE *f, const rp_summary *s)
     fprintf(f, "<text x=\"%d\" y=\"%d\" font-size=\"13\">time (%s) after the first event</text>"
                "\n</g>\n", ML + PW / 2, H - 14, xu.name);
 
+    scope_marks(f, s, &c);
     fprintf(f, "<path class=\"live-area\" data-lib=\"%s\" fill=\"#d0d0d0\" stroke=\"none\" d=\"",
             rp_lib_name(s->prog_lib));
     column_path(f, s, &c, prog->col_max, true);

@@ -467,6 +467,8 @@ def part_malformed(report, data, version):
         ("size", rec(args={"dptr": "0x10"}), 2, 'an allocation without its size in "args"', None),
         ("free", rec(name="cuMemFree_v2", args={}), 2, 'a free without its pointer in "args"',
          None),
+        ("scope-name", rec(name="cacheshim_scope_begin", lib="shim", args={"name": 5}), 2,
+         'cacheshim_scope_begin without its name (a string or null) in "args"', None),
         ("pitch", rec(name="cuMemAllocPitch_v2", args={"dptr": "0x1"}), 2,
          'cuMemAllocPitch without WidthInBytes and Height in "args"', None),
         ("hex", rec(name="cuMemFree_v2", args={"dptr": "0xzz"}), 2,
@@ -735,7 +737,8 @@ def check_page_tables(what, text_out, page):
     tables = parse_tables(text_out)
     ids = {"Trace": "trace", "Calls by name": "calls", "Calls by caller": "callers",
            "Allocation sizes": "sizes", "Bytes in use": "in_use", "Timeline": "timeline",
-           "Allocation sites at the peak": "sites", "Failed allocations": "failures"}
+           "Allocation sites at the peak": "sites", "Failed allocations": "failures",
+           "Scopes": "scopes"}
     for title, t in tables.items():
         rows = page.tables.get(ids[title])
         if not t["rows"]:
@@ -765,6 +768,17 @@ def check_timeline(what, text, evs):
     check(f"{what}: timeline bands", sorted(bands, reverse=True), sizes)
     reserved = [p for p in svg.iter(NS + "path") if p.get("class") == "reserved"]
     check(f"{what}: reserved line", len(reserved), int(prog != "driver" and "driver" in libs))
+
+
+def check_scope_marks(what, text, names):
+    """The memory timeline shades each scope entry, named in its title."""
+    m = re.search(r'<svg [^>]*class="plot timeline".*?</svg>', text, re.S)
+    if not m:
+        failures.append(f"{what}: no memory timeline")
+        return
+    svg = ET.fromstring(m.group(0))
+    marks = [r.get("data-scope") for r in svg.iter(NS + "rect") if r.get("class") == "scope"]
+    check(f"{what}: scope marks", marks, names)
 
 
 def part_html(report, data):
@@ -1002,6 +1016,39 @@ def part_recorded(report, audit, prog, fake_dir, cudart_dir, shim):
     rows = {r[0]: r for r in t.get("Bytes in use", {"rows": []})["rows"]}
     check("runtime: libraries", sorted(rows), ["driver", "runtime"])
     check("runtime: peak", rows.get("runtime", [None] * 3)[2], str(2 * MiB))
+
+    # Scopes (audit_prog scopes, cacheshim.h): "outer" holds two entries of "inner"; another
+    # thread frees outer's first block and allocates 8 MiB that no scope counts.
+    path = record("scopes", "scopes.jsonl", preload=shim)
+    head = ["scope", "entered", "still open", "allocations", "bytes", "peak", "held at end"]
+    t = table(report, path)
+    # outer: 1 MiB, 2 x (4 KiB + 64 KiB), 512 KiB = 1712128 B; peak 1 MiB + 2 x 64 KiB + 4 KiB
+    # = 1183744 B; held at end 2 x 64 KiB + 512 KiB. inner: 139264 B, peak 69632 B, 64 KiB.
+    expect_rows("scopes", t, "Scopes", [
+        ["outer", "1", "0", "6", "1.63 MiB", "1.13 MiB", "640 KiB"],
+        ["inner", "2", "0", "4", "136 KiB", "68.0 KiB", "64.0 KiB"],
+        ['odd "name"?\u00e9???', "1", "0", "0", "0 B", "0 B", "0 B"]], head)
+    out, text, page = load_page(report, path)
+    check_page_tables("scopes page", out, page)
+    check_scope_marks("scopes page", text, ["outer", "inner", "inner", 'odd "name"\ufffd\u00e9???'])
+    # The trace cut inside the second "inner" (a program killed there), after its two
+    # allocations: both scopes still open, counted to the end of the trace.
+    lines = open(path).read().splitlines(keepends=True)
+    begins = [i for i, l in enumerate(lines) if '"name":"inner"' in l]
+    allocs = [i for i, l in enumerate(lines) if i > begins[1] and '"lib":"shim"' in l and
+              '"cuMemAlloc_v2"' in l]
+    cut = os.path.join(d, "scopes-cut.jsonl")
+    with open(cut, "w") as f:
+        f.write("".join(lines[:allocs[1] + 1]) + lines[allocs[1] + 1][:40])
+    t = table(report, cut)
+    expect_rows("scopes cut", t, "Scopes", [
+        ["outer", "1", "1", "5", "1.13 MiB", "1.13 MiB", "1.13 MiB *"],
+        ["inner", "2", "1", "4", "136 KiB", "68.0 KiB", "68.0 KiB *"]], head)
+    out, text, page = load_page(report, cut)
+    check_page_tables("scopes cut page", out, page)
+    check_scope_marks("scopes cut page", text, ["outer", "inner", "inner"])
+    # Without scopes, no table.
+    check("no scopes", "Scopes" in table(report, record("direct", "direct.jsonl")), False)
 
     # 8 threads of 700 pairs: records written thread by thread, out of time order.
     path = record("threads", "threads.jsonl")

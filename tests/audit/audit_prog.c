@@ -18,6 +18,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "cacheshim.h"
+
 #define MiB (1024u * 1024u)
 
 /* The fake cudart (tests/audit/fake_cudart.c): cudaError_t is an int. */
@@ -163,6 +165,65 @@ static void *worker(void *arg)
     for (int i = 0; i < PAIRS; i++)
         pair(512 + (size_t)i);
     return NULL;
+}
+
+/* scopes (with the cache loaded): nested scopes with allocations inside, a free of a scope's
+ * block by another thread, an allocation of another thread that no scope counts, an end with
+ * no scope open, a name that must be escaped. The numbers the shim returns are checked here;
+ * check_trace.py and test_report.py expect the same from the trace. */
+static CUdeviceptr scoped_free_ptr;
+
+static void *free_other_thread(void *arg)
+{
+    CUdeviceptr x = 0;
+    CHECK(cuCtxSetCurrent(ctx) == CUDA_SUCCESS);
+    CHECK(cuMemAlloc(&x, 8 * MiB) == CUDA_SUCCESS); /* not this thread's scope */
+    CHECK(cuMemFree(scoped_free_ptr) == CUDA_SUCCESS);
+    *(CUdeviceptr *)arg = x;
+    return NULL;
+}
+
+static void check_stats(const cacheshim_scope_stats *st, uint64_t allocs, uint64_t bytes,
+                        uint64_t peak, uint64_t held)
+{
+    CHECK(st->allocs == allocs && st->bytes_allocated == bytes && st->peak == peak &&
+          st->held_at_end == held);
+}
+
+static void scopes(void)
+{
+    CUdeviceptr a, b, c[2], d, x = 0;
+    cacheshim_scope_stats st;
+    CHECK(cacheshim_scope_begin_if_loaded("outer", 0) == 0);
+    CHECK(cuMemAlloc(&a, 1 * MiB) == CUDA_SUCCESS);
+    for (int i = 0; i < 2; i++) {
+        CHECK(cacheshim_scope_begin_if_loaded("inner", CACHESHIM_SCOPE_RELEASE) == 0);
+        CHECK(cuMemAlloc(&b, 4096) == CUDA_SUCCESS);
+        CHECK(cuMemAlloc(&c[i], 64 * 1024) == CUDA_SUCCESS);
+        CHECK(cuMemFree(b) == CUDA_SUCCESS);
+        CHECK(cacheshim_scope_end_if_loaded(&st) == 0);
+        check_stats(&st, 2, 4096 + 64 * 1024, 4096 + 64 * 1024, 64 * 1024);
+    }
+    /* A large stack: the tests reserve 16 MiB of static TLS (for TSan under LD_AUDIT, see
+     * check_trace.py), which glibc places on each thread's stack; what the default 8 MiB
+     * leaves is too little for the ASan-built shim's first allocation on a thread. */
+    pthread_t th;
+    pthread_attr_t attr;
+    CHECK(pthread_attr_init(&attr) == 0 && pthread_attr_setstacksize(&attr, 64 * MiB) == 0);
+    scoped_free_ptr = a;
+    CHECK(pthread_create(&th, &attr, free_other_thread, &x) == 0);
+    CHECK(pthread_attr_destroy(&attr) == 0);
+    CHECK(pthread_join(th, NULL) == 0);
+    CHECK(cuMemAlloc(&d, 512 * 1024) == CUDA_SUCCESS);
+    CHECK(cacheshim_scope_end_if_loaded(&st) == 0);
+    check_stats(&st, 6, MiB + 2 * (4096 + 64 * 1024) + 512 * 1024,
+                MiB + 2 * 64 * 1024 + 4096, 2 * 64 * 1024 + 512 * 1024);
+    CHECK(cacheshim_scope_end_if_loaded(NULL) == -1); /* none open */
+    /* a quote, a tab, an e-acute, a surrogate's bytes (not UTF-8): escaped, kept, '?' x3 */
+    CHECK(cacheshim_scope_begin_if_loaded("odd \"name\"\t\xc3\xa9\xed\xa0\x80", 0) == 0);
+    CHECK(cacheshim_scope_end_if_loaded(NULL) == 0);
+    CHECK(cuMemFree(c[0]) == CUDA_SUCCESS && cuMemFree(c[1]) == CUDA_SUCCESS);
+    CHECK(cuMemFree(d) == CUDA_SUCCESS && cuMemFree(x) == CUDA_SUCCESS);
 }
 
 static void threads(void)
@@ -317,6 +378,8 @@ int main(int argc, char **argv)
         streams();
     else if (strcmp(s, "threads") == 0)
         threads();
+    else if (strcmp(s, "scopes") == 0)
+        scopes();
     else if (strcmp(s, "fork") == 0)
         forked();
     else if (strcmp(s, "spawn") == 0)

@@ -203,6 +203,72 @@ def case_shim_procaddr():
 
 # ---------------------------------------------------------------- formats
 
+# ---------------------------------------------------------------- scopes (cacheshim.h)
+
+# audit_prog scopes: the begins (name, flags) and ends (result) in order; one end has no scope.
+SCOPE_NAMES = ["outer", "inner", "inner", 'odd "name"\t\u00e9???']
+SCOPE_FLAGS = [0, 1, 1, 0]
+SCOPE_ENDS = [0, 0, 0, -1, 0]
+# The program's calls on its main thread: B(egin), E(nd), A(llocation), F(ree).
+SCOPE_SEQUENCE = "BA" + "BAAFE" * 2 + "AE" + "E" + "BE" + "FFFF"
+
+
+def case_scopes_jsonl():
+    p = run("scopes", preload=SHIM, CACHESHIM_TRACE_FORMAT="jsonl")
+    ev = jsonl(p.stderr)
+    begins = [e for e in ev if e["name"] == "cacheshim_scope_begin"]
+    ends = [e for e in ev if e["name"] == "cacheshim_scope_end"]
+    check([e["args"]["name"] for e in begins] == SCOPE_NAMES, f"names {begins}")
+    check([e["args"]["flags"] for e in begins] == SCOPE_FLAGS, f"flags {begins}")
+    check([e["args"]["flags_decoded"] for e in begins] ==
+          ["0", "CACHESHIM_SCOPE_RELEASE", "CACHESHIM_SCOPE_RELEASE", "0"], "flags decoded")
+    check([e["result"] for e in ends] == SCOPE_ENDS, f"end results {ends}")
+    check([e["args"]["size"] for e in ends] == [56, 56, 56, 0, 0], "end sizes")
+    for e in begins + ends:
+        check(e["lib"] == "shim" and e["from"] == "app" and e["result_name"] is None, f"{e}")
+    main = begins[0]["tid"]
+    letter = {"cacheshim_scope_begin": "B", "cacheshim_scope_end": "E", "cuMemAlloc_v2": "A",
+              "cuMemFree_v2": "F"}
+    seq = "".join(letter[e["name"]] for e in ev
+                  if e["tid"] == main and e["lib"] == "shim" and e["name"] in letter)
+    check(seq == SCOPE_SEQUENCE, f"calls in order {seq}, expected {SCOPE_SEQUENCE}")
+
+
+def case_scopes_text():
+    p = run("scopes", preload=SHIM)
+    lines = [l for l in p.stderr.splitlines() if "cacheshim_scope_" in l]
+    tail = r" \[shim, from app, pid \d+, tid \d+, at \d+\.\d{9} s, \d+\.\d{3} us\]"
+    want = [r'cacheshim_scope_begin\(name="outer", flags=0 \(0\)\) = 0',
+            r'cacheshim_scope_begin\(name="inner", flags=1 \(CACHESHIM_SCOPE_RELEASE\)\) = 0',
+            r"cacheshim_scope_end\(out=0x[0-9a-f]+, size=56\) = 0"] * 1
+    want = [want[0], want[1], want[2], want[1], want[2], want[2],
+            r"cacheshim_scope_end\(out=0x0, size=0\) = -1",
+            r'cacheshim_scope_begin\(name="odd \\"name\\"\\u0009\u00e9\?\?\?", flags=0 \(0\)\) = 0',
+            r"cacheshim_scope_end\(out=0x0, size=0\) = 0"]
+    check(len(lines) == len(want), f"{len(lines)} scope lines:\n" + "\n".join(lines))
+    for line, pat in zip(lines, want):
+        check(re.fullmatch(r"\[Intercepted\] " + pat + tail, line), f"{line!r} is not {pat}")
+
+
+def case_scopes_perfetto():
+    run("scopes", preload=SHIM, CACHESHIM_TRACE_FORMAT="perfetto", CACHESHIM_TRACE_FILE=trace_file())
+    ev = json.loads(read(only_file()))["traceEvents"]
+    scope = [e for e in ev if e.get("cat") == "scope"]
+    b = [e for e in scope if e["ph"] == "B"]
+    check([e["name"] for e in b] == SCOPE_NAMES, f"slices {b}")
+    check([e["args"]["flags"] for e in b] == SCOPE_FLAGS, "flags")
+    check(len(scope) == 8 and all(e["ph"] in "BE" for e in scope), f"B and E events {scope}")
+    depth = 0
+    for e in scope:  # balanced, nested, on one thread, in time order
+        depth += 1 if e["ph"] == "B" else -1
+        check(depth >= 0 and e["tid"] == b[0]["tid"] and e["args"]["from"] == "app", f"{e}")
+        check(e["ph"] == "B" or e["args"]["result"] == 0, f"{e}")
+    check(depth == 0 and [e["ts"] for e in scope] == sorted(e["ts"] for e in scope), "order")
+    bad = [e for e in ev if e["name"] == "cacheshim_scope_end" and e["ph"] == "X"]
+    check(len(bad) == 1 and bad[0]["cat"] == "shim" and bad[0]["args"]["result"] is None and
+          bad[0]["args"]["args"]["size"] == 0, f"the end with no scope open: {bad}")
+
+
 def case_format_text():
     p = run("direct")
     lines = [l for l in p.stderr.splitlines() if l.startswith("[Intercepted] ")]
