@@ -650,6 +650,7 @@ typedef struct {
     chunk c;
     int from;
     bool mapped;
+    bool stuck;            /* rollback: its unmap failed, still mapped in the window */
 } place;
 
 /* A piece of the window: a hole to fill, or a free span already mapped. */
@@ -669,6 +670,7 @@ typedef struct {
     chunk *trade;          /* spare chunks that fit nowhere, released for new memory */
     size_t ntrade;
     uint64_t created;
+    uint64_t gen;          /* the access generation when the plan was made */
     bool dry;              /* only count: stop at `left`, take nothing (cs_pool_need) */
     uint64_t left;         /* the new memory the plan takes, once its moves are chosen */
 } plan;
@@ -719,7 +721,7 @@ static long movable(const arena *a, const plan *pl, uint64_t bytes)
 static bool place_spare(cs_pool *p, plan *pl, uint64_t va, int e)
 {
     chunk c = spare_pop(p, e);
-    if (add_place(pl, (place){va, 0, c, FROM_SPARE, false}))
+    if (add_place(pl, (place){va, 0, c, FROM_SPARE, false, false}))
         return true;
     spare_push(p, c);  /* room was there: it was just taken */
     return false;
@@ -812,7 +814,7 @@ static int plan_make(cs_pool *p, const window *w, uint64_t size, uint64_t max_ne
         while (tail[i] && left > max_new && (m = movable(a, pl, tail[i])) >= 0) {
             mapping c = a->maps[m];
             if (!add_place(pl, (place){end - tail[i], c.va, {c.handle, c.size}, FROM_FREE,
-                                       false})) {
+                                       false, false})) {
                 free(tail);
                 plan_undo(p, pl);
                 return CS_BE_OOM;
@@ -832,7 +834,7 @@ static int plan_make(cs_pool *p, const window *w, uint64_t size, uint64_t max_ne
         if (m >= 0 && a->maps[m].size > tail[last]) {
             mapping c = a->maps[m];
             uint64_t at = pl->pieces[last].va + pl->pieces[last].size - tail[last];
-            if (!add_place(pl, (place){at, c.va, {c.handle, c.size}, FROM_FREE, false})) {
+            if (!add_place(pl, (place){at, c.va, {c.handle, c.size}, FROM_FREE, false, false})) {
                 free(tail);
                 plan_undo(p, pl);
                 return CS_BE_OOM;
@@ -861,7 +863,7 @@ static int plan_make(cs_pool *p, const window *w, uint64_t size, uint64_t max_ne
             uint64_t sz = p->gran << e;
             uint64_t k = e == 0 ? (tail[i] - big) / p->gran : (big & sz) ? 1 : 0;
             for (; k; k--) {
-                if (!add_place(pl, (place){at, 0, {0, sz}, FROM_NEW, false})) {
+                if (!add_place(pl, (place){at, 0, {0, sz}, FROM_NEW, false, false})) {
                     free(tail);
                     plan_undo(p, pl);
                     return CS_BE_OOM;
@@ -899,6 +901,7 @@ static int plan_make(cs_pool *p, const window *w, uint64_t size, uint64_t max_ne
         map_remove(a, map_index(a, pc->from_va));
     }
     a->busy++;
+    pl->gen = p->access_gen;
     return CS_BE_OK;
 }
 
@@ -984,14 +987,18 @@ static void unreserve(cs_pool *p, const arena *a)
  * lock: unmap what it mapped; then, under it, put the window and the moved chunks' spans back
  * as they were and keep the chunks that can be kept (new ones, and all of them once the
  * arena is gone, go back to the driver). */
-static void plan_rollback(cs_pool *p, plan *pl)
+static uint64_t plan_rollback(cs_pool *p, plan *pl)
 {
     int raw;
+    uint64_t kept_new = 0;
     uint64_t unmaps = 0;
     for (size_t i = 0; i < pl->nplaces; i++)
-        if (pl->places[i].mapped)
-            unmaps += p->ops->unmap(p->dev, pl->places[i].va, pl->places[i].c.size, &raw) ==
+        if (pl->places[i].mapped) {
+            bool ok = p->ops->unmap(p->dev, pl->places[i].va, pl->places[i].c.size, &raw) ==
                       CS_BE_OK;
+            unmaps += ok;
+            pl->places[i].stuck = !ok;
+        }
     /* What goes back to the driver, after the lock; a chunk still mapped where it was (a move
      * that never happened, in an arena now gone) is unmapped there first. */
     chunk *back = malloc((pl->nplaces + 1) * sizeof *back);
@@ -1008,6 +1015,8 @@ static void plan_rollback(cs_pool *p, plan *pl)
             if (!dead && grow((void **)&a->maps, &a->cap_maps, a->nmaps, 1, sizeof *a->maps)) {
                 map_insert(a, (mapping){pc->from_va, pc->c.size, pc->c.handle});
                 settle(a, span_at(a, pc->from_va), SPAN_FREE);
+                if (pl->gen != p->access_gen)  /* a regrant skipped it: as regrant does */
+                    p->ops->access(p->dev, pc->from_va, pc->c.size, &raw);
                 continue;
             }
             if (!dead)
@@ -1022,6 +1031,10 @@ static void plan_rollback(cs_pool *p, plan *pl)
             settle(a, span_at(a, pc->from_va), SPAN_HOLE);
         if (!pc->c.size)
             continue;  /* a new chunk never made */
+        if (pc->stuck && !dead) {  /* its unmap failed: still mapped in the window */
+            kept_new += pc->from == FROM_NEW ? pc->c.size : 0;
+            continue;  /* kept below */
+        }
         if (pc->from != FROM_NEW && !dead && spare_push(p, pc->c))
             continue;
         if (back)
@@ -1032,6 +1045,20 @@ static void plan_rollback(cs_pool *p, plan *pl)
     }
     for (size_t k = 0; !dead && k < pl->npieces; k++)
         settle(a, span_at(a, pl->pieces[k].va), pl->pieces[k].hole ? SPAN_HOLE : SPAN_FREE);
+    /* A chunk whose unmap failed stays mapped where it is: free there once it is granted,
+     * else busy for good (neither handed out nor released: what it holds stays counted). */
+    for (size_t i = 0; i < pl->nplaces; i++) {
+        place *pc = &pl->places[i];
+        if (!pc->stuck || dead)
+            continue;
+        bool room = room_spans(a, 2) &&
+                    grow((void **)&a->maps, &a->cap_maps, a->nmaps, 1, sizeof *a->maps);
+        size_t s = room ? cut(a, pc->va, pc->c.size) : span_at(a, pc->va);
+        if (room)
+            map_insert(a, (mapping){pc->va, pc->c.size, pc->c.handle});
+        bool ok = room && p->ops->access(p->dev, pc->va, pc->c.size, &raw) == CS_BE_OK;
+        settle(a, s, ok ? SPAN_FREE : SPAN_BUSY);
+    }
     bool last = arena_leave(a);
     pthread_mutex_unlock(&p->lock);
     for (size_t i = 0; i < nstale; i++) {
@@ -1043,6 +1070,7 @@ static void plan_rollback(cs_pool *p, plan *pl)
         unreserve(p, a);
     free(back);
     free(stale);
+    return kept_new;
 }
 
 /* A new arena of at least `size` bytes, registered. Without the lock. */
@@ -1163,7 +1191,7 @@ static int alloc_span(cs_pool *p, uint64_t size, range *r, uint64_t max_new, uin
                 *raw = w.a->dead ? DESTROYED : HOST_OOM;
             }
             pthread_mutex_unlock(&p->lock);
-            plan_rollback(p, &pl);
+            *created = plan_rollback(p, &pl);  /* new chunks it could not unmap: kept */
             plan_free(&pl);
             return rc;
         }
@@ -1188,7 +1216,9 @@ static int alloc_span(cs_pool *p, uint64_t size, range *r, uint64_t max_new, uin
             gen = p->access_gen;
             pthread_mutex_unlock(&p->lock);
             int ignored;
-            p->ops->access(p->dev, pl.va, size + pl.over, &ignored);
+            for (size_t k = 0; k < pl.npieces; k++)
+                if (pl.pieces[k].hole)
+                    p->ops->access(p->dev, pl.pieces[k].va, pl.pieces[k].size, &ignored);
             pthread_mutex_lock(&p->lock);
         }
         if (r) {
@@ -1274,8 +1304,9 @@ static size_t take_free_chunks(arena *a, uint64_t lo, uint64_t hi, uint64_t byte
 }
 
 /* Without the lock: unmap what take_free_chunks took and give it back to the driver; their
- * spans become holes. Returns the bytes released. */
-static uint64_t drop_chunks(cs_pool *p, arena *a, const mapping *m, size_t n)
+ * spans become holes. A chunk whose unmap failed stays, free, granted again when peer access
+ * changed since it was taken (gen: the access generation then). Returns the bytes released. */
+static uint64_t drop_chunks(cs_pool *p, arena *a, const mapping *m, size_t n, uint64_t gen)
 {
     if (!n)
         return 0;
@@ -1292,6 +1323,8 @@ static uint64_t drop_chunks(cs_pool *p, arena *a, const mapping *m, size_t n)
         if (kept[i]) {
             map_insert(a, m[i]);  /* still mapped: free again */
             settle(a, span_at(a, m[i].va), SPAN_FREE);
+            if (gen != p->access_gen)  /* a regrant skipped it meanwhile: as regrant does */
+                p->ops->access(p->dev, m[i].va, m[i].size, &raw);
             continue;
         }
         if (!dead)
@@ -1318,8 +1351,9 @@ static uint64_t release_free(cs_pool *p, arena *a, uint64_t lo, uint64_t hi, uin
     uint64_t total = 0;
     for (;;) {
         size_t n = take_free_chunks(a, lo, hi, bytes - total, m, 64);
+        uint64_t gen = p->access_gen;
         pthread_mutex_unlock(&p->lock);
-        total += drop_chunks(p, a, m, n);
+        total += drop_chunks(p, a, m, n, gen);
         if (n < 64 || total >= bytes)
             return total;
         pthread_mutex_lock(&p->lock);
@@ -1570,17 +1604,12 @@ int cs_pool_regrant(cs_pool *p, int *raw)
      * the GPU). Each run of mapped spans in one call; busy ones are their thread's to grant. */
     for (size_t k = 0; k < p->narenas; k++) {
         const arena *a = p->arenas[k];
-        for (size_t i = 0; i < a->nspans;) {
-            size_t j = i;
-            while (j < a->nspans && (a->spans[j].kind == SPAN_FREE ||
-                                     a->spans[j].kind == SPAN_USED))
+        for (size_t i = 0; i < a->nmaps;) {
+            size_t j = i + 1;
+            while (j < a->nmaps && a->maps[j].va == a->maps[j - 1].va + a->maps[j - 1].size)
                 j++;
-            if (j == i) {
-                i++;
-                continue;
-            }
-            int r = p->ops->access(p->dev, a->spans[i].va,
-                                   span_end(&a->spans[j - 1]) - a->spans[i].va, raw);
+            int r = p->ops->access(p->dev, a->maps[i].va,
+                                   a->maps[j - 1].va + a->maps[j - 1].size - a->maps[i].va, raw);
             if (r != CS_BE_OK && rc == CS_BE_OK)
                 rc = r;
             i = j;
