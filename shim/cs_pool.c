@@ -1073,8 +1073,10 @@ static uint64_t plan_rollback(cs_pool *p, plan *pl)
     return kept_new;
 }
 
-/* A new arena of at least `size` bytes, registered. Without the lock. */
-static int arena_add(cs_pool *p, uint64_t size, int *raw)
+/* A new arena of at least `size` bytes, registered, unless another thread registered one
+ * since the pool had `seen` arenas (then it is given back: the caller looks again). Without
+ * the lock. */
+static int arena_add(cs_pool *p, uint64_t size, size_t seen, int *raw)
 {
     arena *a = calloc(1, sizeof *a);
     if (!a || !room_spans(a, 1)) {
@@ -1093,6 +1095,13 @@ static int arena_add(cs_pool *p, uint64_t size, int *raw)
     a->spans[a->nspans++] = (span){a->va, a->size, SPAN_HOLE, NULL};
     pthread_mutex_lock(&p->lock);
     p->counts.reserves++;
+    if (p->narenas != seen && !p->dead) {
+        p->counts.reserves--;  /* counted as never made */
+        pthread_mutex_unlock(&p->lock);
+        unreserve(p, a);
+        arena_free(a);
+        return CS_BE_OK;
+    }
     bool ok = !p->dead &&
               grow((void **)&p->arenas, &p->cap_arenas, p->narenas, 1, sizeof *p->arenas);
     if (ok) {
@@ -1152,8 +1161,9 @@ static int alloc_span(cs_pool *p, uint64_t size, range *r, uint64_t max_new, uin
             return CS_BE_OK;
         }
         if (!best_window(p, size, &w)) {
+            size_t seen = p->narenas;
             pthread_mutex_unlock(&p->lock);
-            int rc = arena_add(p, size, raw);
+            int rc = arena_add(p, size, seen, raw);
             if (rc != CS_BE_OK)
                 return rc;
             continue;
