@@ -5,7 +5,10 @@
 //   two_gpu peer      peer access: a cached block of GPU 0 (freed and taken again, so the
 //                     cache's, pooled by default) read by a kernel on GPU 1, then copied back
 //                     with cudaMemcpyPeer; also a block of GPU 0 made after peer access was
-//                     enabled. Prints PASS/FAIL lines.
+//                     enabled.
+//   two_gpu cap       under CACHESHIM_CAP: 64 MiB blocks on GPU 0 until refused, then on GPU 1
+//                     while GPU 0's are held: each device stops at its own cap.
+// Prints PASS/FAIL lines.
 #include <cuda_runtime.h>
 #include <dlfcn.h>
 #include <pthread.h>
@@ -156,6 +159,29 @@ static int peer_case(void)
     return ok ? 0 : 1;
 }
 
+/* Under CACHESHIM_CAP: 64 MiB blocks on GPU 0 until refused, then on GPU 1 until refused; each
+ * device's cap is its own (GPU 1 gets as many as GPU 0 while GPU 0's blocks are still held). */
+static int cap_case(void)
+{
+    int got[2] = {0, 0};
+    void *p[2][256];
+    for (int d = 0; d < 2; d++) {
+        CHECK(cudaSetDevice(d));
+        while (got[d] < 256 && cudaMalloc(&p[d][got[d]], 64u << 20) == cudaSuccess)
+            got[d]++;
+        (void)cudaGetLastError();  /* the refusal */
+    }
+    for (int d = 0; d < 2; d++) {
+        CHECK(cudaSetDevice(d));
+        for (int i = 0; i < got[d]; i++)
+            CHECK(cudaFree(p[d][i]));
+    }
+    int ok = got[0] > 0 && got[0] < 256 && got[0] == got[1];
+    printf("%s two_gpu_cap blocks_of_64MiB=%d,%d (each device stopped at its own cap)\n",
+           ok ? "PASS" : "FAIL", got[0], got[1]);
+    return ok ? 0 : 1;
+}
+
 int main(int argc, char **argv)
 {
     int count = 0;
@@ -166,5 +192,7 @@ int main(int argc, char **argv)
     }
     if (argc > 1 && strcmp(argv[1], "peer") == 0)
         return peer_case();
+    if (argc > 1 && strcmp(argv[1], "cap") == 0)
+        return cap_case();
     return threads_case();
 }
