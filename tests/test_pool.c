@@ -1373,6 +1373,38 @@ static void test_threads(void **state)
     assert_true(c.carves > 0);
 }
 
+/* Two threads find no arena with room at once: the one that reserves second gives its
+ * reservation back and carves from the first one's arena (here the second is a nested
+ * allocation made from inside the first's reserve call, without the pool's lock). */
+static fx *race_fx;
+static uint64_t race_inner;
+static int race_armed;
+
+static void reserve_race(vmm_sim *s, int op, void *arg)
+{
+    (void)s;
+    (void)arg;
+    if (op != SIM_RESERVE || !race_armed)
+        return;
+    race_armed = 0;  /* only inside the outer reserve, the first */
+    race_inner = take(race_fx, 4 * G, NULL, NULL);
+}
+
+static void test_arena_reserve_race(void **state)
+{
+    fx *f = *state;
+    race_fx = f;
+    race_armed = 1;
+    f->sim.hook = reserve_race;
+    uint64_t outer = take(f, 4 * G, NULL, NULL);
+    f->sim.hook = NULL;
+    assert_int_equal(f->sim.calls[SIM_RESERVE], 2);  /* both reserved ... */
+    assert_int_equal(sim_live_reserves(&f->sim), 1);  /* ... one arena kept */
+    assert_int_equal(counts(f).reserves, 1);
+    assert_true(outer == race_inner + 4 * G || race_inner == outer + 4 * G);  /* one arena */
+    assert_int_equal(f->sim.misuse, 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1403,6 +1435,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_unmap_failure, setup, teardown),
         cmocka_unit_test(test_release_all_during_build),
         cmocka_unit_test_setup_teardown(test_release_all_during_trim, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_arena_reserve_race, setup, teardown),
         cmocka_unit_test_setup_teardown(test_threads, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
