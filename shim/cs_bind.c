@@ -17,7 +17,7 @@
  *   its contexts, memory and streams are the process's and the cache can serve them.
  * - The program's fork is not this namespace's: binding the first namespace's fork to a
  *   wrapper runs the shim's fork handlers (pthread_atfork here would register them with the
- *   wrong libc).
+ *   wrong libc). Thread-specific keys come from the program's libc too (cs_libc.c).
  */
 #include <link.h>
 #include <stdint.h>
@@ -26,6 +26,7 @@
 
 #include "cacheshim.h"
 #include "cs_elf.h"
+#include "cs_libc.h"
 #include "cs_shim.h"
 
 /* What la_objopen saw, kept in the object's cookie. */
@@ -123,6 +124,9 @@ CS_EXPORT unsigned int la_objopen(struct link_map *map, Lmid_t lmid, uintptr_t *
         kind = OBJ_PRELOADED_SHIM;
     } else if (starts_with(base, "libc.so.") && lmid == LM_ID_BASE) {
         kind = OBJ_LIBC;
+        cs_libc_use(map);
+    } else if (starts_with(base, "libpthread.so.") && lmid == LM_ID_BASE) {
+        cs_libc_use(map); /* thread-specific keys, before glibc 2.34 */
     }
     *cookie = kind;
     return kind == OBJ_OTHER ? LA_FLG_BINDFROM : LA_FLG_BINDFROM | LA_FLG_BINDTO;

@@ -31,6 +31,7 @@
 #include <string.h>
 
 #include "cs_driver.h"
+#include "cs_libc.h"
 #include "cs_shim.h"
 #include "cs_work.h"
 
@@ -803,7 +804,7 @@ static void thread_gone(void *arg)
 
 static void make_exit_key(void)
 {
-    pthread_key_create(&exit_key, thread_gone);
+    cs_libc_key_create(&exit_key, thread_gone);
 }
 
 static cs_stream *per_thread_record(cs_ctx_streams *cs)
@@ -822,7 +823,7 @@ static cs_stream *per_thread_record(cs_ctx_streams *cs)
         ctx_link(cs, st);
         st->thread_next = tl_own;
         tl_own = st;
-        pthread_setspecific(exit_key, st);  /* non-NULL, so thread_gone runs */
+        cs_libc_setspecific(exit_key, st);  /* non-NULL, so thread_gone runs */
     }
     pthread_mutex_unlock(&cs->lock);
     return st;

@@ -40,6 +40,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cs_libc.h"
+
 enum { TC_CLASSES = 256, TC_PER_CLASS = 4 };
 #define TC_MAX_IDLE (1ull << 30)
 
@@ -278,7 +280,7 @@ static void thread_exit(void *unused);
 
 static void make_key(void)
 {
-    exit_key_ok = pthread_key_create(&exit_key, thread_exit) == 0;
+    exit_key_ok = cs_libc_key_create(&exit_key, thread_exit) == 0;
 }
 
 static cs_tcache *tc_new(cs_cache *c)
@@ -303,7 +305,7 @@ static cs_tcache *tc_new(cs_cache *c)
     tc->mine_next = tls_mine;
     tls_mine = tls_last = tc;
     if (exit_key_ok)
-        pthread_setspecific(exit_key, tc);  /* any non-NULL value: the exit hook runs */
+        cs_libc_setspecific(exit_key, tc);  /* any non-NULL value: the exit hook runs */
     return tc;
 }
 

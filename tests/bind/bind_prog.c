@@ -1,24 +1,28 @@
 /* Libraries the preload cannot reach, served from the cache through the binding-time hooks
  * (LD_AUDIT=libcacheshim.so, cs_bind.c). check_bind.py runs it in each mode.
  *
- *     bind_prog plain|deepbind|dlmopen|fork direct|procaddr LIBRARY PAIRS
+ *     bind_prog plain|deepbind|dlmopen|fork|keys direct|procaddr LIBRARY PAIRS
  *
  * loads LIBRARY (bind_lib.c) with a plain dlopen, with RTLD_DEEPBIND, or with dlmopen into a
  * new namespace (where it gets its own copy of libcuda), has it make PAIRS 1 MiB
  * allocation/free pairs, and prints what the process's driver (this program's libcuda, the
  * fake) saw (fork: a plain dlopen, then a child makes one more pair and prints
  * "child driver allocations N": a child's cache starts empty, so N is one more than its
- * parent's):
+ * parent's; keys: as deepbind, with thread-specific keys of the program's own, as cudart and
+ * Python keep, set before the library runs in the main thread and in a second one, and
+ * checked after, and at that thread's exit by their destructor):
  *
  *     ns per pair X            the library's run, context setup included, over PAIRS
  *     driver allocations N     cuMemAlloc_v2 + cuMemCreate calls
  *     driver frees N           cuMemFree_v2 calls
  *     stats: requests N hits N     (when cacheshim.h's API answers) or stats: not loaded
  *     preloaded copy: not entered | ENTERED    (when a libcacheshim.so is preloaded)
+ *     program keys: N intact, N overwritten, N destructors right, N wrong     (keys)
  */
 #include <cuda.h>
 #include <dlfcn.h>
 #include <link.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -73,6 +77,56 @@ static int preloaded_shim(uintptr_t *lo, uintptr_t *hi)
     return 1;
 }
 
+/* keys: the program's thread-specific keys, and what their values and destructors saw. */
+enum { PROGRAM_KEYS = 8 };
+static pthread_key_t program_keys[PROGRAM_KEYS];
+static char markers[2][PROGRAM_KEYS]; /* [0] the main thread's values, [1] the thread's */
+static int keys_intact, keys_overwritten, destructors_right, destructors_wrong;
+static pthread_mutex_t keys_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void key_destructor(void *value)
+{
+    char *v = value;
+    pthread_mutex_lock(&keys_lock);
+    if (v >= markers[1] && v < markers[1] + PROGRAM_KEYS)
+        destructors_right++;
+    else
+        destructors_wrong++;
+    pthread_mutex_unlock(&keys_lock);
+}
+
+static void keys_set(int who)
+{
+    for (int k = 0; k < PROGRAM_KEYS; k++)
+        CHECK(pthread_setspecific(program_keys[k], &markers[who][k]) == 0);
+}
+
+static void keys_check(int who)
+{
+    pthread_mutex_lock(&keys_lock);
+    for (int k = 0; k < PROGRAM_KEYS; k++) {
+        if (pthread_getspecific(program_keys[k]) == &markers[who][k])
+            keys_intact++;
+        else
+            keys_overwritten++;
+    }
+    pthread_mutex_unlock(&keys_lock);
+}
+
+typedef struct {
+    int (*run)(int, int);
+    int pairs, procaddr, line;
+} keys_thread_arg;
+
+static void *keys_thread(void *p)
+{
+    keys_thread_arg *a = p;
+    keys_set(1);
+    a->line = a->run(a->pairs, a->procaddr);
+    keys_check(1);
+    return NULL;
+}
+
 static int inside(const void *p, uintptr_t lo, uintptr_t hi)
 {
     return (uintptr_t)p >= lo && (uintptr_t)p < hi;
@@ -87,13 +141,21 @@ int main(int argc, char **argv)
     }
     int procaddr = strcmp(argv[2], "procaddr") == 0;
     int pairs = atoi(argv[4]);
+    int keys = strcmp(argv[1], "keys") == 0;
+    if (keys) {
+        for (int k = 0; k < PROGRAM_KEYS; k++)
+            CHECK(pthread_key_create(&program_keys[k], key_destructor) == 0);
+        keys_set(0);
+    }
     CHECK(cuInit(0) == CUDA_SUCCESS); /* this program's libcuda is the process's driver */
     fake_reset_counters();
 
     void *lib = strcmp(argv[1], "dlmopen") == 0
                     ? dlmopen(LM_ID_NEWLM, argv[3], RTLD_NOW | RTLD_LOCAL)
                     : dlopen(argv[3], RTLD_NOW | RTLD_LOCAL |
-                                          (strcmp(argv[1], "deepbind") == 0 ? RTLD_DEEPBIND : 0));
+                                          (strcmp(argv[1], "deepbind") == 0 || keys
+                                               ? RTLD_DEEPBIND
+                                               : 0));
     CHECK(lib != NULL);
     int (*run)(int, int);
     void *(*alloc_fn)(int);
@@ -108,6 +170,16 @@ int main(int argc, char **argv)
     clock_gettime(CLOCK_MONOTONIC, &t0);
     int line = run(pairs, procaddr);
     clock_gettime(CLOCK_MONOTONIC, &t1);
+    if (keys && line == 0) {
+        keys_thread_arg a = {run, pairs, procaddr, 0};
+        pthread_t t;
+        CHECK(pthread_create(&t, NULL, keys_thread, &a) == 0);
+        CHECK(pthread_join(t, NULL) == 0);
+        line = a.line;
+        keys_check(0);
+        printf("program keys: %d intact, %d overwritten, %d destructors right, %d wrong\n",
+               keys_intact, keys_overwritten, destructors_right, destructors_wrong);
+    }
     if (line != 0) {
         fprintf(stderr, "bind_prog: bind_lib.c:%d failed\n", line);
         return 1;

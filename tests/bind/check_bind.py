@@ -6,7 +6,7 @@ loading the cache.
 Usage: check_bind.py CASE BACKEND PROG LIB FAKE_DIR SHIM LAUNCHER
 
 CASE is LOAD-PATH-HOOKS (deepbind|dlmopen, direct|procaddr, preload|audit|both|run|trace),
-or disabled, or fork. SHIM is libcacheshim.so, preloaded and as LD_AUDIT.
+or disabled, or fork, or keys. SHIM is libcacheshim.so, preloaded and as LD_AUDIT.
 Exit 0 on success, 1 with a message on failure.
 """
 import json
@@ -48,6 +48,8 @@ def run(load, path, e, launcher=()):
         key, _, value = line.rpartition(" ")
         if line.startswith("stats:"):
             key, value = "stats", line[len("stats: "):]
+        elif line.startswith("program keys:"):
+            key, value = "program keys", line[len("program keys: "):]
         elif line.startswith("preloaded copy:"):
             key, value = "preloaded", line[len("preloaded copy: "):]
         fields[key] = value
@@ -66,6 +68,17 @@ def main():
         f, _ = run("deepbind", "procaddr",
                    env(LD_AUDIT=SHIM, CACHESHIM_DISABLE="1"))
         check(f.get("driver allocations") == str(PAIRS), f"disabled, yet cached: {f}")
+        return
+    if CASE == "keys":
+        # the program's thread-specific keys (cudart and Python keep theirs so) keep their
+        # values in both threads, and their destructors see them, while the cache, an audit
+        # module with a libc of its own, keeps its per-thread state beside them
+        for hooks in ({"LD_PRELOAD": SHIM}, {"LD_AUDIT": SHIM}, {"LD_AUDIT": SHIM, "LD_PRELOAD": SHIM}):
+            f, _ = run("keys", "direct", env(**hooks))
+            if "LD_AUDIT" in hooks:
+                check(f.get("driver allocations") == "1", f"{hooks}: not served from the cache: {f}")
+            check(f.get("program keys") == "16 intact, 0 overwritten, 8 destructors right, 0 wrong",
+                  f"{hooks}: the program's keys: {f}")
         return
     if CASE == "fork":
         # the program's fork runs the cache's handlers under the audit module too: the
