@@ -408,18 +408,18 @@ void cs_debug_context_gone(const void *ctx)
     }
 }
 
-static void before_fork(void)
+void cs_debug_before_fork(void)
 {
     pthread_mutex_lock(&lock);
 }
 
-static void after_fork_parent(void)
+void cs_debug_after_fork_parent(void)
 {
     pthread_mutex_unlock(&lock);
 }
 
 /* The child holds none of the parent's device memory (the cache forgot it too). */
-static void after_fork_child(void)
+void cs_debug_after_fork_child(void)
 {
     for (unsigned b = 0; b < LIVE_BUCKETS; b++)
         while (buckets[b]) {
@@ -514,7 +514,6 @@ void cs_debug_init(cs_cache *c, const cs_options *opts)
     cache = c;
     if (!c)
         return;
-    pthread_atfork(before_fork, after_fork_parent, after_fork_child);
     modes = opts->debug;
     if (modes & CS_DEBUG_UAF_REPORT)
         modes |= CS_DEBUG_UAF;

@@ -61,6 +61,13 @@ void cs_site_print(cs_site site, const char *title);
 /* The debug mode bits (CS_DEBUG_*) and the quarantine's size. */
 int cs_debug_modes(void);
 
+/* Fork: the layer's lock held across it; the child forgets the parent's blocks. Called by
+ * cs_shim_before_fork and its pair (cs_state.c), the one set of fork handlers, which the
+ * program's fork runs whether the shim is preloaded or an audit module. */
+void cs_debug_before_fork(void);
+void cs_debug_after_fork_parent(void);
+void cs_debug_after_fork_child(void);
+
 /* ---- the quarantine (cs_quarantine.c) --------------------------------------------------- */
 
 typedef struct cs_quarantined {
@@ -72,6 +79,10 @@ typedef struct cs_quarantined {
 } cs_quarantined;
 
 void cs_quarantine_init(cs_cache *cache, uint64_t limit, bool abort_on_change);
+/* Fork, as cs_debug_before_fork and its pair. */
+void cs_quarantine_before_fork(void);
+void cs_quarantine_after_fork_parent(void);
+void cs_quarantine_after_fork_child(void);
 /* Fills the block (ordered after every work issued before its free) and holds it: true. False
  * when it cannot be (no driver context, a capture running, out of host memory): the caller
  * frees it into the cache. */

@@ -171,17 +171,17 @@ static void release(cs_quarantined *list)
 
 /* Held across fork; the child holds none of the parent's device memory (the cache forgot
  * it too). */
-static void before_fork(void)
+void cs_quarantine_before_fork(void)
 {
     pthread_mutex_lock(&lock);
 }
 
-static void after_fork_parent(void)
+void cs_quarantine_after_fork_parent(void)
 {
     pthread_mutex_unlock(&lock);
 }
 
-static void after_fork_child(void)
+void cs_quarantine_after_fork_child(void)
 {
     cs_quarantined *all = take_all();
     while (all) {
@@ -200,7 +200,6 @@ void cs_quarantine_init(cs_cache *c, uint64_t bytes, bool abort_when_changed)
     limit = bytes;
     abort_on_change = abort_when_changed;
     memset(pattern, PATTERN, sizeof pattern);
-    pthread_atfork(before_fork, after_fork_parent, after_fork_child);
 }
 
 /* Orders the fill after all work issued before the free, and issues it. */

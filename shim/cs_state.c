@@ -219,10 +219,14 @@ void cs_shim_before_fork(void)
         cs_cache_lock(shim.cache);
     cs_host_lock();
     cs_streams_lock_all();
+    cs_quarantine_before_fork();
+    cs_debug_before_fork();
 }
 
 void cs_shim_after_fork_parent(void)
 {
+    cs_debug_after_fork_parent();
+    cs_quarantine_after_fork_parent();
     cs_streams_unlock_all();
     cs_host_unlock();
     if (shim.cache)
@@ -233,6 +237,8 @@ void cs_shim_after_fork_parent(void)
 void cs_shim_after_fork_child(void)
 {
     /* The child cannot use the parent's device memory; it starts with an empty cache. */
+    cs_debug_after_fork_child();
+    cs_quarantine_after_fork_child();
     cs_host_reset_after_fork();
     if (shim.cache)
         cs_cache_reset_after_fork(shim.cache);
