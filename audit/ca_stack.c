@@ -12,16 +12,18 @@
 
 #include <dlfcn.h>
 #include <elf.h>
-#include <execinfo.h>
 #include <link.h>
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
+#include <unwind.h>
 
 unsigned char ca_stack_fn[CA_FN_COUNT];
 static int g_depth;
 static uintptr_t g_self_lo, g_self_hi; /* the tracer's own mapping */
+static const void *g_self_eh_frame;    /* and its .eh_frame, from its PT_GNU_EH_FRAME */
 
 /* The allocation calls (ca_mem.c's roles, frees and pitch included minus the frees). */
 static const char *const alloc_names[] = {
@@ -30,14 +32,21 @@ static const char *const alloc_names[] = {
     "cuMemCreate", "cuMemAllocPitch", "cuMemAllocPitch_v2",
 };
 
-/* [lo, hi) of the PT_LOAD segments of the object whose ELF header is at base. */
-static void object_range(const void *base, uintptr_t bias, uintptr_t *lo, uintptr_t *hi)
+static const void *eh_frame_of(const unsigned char *hdr);
+
+/* [lo, hi) of the PT_LOAD segments of the object whose ELF header is at base; its .eh_frame
+ * into *eh_frame (NULL if none is found). */
+static void object_range(const void *base, uintptr_t bias, uintptr_t *lo, uintptr_t *hi,
+                         const void **eh_frame)
 {
     const ElfW(Ehdr) *eh = base;
     const ElfW(Phdr) *ph = (const ElfW(Phdr) *)((const char *)base + eh->e_phoff);
     *lo = UINTPTR_MAX;
     *hi = 0;
+    *eh_frame = NULL;
     for (int i = 0; i < eh->e_phnum; i++) {
+        if (ph[i].p_type == PT_GNU_EH_FRAME)
+            *eh_frame = eh_frame_of((const unsigned char *)(bias + ph[i].p_vaddr));
         if (ph[i].p_type != PT_LOAD)
             continue;
         uintptr_t a = bias + ph[i].p_vaddr, b = a + ph[i].p_memsz;
@@ -62,18 +71,104 @@ void ca_stack_init(int depth)
     Dl_info info;
     struct link_map *lm = NULL;
     if (dladdr1((void *)ca_stack_capture, &info, (void **)&lm, RTLD_DL_LINKMAP) && lm)
-        object_range(info.dli_fbase, lm->l_addr, &g_self_lo, &g_self_hi);
+        object_range(info.dli_fbase, lm->l_addr, &g_self_lo, &g_self_hi, &g_self_eh_frame);
+}
+
+/* The unwinder: libgcc_s's _Unwind_Backtrace, loaded by the tracer from its own namespace at
+ * the first capture (not at start: a dlopen while the program is still being loaded aborted
+ * under a preloaded cache), with the tracer's own unwind data registered where ld.so cannot
+ * tell it (register_self). */
+typedef _Unwind_Reason_Code (*unwind_backtrace_fn)(_Unwind_Trace_Fn, void *);
+typedef _Unwind_Ptr (*unwind_get_ip_fn)(struct _Unwind_Context *);
+
+typedef void (*register_frame_info_fn)(const void *, void *);
+
+static pthread_once_t unwinder_once = PTHREAD_ONCE_INIT;
+static unwind_backtrace_fn unwind_backtrace;
+static unwind_get_ip_fn unwind_get_ip;
+/* libgcc's record of a registered .eh_frame (its struct object: 6 words in libgcc 12). */
+static void *g_self_frames[16];
+
+/* The start of the .eh_frame that an .eh_frame_hdr points at, or NULL for an encoding other
+ * than the linkers' (pc-relative 4 bytes, or absolute). */
+static const void *eh_frame_of(const unsigned char *hdr)
+{
+    const unsigned char *field = hdr + 4;
+    int32_t rel;
+    switch (hdr[1]) {
+    case 0x1b: /* DW_EH_PE_pcrel | DW_EH_PE_sdata4 */
+        memcpy(&rel, field, sizeof rel);
+        return field + rel;
+    case 0x00: { /* DW_EH_PE_absptr */
+        const void *p;
+        memcpy(&p, field, sizeof p);
+        return p;
+    }
+    default:
+        return NULL;
+    }
+}
+
+/* In an audit namespace after the first (LD_AUDIT=libcacheshim.so:libcacheaudit.so, what
+ * `cacheshim trace --cache` sets), ld.so's table of objects (_dl_find_object, which libgcc
+ * asks for a frame's unwind data) does not know the tracer (glibc 2.36), so no stack could be
+ * unwound past the tracer's own frames: every stack came out empty. Its .eh_frame is then
+ * registered with the unwinder directly, as objects without that table once were. */
+static void register_self(void *libgcc)
+{
+#if __GLIBC_PREREQ(2, 35) /* before, libgcc searches every namespace (dl_iterate_phdr) */
+    struct dl_find_object found;
+    if (!g_self_eh_frame || _dl_find_object((void *)ca_stack_capture, &found) == 0)
+        return;
+    void *reg = dlsym(libgcc, "__register_frame_info");
+    register_frame_info_fn f;
+    if (reg) {
+        memcpy(&f, &reg, sizeof f);
+        f(g_self_eh_frame, g_self_frames);
+    }
+#else
+    (void)libgcc;
+#endif
+}
+
+static void load_unwinder(void)
+{
+    void *h = dlopen("libgcc_s.so.1", RTLD_NOW);
+    void *bt = h ? dlsym(h, "_Unwind_Backtrace") : NULL;
+    void *ip = h ? dlsym(h, "_Unwind_GetIP") : NULL;
+    if (bt && ip) {
+        register_self(h);
+        memcpy(&unwind_get_ip, &ip, sizeof ip);
+        memcpy(&unwind_backtrace, &bt, sizeof bt);
+    }
+}
+
+typedef struct {
+    uint64_t *pcs;
+    unsigned n;
+} walk;
+
+/* One frame: kept unless it is the tracer's own (its wrappers, this function's callers). */
+static _Unwind_Reason_Code frame(struct _Unwind_Context *ctx, void *arg)
+{
+    walk *w = arg;
+    uintptr_t pc = (uintptr_t)unwind_get_ip(ctx);
+    if (pc == 0)
+        return _URC_END_OF_STACK;
+    if (pc >= g_self_lo && pc < g_self_hi)
+        return _URC_NO_REASON;
+    w->pcs[w->n++] = pc;
+    return w->n < (unsigned)g_depth ? _URC_NO_REASON : _URC_END_OF_STACK;
 }
 
 unsigned ca_stack_capture(uint64_t *pcs)
 {
-    void *frames[CA_STACK_MAX + 8];
-    int n = backtrace(frames, g_depth + 8);
-    unsigned k = 0;
-    for (int i = 0; i < n && k < (unsigned)g_depth; i++) /* the tracer's wrappers left out */
-        if ((uintptr_t)frames[i] < g_self_lo || (uintptr_t)frames[i] >= g_self_hi)
-            pcs[k++] = (uint64_t)(uintptr_t)frames[i];
-    return k;
+    pthread_once(&unwinder_once, load_unwinder);
+    if (!unwind_backtrace || g_depth == 0)
+        return 0;
+    walk w = {pcs, 0};
+    unwind_backtrace(frame, &w);
+    return w.n;
 }
 
 /* ---- objects, as records are written ------------------------------------------------------ */
@@ -168,7 +263,8 @@ static object *object_of(uintptr_t pc)
         !lm || !info.dli_fbase)
         return NULL;
     object o;
-    object_range(info.dli_fbase, lm->l_addr, &o.lo, &o.hi);
+    const void *eh_frame;
+    object_range(info.dli_fbase, lm->l_addr, &o.lo, &o.hi, &eh_frame);
     if (pc < o.lo || pc >= o.hi)
         return NULL;
     char path[1024] = "", esc[800], id[130];

@@ -39,12 +39,12 @@ def check(cond, msg):
 
 
 def run(scenario, expect_rc=0, preload=None, args=(), preexec=None, stderr=subprocess.PIPE,
-        **env_vars):
+        audit=None, **env_vars):
     env = dict(os.environ)
     for k in list(env):
         if k.startswith("CACHESHIM_"):
             del env[k]
-    env["LD_AUDIT"] = AUDIT
+    env["LD_AUDIT"] = audit or AUDIT
     env["LD_LIBRARY_PATH"] = FAKE_DIR + ":" + CUDART_DIR
     # ThreadSanitizer's runtime needs static TLS, and the audit namespace (its own libc)
     # takes much of the surplus ld.so keeps: without more, a TSan-built program under
@@ -471,6 +471,25 @@ def case_stack_threads():
     check(len(allocs) == 8 * 700, f"{len(allocs)} allocations")
     check(all(1 <= len(e.get("stack", [])) <= 4 for e in allocs), "an allocation without stack")
     check(not any("stack" in e for e in ev if e["name"] != "cuMemAlloc_v2"), "a free's stack")
+
+
+def case_stack_bind():
+    # The cache as the first audit module, the tracer the second (what `cacheshim trace --cache`
+    # sets): ld.so's table of objects does not know the second audit namespace (glibc 2.36),
+    # and the program's allocations had no stack until the tracer registered its own unwind
+    # data (ca_stack.c).
+    path = trace_file()
+    run("shim", preload=SHIM, audit=f"{SHIM}:{AUDIT}", CACHESHIM_TRACE_FORMAT="jsonl",
+        CACHESHIM_TRACE_FILE=path, CACHESHIM_TRACE_STACK="4")
+    objects, ev = objects_and_records(jsonl(read(only_file())))
+    allocs = [e for e in ev if e["name"] == "cuMemAlloc_v2" and e["lib"] == "shim"]
+    check(len(allocs) == 3, f"{len(allocs)} program allocations seen at the shim, expected 3")
+    prog = [o for o in objects if o["object"].endswith("/audit_prog")]
+    check(len(prog) == 1, f"audit_prog not among {[o['object'] for o in objects]}")
+    lo = int(prog[0]["base"], 16)
+    hi = lo + os.path.getsize(PROG)  # its text lies within its file's size from its base
+    check(all(any(lo <= int(pc, 16) < hi for pc in e.get("stack", [])) for e in allocs),
+          f"an allocation whose stack does not reach the program: {allocs}")
 
 
 def case_stack_fork():
