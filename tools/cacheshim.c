@@ -59,14 +59,13 @@ static int launch(launch_cmd cmd, int argc, char **argv)
         if (rc != 0)
             return rc;
     }
-    /* The cache preloaded; with --bind also at binding time (LD_AUDIT: every library,
-     * deep-bound and dlmopen'ed ones too), ahead of the tracer so that the tracer sees the
-     * cache's answers, the preloaded copy then serving cacheshim.h's functions (the audit
-     * module redirects it to itself). Not the default: PyTorch died at exit with it on the
-     * H100 (docs/usage.md). A sanitized build only preloads: the audit module cannot run
-     * sanitized. */
+    /* The cache at binding time (LD_AUDIT: every library, deep-bound and dlmopen'ed ones
+     * too), ahead of the tracer so that the tracer sees the cache's answers, and preloaded,
+     * the preloaded copy then serving cacheshim.h's functions (the audit module redirects it
+     * to itself). --no-bind preloads only. A sanitized build only preloads: the audit module
+     * cannot run sanitized. */
     if (cache) {
-        if (CS_BIND_HOOKS && a.value[LOPT_BIND])
+        if (CS_BIND_HOOKS && !a.value[LOPT_NO_BIND])
             rc = launch_library(&a, dir, "LD_AUDIT", "libcacheshim.so", CS_SHIM_FROM_TOOLS);
         if (rc == 0)
             rc = launch_library(&a, dir, "LD_PRELOAD", "libcacheshim.so", CS_SHIM_FROM_TOOLS);

@@ -43,7 +43,7 @@ typedef enum {
     LOPT_FORMAT,
     LOPT_FILTER,
     LOPT_CACHE,
-    LOPT_BIND,
+    LOPT_NO_BIND,
     LOPT_COUNT
 } launch_opt;
 

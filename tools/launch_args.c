@@ -39,10 +39,9 @@ static const option_row options[LOPT_COUNT] = {
     [LOPT_CACHE] = {"--cache", 0, NULL, NULL, true, false,
                     "also load the cache (libcacheshim.so) and take its options:\n"
                     "--cap, --threshold, --group, --stats, --verbose, --disable as for run"},
-    [LOPT_BIND] = {"--bind", 0, NULL, NULL, false, true,
-                   "also hook the driver at symbol-bind time (libcacheshim.so in LD_AUDIT):\n"
-                   "libraries loaded with RTLD_DEEPBIND or dlmopen reach the cache too\n"
-                   "(experimental: PyTorch died at exit with it on an H100)"},
+    [LOPT_NO_BIND] = {"--no-bind", 0, NULL, NULL, false, true,
+                      "preload the cache only (no libcacheshim.so in LD_AUDIT): libraries\n"
+                      "loaded with RTLD_DEEPBIND or dlmopen then miss it"},
 };
 
 const char *launch_opt_variable(launch_opt o) { return options[o].variable; }
@@ -83,7 +82,8 @@ static void usage(FILE *f, launch_cmd cmd)
         fputs("usage: " LAUNCH_NAME " run [OPTIONS] [--] PROGRAM [ARGS...]\n"
               "Runs PROGRAM with the caching allocator: libcacheshim.so in LD_AUDIT (every\n"
               "library's driver calls, deep-bound and dlmopen'ed ones too) and in LD_PRELOAD,\n"
-              "ahead of what they hold, and each option as its variable.\n",
+              "ahead of what they hold (a sanitized build: LD_PRELOAD only), and each option\n"
+              "as its variable.\n",
               f);
     else
         fputs("usage: " LAUNCH_NAME " trace [OPTIONS] [--] PROGRAM [ARGS...]\n"

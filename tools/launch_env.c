@@ -100,7 +100,7 @@ int launch_library(const launch_args *a, const char *self_dir, const char *var, 
         return LAUNCH_SETUP;
     }
     /* ld.so splits LD_PRELOAD at colons and spaces, LD_AUDIT at colons. */
-    if (strpbrk(path, ": ")) {
+    if (strpbrk(path, strcmp(var, "LD_AUDIT") == 0 ? ":" : ": ")) {
         fprintf(stderr, "%s: cannot put %s in %s: its path contains a colon or a space\n",
                 a->who, path, var);
         return LAUNCH_SETUP;

@@ -108,7 +108,7 @@ def main():
         check(f.get("preloaded") == "not entered", f"wrapped twice: {f}")
         check(err.count("hit rate") == 1, f"one exit table expected: {err!r}")
     elif hooks == "run":
-        f, err = run(load, path, env(), launcher=(LAUNCHER, "run", "--bind", "--stats"))
+        f, err = run(load, path, env(), launcher=(LAUNCHER, "run", "--stats"))
         served(f, f)
         check(f.get("stats") == f"requests {PAIRS} hits {PAIRS - 1}", f"one cache: {f}")
         check(f.get("preloaded") == "not entered", f"wrapped twice: {f}")
@@ -118,7 +118,7 @@ def main():
         # shim's reach the driver, each seen once
         with tempfile.TemporaryDirectory(prefix="cacheshim-bind-") as work:
             trace = os.path.join(work, "t.jsonl")
-            f, _ = run(load, path, env(), launcher=(LAUNCHER, "trace", "--cache", "--bind", "-o", trace))
+            f, _ = run(load, path, env(), launcher=(LAUNCHER, "trace", "--cache", "-o", trace))
             served(f, f)
             with open(trace) as t:
                 ev = [json.loads(line) for line in t]

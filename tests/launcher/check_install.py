@@ -70,21 +70,22 @@ def check_launcher(root):
     check("shim loaded\n" in out and "stats: requests 10 hits 9\n" in out, f"run:\n{out}")
     shim = os.path.realpath(os.path.join(rel(LIBDIR), "libcacheshim.so"))
     audit = os.path.realpath(os.path.join(rel(LIBDIR), "libcacheaudit.so"))
+    # the cache preloaded and as an audit module, ahead of the tracer; a sanitized build
+    # only preloads; --no-bind only preloads
+    cache_audit = f"{shim}:" if SANITIZE == "none" else ""
+    run_audit = f"LD_AUDIT={shim}\n" if cache_audit else "LD_AUDIT=(unset)\n"
     out = run([launcher, "run", PROG, "env"])
     check(f"LD_PRELOAD={shim}\n" in out, f"run did not preload the installed {shim}:\n{out}")
-    check("LD_AUDIT=(unset)\n" in out, f"run audited without --bind:\n{out}")
-    # --bind: the cache as an audit module too, ahead of the tracer; a sanitized build only
-    # preloads
-    cache_audit = f"{shim}:" if SANITIZE == "none" else ""
-    out = run([launcher, "run", "--bind", PROG, "env"])
-    run_audit = f"LD_AUDIT={shim}\n" if cache_audit else "LD_AUDIT=(unset)\n"
-    check(run_audit in out, f"run --bind did not audit with the installed cache:\n{out}")
+    check(run_audit in out, f"run did not audit with the installed cache:\n{out}")
+    out = run([launcher, "run", "--no-bind", PROG, "env"])
+    check(f"LD_PRELOAD={shim}\n" in out and "LD_AUDIT=(unset)\n" in out,
+          f"run --no-bind audited:\n{out}")
     out = run([launcher, "trace", "--cache", "-o", "env.%p.jsonl", PROG, "env"])
-    check(f"LD_PRELOAD={shim}\n" in out and f"LD_AUDIT={audit}\n" in out,
-          f"trace did not load the installed libraries:\n{out}")
-    out = run([launcher, "trace", "--cache", "--bind", "-o", "env2.%p.jsonl", PROG, "env"])
     check(f"LD_PRELOAD={shim}\n" in out and f"LD_AUDIT={cache_audit}{audit}\n" in out,
-          f"trace --bind did not load the installed libraries:\n{out}")
+          f"trace did not load the installed libraries:\n{out}")
+    out = run([launcher, "trace", "--cache", "--no-bind", "-o", "env2.%p.jsonl", PROG, "env"])
+    check(f"LD_PRELOAD={shim}\n" in out and f"LD_AUDIT={audit}\n" in out,
+          f"trace --no-bind did not load the installed libraries:\n{out}")
     trace = os.path.join(WORK, "t.jsonl")
     if os.path.exists(trace):
         os.unlink(trace)

@@ -195,13 +195,14 @@ def case_loaded():
 
 def case_env():
     out, _ = launch("run", PROG, "env")
-    check(f"LD_PRELOAD={SHIM_REAL}\n" in out, f"LD_PRELOAD: {out}")
-    check("LD_AUDIT=(unset)\n" in out and "CACHESHIM_CAP=(unset)\n" in out, out)
-    # --bind: the cache at binding time too (where the build can: not sanitized)
-    out, _ = launch("run", "--bind", PROG, "env")
+    # the cache preloaded and at binding time (where the build can: not sanitized)
     audit = f"LD_AUDIT={SHIM_REAL}\n" if BIND else "LD_AUDIT=(unset)\n"
-    check(f"LD_PRELOAD={SHIM_REAL}\n" in out and audit in out, out)
+    check(f"LD_PRELOAD={SHIM_REAL}\n" in out, f"LD_PRELOAD: {out}")
+    check(audit in out and "CACHESHIM_CAP=(unset)\n" in out, out)
     check("marker not loaded" in out, out)
+    # --no-bind: preloaded only
+    out, _ = launch("run", "--no-bind", PROG, "env")
+    check(f"LD_PRELOAD={SHIM_REAL}\n" in out and "LD_AUDIT=(unset)\n" in out, out)
     # the user's LD_PRELOAD is kept, after the shim; and still loaded
     out, _ = launch("run", PROG, "env", env=base_env(LD_PRELOAD=MARKER))
     check(f"LD_PRELOAD={SHIM_REAL}:{MARKER}\n" in out, f"LD_PRELOAD kept: {out}")
@@ -214,10 +215,12 @@ def case_env():
                      ("VERBOSE", "1"), ("DISABLE", "1"), ("TRACE_FILTER", "all"),
                      ("TRACE_FILE", "(unset)"), ("TRACE_FORMAT", "(unset)")):
         check(f"CACHESHIM_{var}={val}\n" in out, f"CACHESHIM_{var} is not {val}: {out}")
-    # with --bind the cache comes ahead of the tracer, so that the tracer sees its answers
-    out, _ = launch("trace", "--cache", "--bind", "-otbind", PROG, "env")
+    # the cache comes ahead of the tracer, so that the tracer sees its answers
+    out, _ = launch("trace", "--cache", "-otbind", PROG, "env")
     check(f"LD_PRELOAD={SHIM_REAL}\n" in out and f"LD_AUDIT={CACHE_AUDIT}{AUDIT_REAL}\n" in out,
           out)
+    out, _ = launch("trace", "--cache", "--no-bind", "-otnobind", PROG, "env")
+    check(f"LD_PRELOAD={SHIM_REAL}\n" in out and f"LD_AUDIT={AUDIT_REAL}\n" in out, out)
     # trace: LD_AUDIT, its variables, and the shim only with --cache
     # (a user's audit module that does not exist: ld.so reports it and goes on; the marker
     # library cannot stand in, as a sanitized build of it cannot load in an audit namespace)
@@ -227,7 +230,8 @@ def case_env():
     check("CACHESHIM_TRACE_FILE=t\n" in out and "CACHESHIM_TRACE_FORMAT=jsonl\n" in out, out)
     out, _ = launch("trace", "--cache", "--stats", "-ot2", "--format=text", "--filter", "all",
                     PROG, "env")
-    check(f"LD_PRELOAD={SHIM_REAL}\n" in out and f"LD_AUDIT={AUDIT_REAL}\n" in out, out)
+    check(f"LD_PRELOAD={SHIM_REAL}\n" in out and f"LD_AUDIT={CACHE_AUDIT}{AUDIT_REAL}\n" in out,
+          out)
     for var, val in (("STATS", "1"), ("TRACE_FILE", "t2"), ("TRACE_FORMAT", "text"),
                      ("TRACE_FILTER", "all")):
         check(f"CACHESHIM_{var}={val}\n" in out, f"CACHESHIM_{var} is not {val}: {out}")
