@@ -1,6 +1,6 @@
 /* trace_player: replay recorded allocation traces through the CUDA driver.
  *
- *     trace_player [--repeat N] [--device D] FILE...
+ *     trace_player [--repeat N] [--device D] [--calls] [--work TICKS [--sync N]] FILE...
  *
  * FILE is a trace in the format of shared/traces/README.md, plain or gzipped (gzipped files
  * are recognised by their magic bytes and read through `gzip -dc`):
@@ -34,6 +34,26 @@
  *
  * (one line; the bracketed part only when cacheshim_get_stats is found with
  * dlsym(RTLD_DEFAULT, ...), i.e. when the shim is preloaded).
+ *
+ * With --calls (the fake driver of tests/fake only: it counts its calls), a second line per
+ * file gives the driver calls made inside wall_ms, by entry point, those called at least once:
+ *
+ *     calls FILE requests=N cuEventQuery=N cuMemMap=N ...
+ *
+ * (requests: the allocations and frees sent to the driver, failed ones included).
+ *
+ * With --work TICKS (the fake driver only), each free follows a kernel on the legacy stream
+ * that touches the whole block (fake_touch_kernel), as the program's use of it, and the
+ * fake's work completes TICKS driver calls after it could start (fake_set_work_ticks): the
+ * "GPU" runs a little behind, so fences are recorded and asked about as on a real one. The
+ * calls line (with --calls) then ends with the fake's race check and unmap faults over the
+ * replay, both 0 when the cache reused and unmapped memory only after its work:
+ *
+ *     calls FILE requests=N ... races=N unmap_faults=N
+ *
+ * With --sync N as well, every Nth free is followed by cuCtxSynchronize, as a training loop
+ * waits for its step's result: the "GPU" may then fall up to N kernels behind (with TICKS
+ * above the driver calls a free takes) and no further.
  *
  * Exit status: 0 success; 1 a driver call failed unexpectedly (or the driver could not be
  * loaded); 2 usage error, unreadable file, or malformed line.
@@ -260,6 +280,14 @@ typedef CUresult (*fn_cuMemAlloc_v2)(CUdeviceptr *, size_t);
 typedef CUresult (*fn_cuMemFree_v2)(CUdeviceptr);
 typedef CUresult (*fn_cuDevicePrimaryCtxRelease_v2)(CUdevice);
 typedef CUresult (*fn_cuGetErrorName)(CUresult, const char **);
+typedef CUresult (*fn_cuCtxSynchronize)(void);
+typedef const char *(*fn_fake_entry_at)(int);
+typedef long (*fn_fake_calls)(const char *);
+typedef CUfunction (*fn_fake_touch_kernel)(void);
+typedef void (*fn_fake_set_work_ticks)(uint64_t);
+typedef long (*fn_fake_count)(void);
+typedef CUresult (*fn_cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned,
+                                      unsigned, unsigned, unsigned, CUstream, void **, void **);
 
 static struct {
     fn_cuInit init;
@@ -270,6 +298,15 @@ static struct {
     fn_cuMemFree_v2 mem_free;
     fn_cuDevicePrimaryCtxRelease_v2 ctx_release;
     fn_cuGetErrorName get_error_name;
+    /* --calls: the fake driver's counters (tests/fake/fake_control.h). */
+    fn_fake_entry_at entry_at;
+    fn_fake_calls calls;
+    /* --work: launches of the fake's kernel, and its race check. */
+    fn_cuLaunchKernel launch;
+    fn_cuCtxSynchronize sync;
+    long sync_every;   /* --sync: a synchronize after every this many frees (0: never) */
+    CUfunction touch;
+    fn_fake_count races, unmap_faults;
 } drv;
 
 static void *must_sym(void *h, const char *name)
@@ -284,7 +321,19 @@ static void *must_sym(void *h, const char *name)
 
 /* Function pointers are assigned through *(void **)& (the POSIX idiom), which keeps ISO C's
  * object-to-function pointer conversion out of the code. */
-static void load_driver(void)
+/* A function of the fake driver, for --calls and --work. */
+static void *fake_sym(void *h, const char *name, const char *opt)
+{
+    void *p = dlsym(h, name);
+    if (!p) {
+        fprintf(stderr, "trace_player: %s needs the fake driver of tests/fake; this "
+                        "libcuda.so.1 has no %s\n", opt, name);
+        exit(2);
+    }
+    return p;
+}
+
+static void load_driver(bool calls, long work_ticks)
 {
     void *h = dlopen("libcuda.so.1", RTLD_NOW);
     if (!h) {
@@ -299,6 +348,33 @@ static void load_driver(void)
     *(void **)&drv.mem_free = must_sym(h, "cuMemFree_v2");
     *(void **)&drv.ctx_release = must_sym(h, "cuDevicePrimaryCtxRelease_v2");
     *(void **)&drv.get_error_name = must_sym(h, "cuGetErrorName");
+    if (calls) {
+        *(void **)&drv.entry_at = fake_sym(h, "fake_entry_at", "--calls");
+        *(void **)&drv.calls = fake_sym(h, "fake_calls", "--calls");
+    }
+    if (work_ticks >= 0) {
+        fn_fake_touch_kernel touch;
+        fn_fake_set_work_ticks set_ticks;
+        *(void **)&touch = fake_sym(h, "fake_touch_kernel", "--work");
+        *(void **)&set_ticks = fake_sym(h, "fake_set_work_ticks", "--work");
+        *(void **)&drv.races = fake_sym(h, "fake_races", "--work");
+        *(void **)&drv.unmap_faults = fake_sym(h, "fake_unmap_faults", "--work");
+        *(void **)&drv.launch = must_sym(h, "cuLaunchKernel");
+        *(void **)&drv.sync = must_sym(h, "cuCtxSynchronize");
+        drv.touch = touch();
+        set_ticks((uint64_t)work_ticks);
+    }
+}
+
+/* --calls: each entry point's count, by its number in the fake. */
+#define MAX_ENTRIES 1024
+
+static void calls_now(long *n)
+{
+    for (int i = 0; i < MAX_ENTRIES; i++) {
+        const char *name = drv.entry_at(i);
+        n[i] = name ? drv.calls(name) : 0;
+    }
 }
 
 static const char *err_name(CUresult r)
@@ -324,6 +400,7 @@ typedef struct {
     uint64_t events, allocs, frees, skipped_frees, failed_allocs;
     uint64_t peak_live;
     double wall_ms;
+    long *calls;      /* --calls: driver calls inside wall_ms by entry point, or NULL */
 } replay_counts;
 
 static double now_ms(void)
@@ -337,6 +414,9 @@ static void replay_once(const trace *t, CUdeviceptr *dptr, uint64_t *size, repla
 {
     memset(dptr, 0, t->nslots * sizeof *dptr);
     uint64_t live = 0, peak = 0;
+    long before[MAX_ENTRIES], after[MAX_ENTRIES];
+    if (c->calls)
+        calls_now(before);
 
     double t0 = now_ms();
     for (size_t i = 0; i < t->nev; i++) {
@@ -361,6 +441,16 @@ static void replay_once(const trace *t, CUdeviceptr *dptr, uint64_t *size, repla
                 c->skipped_frees++;
                 break;
             }
+            if (drv.launch) {  /* --work: the block's use, then its free */
+                size_t n = (size_t)size[e->slot];
+                void *params[] = {&dptr[e->slot], &n};
+                r = drv.launch(drv.touch, 1, 1, 1, 1, 1, 1, 0, NULL, params, NULL);
+                if (r != CUDA_SUCCESS) {
+                    fprintf(stderr, "trace_player: %s:%ld: cuLaunchKernel failed: %s\n",
+                            t->path, e->line, err_name(r));
+                    exit(1);
+                }
+            }
             r = drv.mem_free(dptr[e->slot]);
             if (r != CUDA_SUCCESS) {
                 fprintf(stderr,
@@ -372,6 +462,12 @@ static void replay_once(const trace *t, CUdeviceptr *dptr, uint64_t *size, repla
             dptr[e->slot] = 0;
             live -= size[e->slot];
             c->frees++;
+            if (drv.sync_every && c->frees % (uint64_t)drv.sync_every == 0 &&
+                (r = drv.sync()) != CUDA_SUCCESS) {
+                fprintf(stderr, "trace_player: %s:%ld: cuCtxSynchronize failed: %s\n", t->path,
+                        e->line, err_name(r));
+                exit(1);
+            }
             break;
         case EV_FAILED: {
             CUdeviceptr p = 0;
@@ -391,6 +487,11 @@ static void replay_once(const trace *t, CUdeviceptr *dptr, uint64_t *size, repla
         }
     }
     c->wall_ms += now_ms() - t0;
+    if (c->calls) {
+        calls_now(after);
+        for (int i = 0; i < MAX_ENTRIES; i++)
+            c->calls[i] += after[i] - before[i];
+    }
     c->events += t->nev;
     if (peak > c->peak_live)
         c->peak_live = peak;
@@ -413,7 +514,9 @@ static void replay_once(const trace *t, CUdeviceptr *dptr, uint64_t *size, repla
 
 static void usage(void)
 {
-    fprintf(stderr, "usage: trace_player [--repeat N] [--device D] FILE...\n");
+    fprintf(stderr,
+            "usage: trace_player [--repeat N] [--device D] [--calls] [--work TICKS [--sync N]] "
+            "FILE...\n");
     exit(2);
 }
 
@@ -433,7 +536,8 @@ typedef int (*fn_get_stats)(int, cacheshim_stats *, size_t);
 
 int main(int argc, char **argv)
 {
-    long repeat = 1, device = 0;
+    long repeat = 1, device = 0, work = -1;
+    bool calls = false;
     int first = argc;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--repeat") && i + 1 < argc) {
@@ -444,6 +548,12 @@ int main(int argc, char **argv)
             device = parse_count(argv[++i], "--device", 0);
         } else if (!strncmp(argv[i], "--device=", 9)) {
             device = parse_count(argv[i] + 9, "--device", 0);
+        } else if (!strcmp(argv[i], "--work") && i + 1 < argc) {
+            work = parse_count(argv[++i], "--work", 0);
+        } else if (!strcmp(argv[i], "--sync") && i + 1 < argc) {
+            drv.sync_every = parse_count(argv[++i], "--sync", 1);
+        } else if (!strcmp(argv[i], "--calls")) {
+            calls = true;
         } else if (!strcmp(argv[i], "--")) {
             first = i + 1;
             break;
@@ -458,7 +568,7 @@ int main(int argc, char **argv)
         }
     }
     int nfiles = argc - first;
-    if (nfiles <= 0)
+    if (nfiles <= 0 || (drv.sync_every && work < 0))
         usage();
 
     /* Parse everything first: no driver call before every file is known to be good. */
@@ -471,7 +581,7 @@ int main(int argc, char **argv)
             max_slots = traces[i].nslots;
     }
 
-    load_driver();
+    load_driver(calls, work);
     CUdevice dev;
     CUcontext ctx;
     check_setup(drv.init(0), "cuInit");
@@ -488,7 +598,8 @@ int main(int argc, char **argv)
 
     for (int i = 0; i < nfiles; i++) {
         const trace *t = &traces[i];
-        replay_counts c = {0};
+        long ncalls[MAX_ENTRIES] = {0};
+        replay_counts c = {.calls = calls ? ncalls : NULL};
         cacheshim_stats s0, s1;
         /* The shim may answer -1 until its cache exists (before the first allocation): the
          * counters are all zero then, so a failed first call is a zero baseline. */
@@ -519,6 +630,15 @@ int main(int argc, char **argv)
                    s1.driver_allocs - s0.driver_allocs);
         }
         printf("\n");
+        if (calls) {
+            printf("calls %s requests=%" PRIu64, t->path, c.allocs + c.frees + c.failed_allocs);
+            for (int k = 0; k < MAX_ENTRIES; k++)
+                if (ncalls[k])
+                    printf(" %s=%ld", drv.entry_at(k), ncalls[k]);
+            if (drv.launch)
+                printf(" races=%ld unmap_faults=%ld", drv.races(), drv.unmap_faults());
+            printf("\n");
+        }
         fflush(stdout);
     }
 

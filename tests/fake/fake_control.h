@@ -146,6 +146,9 @@ long fake_access_faults(void);
  * access-fault counters.) */
 long fake_calls(const char *name);
 void fake_reset_counters(void);
+/* The name of the fake's entry point number i (0, 1, ...), NULL past the last: to read every
+ * counter (tests/trace_player --calls). (Addition to the original API.) */
+const char *fake_entry_at(int i);
 /* Driver calls that arrived after the fake driver's destructor ran (must stay 0). */
 long fake_calls_after_teardown(void);
 /* Calls that broke the stream-capture rules: they failed with CUDA_ERROR_STREAM_CAPTURE_

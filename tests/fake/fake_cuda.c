@@ -150,6 +150,11 @@ FAKE_API long fake_calls(const char *name)
     return e ? atomic_load(&e->calls) : -1;
 }
 
+FAKE_API const char *fake_entry_at(int i)
+{
+    return i >= 0 && i < ID_COUNT ? g_entries[i].name : NULL;
+}
+
 FAKE_API void fake_reset_counters(void)
 {
     for (int i = 0; i < ID_COUNT; i++)

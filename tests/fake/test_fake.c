@@ -190,6 +190,13 @@ static void test_alloc_free(void **state)
     assert_int_equal(fake_live_allocations(), 0);
     assert_int_equal(fake_calls("cuMemAlloc_v2"), 2);
     assert_int_equal(fake_calls("cuMemFree_v2"), 5);
+    /* Every counter can be read by walking the names. */
+    int n = 0, seen = 0;
+    for (const char *name; (name = fake_entry_at(n)); n++)
+        seen += !strcmp(name, "cuMemAlloc_v2") || !strcmp(name, "cuMemFree_v2");
+    assert_int_equal(seen, 2);
+    assert_true(n > 100);
+    assert_null(fake_entry_at(-1));
 }
 
 static void test_oom_at_budget(void **state)
