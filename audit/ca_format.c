@@ -6,8 +6,7 @@
  * and decoded) is worked out once per function (a plan), and a record is then a run of
  * copies and number conversions. In a real program most of a record's cost is reading this
  * code again from memory at each call (the program's own work between calls pushes it out of
- * the nearest caches), so the common path is kept small: one loop over a format's layout
- * (the items below), the rare cases out of line. Numbers are printed with integer
+ * the nearest caches), so the rare cases are kept out of line. Numbers are printed with integer
  * arithmetic, so the program's locale cannot change the output; floating point (rare)
  * through snprintf in the auditor's own C locale. */
 #include "ca_format.h"
@@ -599,14 +598,14 @@ static char *w_keyed(char *o, const plan *pl, const vplan *v, uint64_t x, int js
     return v->dec ? w_decoded(o, pl->d, v, x, json) : o;
 }
 
-__attribute__((noinline)) static char *w_args(char *o, const plan *pl, const ca_rec *r, int json)
+static char *w_args(char *o, const plan *pl, const ca_rec *r, int json)
 {
     for (int i = 0; i < pl->d->nparams; i++) /* each key begins with its separator */
         o = w_keyed(o, pl, &pl->arg[i], r->arg[i], json, r->str);
     return o;
 }
 
-__attribute__((noinline)) static char *w_outs(char *o, const plan *pl, const ca_rec *r, int json)
+static char *w_outs(char *o, const plan *pl, const ca_rec *r, int json)
 {
     for (int i = 0; i < r->nout; i++) {
         if (json && i) /* text keys begin with ", *" */
@@ -698,56 +697,6 @@ static char *w_scope_event(char *o, const ca_fmt_ctx *c, const ca_rec *r, const 
     return W_LIT(o, "}}");
 }
 
-/* A record's layout in each format: a run of items, each a literal and then one value. One
- * loop writes every format, so that little code runs per record (a traced call's code is
- * read from memory again at each call of a program that does much else between them). */
-enum {
-    I_NONE,      /* the literal alone */
-    I_IDS,       /* the thread's pid and tid piece (make_ids) */
-    I_TEXT_HEAD, /* the plan's "[Intercepted] NAME(" */
-    I_JSON_NAME, /* the plan's NAME","args":{ */
-    I_PF_HEAD,   /* the plan's {"name":"NAME","cat":" */
-    I_T_NS,      /* the start, ns since the tracer started */
-    I_T_US,      /* the same in µs (U.FFF) */
-    I_T_S,       /* the same in s (S.FFFFFFFFF) */
-    I_DUR_NS,    /* the duration in ns */
-    I_DUR_US,    /* the same in µs */
-    I_LIB,
-    I_FROM,
-    I_ARGS,
-    I_OUTS,
-    I_RESULT,      /* the result as a number */
-    I_RESULT_JSON, /* "NAME" or null */
-    I_RESULT_TEXT, /* NAME or the number */
-    I_STACK,       /* JSON Lines: the call site, when recorded */
-};
-
-typedef struct {
-    uint8_t what, len;
-    const char *lit;
-} item;
-
-#define ITEM(lit, what) {(what), sizeof(lit) - 1, (lit)}
-
-static const item jsonl_items[] = {
-    ITEM("", I_IDS), ITEM("", I_T_NS), ITEM(",\"dur_ns\":", I_DUR_NS),
-    ITEM(",\"lib\":\"", I_LIB), ITEM("\",\"from\":\"", I_FROM),
-    ITEM("\",\"name\":\"", I_JSON_NAME), ITEM("", I_ARGS), ITEM("},\"out\":{", I_OUTS),
-    ITEM("},\"result\":", I_RESULT), ITEM(",\"result_name\":", I_RESULT_JSON),
-    ITEM("", I_STACK), ITEM("}\n", I_NONE), {0, 0, NULL}};
-
-/* The writer puts the separators between events. */
-static const item perfetto_items[] = {
-    ITEM("", I_PF_HEAD), ITEM("", I_LIB), ITEM("\",\"ph\":\"X\",\"ts\":", I_T_US),
-    ITEM(",\"dur\":", I_DUR_US), ITEM("", I_IDS), ITEM("", I_FROM),
-    ITEM("\",\"result\":", I_RESULT_JSON), ITEM(",\"args\":{", I_ARGS),
-    ITEM("},\"out\":{", I_OUTS), ITEM("}}}", I_NONE), {0, 0, NULL}};
-
-static const item text_items[] = {
-    ITEM("", I_TEXT_HEAD), ITEM("", I_ARGS), ITEM(") = ", I_RESULT_TEXT), ITEM("", I_OUTS),
-    ITEM(" [", I_LIB), ITEM(", from ", I_FROM), ITEM("", I_IDS), ITEM("", I_T_S),
-    ITEM(" s, ", I_DUR_US), ITEM(" us]\n", I_NONE), {0, 0, NULL}};
-
 size_t ca_format_rec(const ca_fmt_ctx *c, const ca_rec *r, long tid, ca_fmt_ids *ids, char *buf,
                      size_t cap)
 {
@@ -758,36 +707,66 @@ size_t ca_format_rec(const ca_fmt_ctx *c, const ca_rec *r, long tid, ca_fmt_ids 
     uint64_t dur = r->t1 >= r->t0 ? r->t1 - r->t0 : 0;
     if (!pl || pl->max > cap) /* out of memory for the plan; never too long in practice */
         return 0;
-    if (c->format == CS_TRACE_PERFETTO && r->fn >= CA_SCOPE_FIRST && r->result == 0)
-        return (size_t)(w_scope_event(buf, c, r, ids) - buf); /* a failed call stays an "X" */
-    int json = c->format != CS_TRACE_TEXT;
-    const item *it = c->format == CS_TRACE_JSONL      ? jsonl_items
-                     : c->format == CS_TRACE_PERFETTO ? perfetto_items
-                                                      : text_items;
     char *o = buf;
-    for (; it->lit; it++) {
-        o = w_var(o, it->lit, it->len);
-        switch (it->what) {
-        case I_IDS: o = w_piece(o, ids->text, ids->len); break;
-        case I_TEXT_HEAD: o = w_piece(o, pl->text_head, pl->text_head_len); break;
-        case I_JSON_NAME: o = w_piece(o, pl->json_name, pl->json_name_len); break;
-        case I_PF_HEAD: o = w_piece(o, pl->pf_head, pl->pf_head_len); break;
-        case I_T_NS: o = w_u64(o, t); break;
-        case I_T_US: o = w_fixed(o, t, 3); break;
-        case I_T_S: o = w_fixed(o, t, 9); break;
-        case I_DUR_NS: o = w_u64(o, dur); break;
-        case I_DUR_US: o = w_fixed(o, dur, 3); break;
-        case I_LIB: o = w_lib(o, r->lib); break;
-        case I_FROM: o = w_from(o, r->from); break;
-        case I_ARGS: o = w_args(o, pl, r, json); break;
-        case I_OUTS: o = w_outs(o, pl, r, json); break;
-        case I_RESULT: o = w_i64(o, r->result); break;
-        case I_RESULT_JSON: o = w_result_json(o, r); break;
-        case I_RESULT_TEXT: o = w_result_text(o, r); break;
-        case I_STACK: o = w_stack(o, r); break;
-        default: break;
-        }
+    switch (c->format) {
+    case CS_TRACE_JSONL:
+        o = w_piece(o, ids->text, ids->len);
+        o = w_u64(o, t);
+        o = W_LIT(o, ",\"dur_ns\":");
+        o = w_u64(o, dur);
+        o = W_LIT(o, ",\"lib\":\"");
+        o = w_lib(o, r->lib);
+        o = W_LIT(o, "\",\"from\":\"");
+        o = w_from(o, r->from);
+        o = W_LIT(o, "\",\"name\":\"");
+        o = w_piece(o, pl->json_name, pl->json_name_len);
+        o = w_args(o, pl, r, 1);
+        o = W_LIT(o, "},\"out\":{");
+        o = w_outs(o, pl, r, 1);
+        o = W_LIT(o, "},\"result\":");
+        o = w_i64(o, r->result);
+        o = W_LIT(o, ",\"result_name\":");
+        o = w_result_json(o, r);
+        o = w_stack(o, r);
+        *o++ = '}';
+        break;
+    case CS_TRACE_PERFETTO:
+        if (r->fn >= CA_SCOPE_FIRST && r->result == 0) /* a failed call stays an "X" */
+            return (size_t)(w_scope_event(o, c, r, ids) - buf);
+        o = w_piece(o, pl->pf_head, pl->pf_head_len);
+        o = w_lib(o, r->lib);
+        o = W_LIT(o, "\",\"ph\":\"X\",\"ts\":");
+        o = w_fixed(o, t, 3);
+        o = W_LIT(o, ",\"dur\":");
+        o = w_fixed(o, dur, 3);
+        o = w_piece(o, ids->text, ids->len);
+        o = w_from(o, r->from);
+        o = W_LIT(o, "\",\"result\":");
+        o = w_result_json(o, r);
+        o = W_LIT(o, ",\"args\":{");
+        o = w_args(o, pl, r, 1);
+        o = W_LIT(o, "},\"out\":{");
+        o = w_outs(o, pl, r, 1);
+        o = W_LIT(o, "}}}");
+        return (size_t)(o - buf); /* the writer puts the separators between events */
+    default:
+        o = w_piece(o, pl->text_head, pl->text_head_len);
+        o = w_args(o, pl, r, 0);
+        o = W_LIT(o, ") = ");
+        o = w_result_text(o, r);
+        o = w_outs(o, pl, r, 0);
+        o = W_LIT(o, " [");
+        o = w_lib(o, r->lib);
+        o = W_LIT(o, ", from ");
+        o = w_from(o, r->from);
+        o = w_piece(o, ids->text, ids->len);
+        o = w_fixed(o, t, 9);
+        o = W_LIT(o, " s, ");
+        o = w_fixed(o, dur, 3);
+        o = W_LIT(o, " us]");
+        break;
     }
+    *o++ = '\n';
     return (size_t)(o - buf);
 }
 
