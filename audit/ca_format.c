@@ -465,7 +465,7 @@ static const plan *plan_of(unsigned fn)
 
 void ca_format_prefetch(unsigned fn)
 {
-    const plan *pl = __atomic_load_n(&g_plans[fn], __ATOMIC_RELAXED);
+    const plan *pl = __atomic_load_n(&g_plans[fn], __ATOMIC_ACQUIRE); /* as plan_of */
     if (!pl)
         return;
     const char *p = (const char *)pl;
