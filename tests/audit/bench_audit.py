@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """Per-call cost of the tracer on the fake driver (no GPU). `audit_prog bench KIND N WORK`
 makes N driver calls of one kind, the cheap ones a framework makes around each kernel (see
-audit_prog.c), through direct binding, and prints ns per call. Each configuration runs RUNS
+audit_prog.c), through direct binding, and prints ns per call of wall time and of the
+calling thread's CPU time; this takes the latter, which other jobs on the machine disturb
+less (the tracer's helper thread is not in it: at these rates it needs as much CPU as the
+program's thread back to back, see docs/performance.md). Each configuration runs RUNS
 times, untraced and traced runs in turn; the medians are printed with the tracer's cost per
 call (traced minus untraced), in a markdown table per regime:
 
@@ -34,7 +37,7 @@ def once(kind, n, work, extra):
     env.update(extra)
     out = subprocess.run([PROG, "bench", kind, str(n), work], env=env, check=True,
                          stdout=subprocess.PIPE, text=True).stdout
-    return float(out.split()[0])
+    return float(out.split()[1])
 
 
 with tempfile.TemporaryDirectory() as d:
@@ -53,7 +56,7 @@ with tempfile.TemporaryDirectory() as d:
     configs += [("LD_AUDIT, filtered out", lambda: traced("jsonl", "cuMemHost*"))]
     for work, n in (("0", N), ("cold", N // 20)):
         label = "back to back" if work == "0" else "cold (work between calls)"
-        print(f"{label}: ns per call, median of {RUNS} runs of {n} calls; "
+        print(f"{label}: ns of the calling thread's CPU time per call, median of {RUNS} runs of {n} calls; "
               "in brackets the tracer's cost (traced minus untraced)\n")
         print("| calls | " + " | ".join(name for name, _ in configs) + " |")
         print("| --- " * (len(configs) + 1) + "|")
