@@ -6,15 +6,15 @@
  * and decoded) is worked out once per function (a plan), and a record is then a run of
  * copies and number conversions. In a real program most of a record's cost is reading this
  * code again from memory at each call (the program's own work between calls pushes it out of
- * the nearest caches), so the rare cases are kept out of line. Numbers are printed with integer
- * arithmetic, so the program's locale cannot change the output; floating point (rare)
- * through snprintf in the auditor's own C locale. */
+ * the nearest caches), so the rare cases are kept out of line. Numbers are printed with
+ * integer arithmetic, so the program's locale cannot change the output; floating point
+ * (rare) through snprintf in the auditor's own C locale. */
 #include "ca_format.h"
 
 #include <inttypes.h>
-#include <stddef.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -175,7 +175,7 @@ static char *w_hex(char *o, uint64_t v)
     memcpy(d, &hi, 8);
     memcpy(d + 8, &lo, 8);
     memset(d + 16, 0, 16);
-    int n = v ? (67 - __builtin_clzll(v)) / 4 : 1;
+    int n = (67 - __builtin_clzll(v)) / 4; /* digits */
     o[0] = '0';
     o[1] = 'x';
     memcpy(o + 2, d + 16 - n, 16); /* the n digits (and slack) */
@@ -354,8 +354,8 @@ enum { DEC_NONE, DEC_STREAM, DEC_FLAGS, DEC_SIZE };
 #define STR_TEXT_MAX (2 + 6 * CA_STR_MAX)
 
 typedef struct {
-    const char *json_key;  /* "name": after the separator from the value before: , */
-    const char *text_key;  /* name= after its separator: ", " (arguments) or ", *" (outs) */
+    const char *json_key;  /* ,"name": (an argument after the first; else "name":) */
+    const char *text_key;  /* , name= (argument after the first), name= (first), , *name= (out) */
     const char *json_dec;  /* ,"name_decoded":" */
     uint64_t mask;         /* the value's bits (V_UNSIGNED, V_SIGNED: sign-extended) */
     uint8_t json_len, text_len, dec_len;

@@ -15,8 +15,8 @@ call (traced minus untraced), in a markdown table per regime:
 
 Usage: bench_audit.py AUDIT_LIB PROG FAKE_DIR CUDART_DIR [RUNS]
 Environment: AUDIT_BEFORE (another build of the library, to compare: its columns are
-added, the runs interleaved with the others), KINDS (default "mix launch ctx record alloc"), N (calls a run, back to back;
-a twentieth of it cold; default 400000).
+added, the runs interleaved with the others), KINDS (default "mix launch ctx record
+alloc"), N (calls a run, back to back; a twentieth of it cold; default 400000).
 """
 import os
 import statistics
@@ -56,7 +56,8 @@ with tempfile.TemporaryDirectory() as d:
     configs += [("LD_AUDIT, filtered out", lambda: traced("jsonl", "cuMemHost*"))]
     for work, n in (("0", N), ("cold", N // 20)):
         label = "back to back" if work == "0" else "cold (work between calls)"
-        print(f"{label}: ns of the calling thread's CPU time per call, median of {RUNS} runs of {n} calls; "
+        print(f"{label}: ns of the calling thread's CPU time per call, "
+              f"median of {RUNS} runs of {n} calls; "
               "in brackets the tracer's cost (traced minus untraced)\n")
         print("| calls | " + " | ".join(name for name, _ in configs) + " |")
         print("| --- " * (len(configs) + 1) + "|")
