@@ -2,15 +2,19 @@
  * ("X" complete event, and a "C" counter event after allocations and frees; a scope's
  * begin and end as a "B" and an "E" event, a duration slice on its thread). Runs on the
  * calling thread when a traced call returns, so it is built for speed: what a function's
- * records share (its name, each parameter's key and how its value is printed) is worked out
- * once per function (a plan), and a record is then a run of copies and number conversions.
- * Numbers are printed with integer arithmetic, so the program's locale cannot change the
- * output; floating point (rare) through snprintf in the auditor's own C locale. */
+ * records share (its name, each parameter's key with its separator, how its value is printed
+ * and decoded) is worked out once per function (a plan), and a record is then a run of
+ * copies and number conversions. In a real program most of a record's cost is reading this
+ * code again from memory at each call (the program's own work between calls pushes it out of
+ * the nearest caches), so the rare cases are kept out of line. Numbers are printed with
+ * integer arithmetic, so the program's locale cannot change the output; floating point
+ * (rare) through snprintf in the auditor's own C locale. */
 #include "ca_format.h"
 
 #include <inttypes.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -62,7 +66,29 @@ static inline char *w_mem(char *o, const char *s, size_t n)
 /* A literal: its length is known, so the copy is a few moves. */
 #define W_LIT(o, s) w_mem((o), (s), sizeof(s) - 1)
 
-static char *w_str(char *o, const char *s) { return w_mem(o, s, strlen(s)); }
+/* Any other length: out of line, so that each caller stays small (the code of a traced
+ * call's record is read from memory at each call of a program that does much else). */
+__attribute__((noinline)) static char *w_var(char *o, const char *s, size_t n)
+{
+    return w_mem(o, s, n);
+}
+
+/* The slack a record's buffer keeps past its longest text (plan_max), and the padding
+ * after the pieces of a plan: w_piece copies PIECE_PAD bytes whatever the length. */
+#define PIECE_PAD 64
+
+/* A piece of a plan, or another text followed by at least PIECE_PAD readable bytes: short
+ * ones (nearly all) in a few 16-byte moves without a test of their length; the bytes past
+ * n land in the buffer's slack and are written over next. */
+static inline char *w_piece(char *o, const char *s, size_t n)
+{
+    if (__builtin_expect(n > PIECE_PAD, 0))
+        return w_var(o, s, n);
+    memcpy(o, s, PIECE_PAD);
+    return o + n;
+}
+
+static char *w_str(char *o, const char *s) { return w_var(o, s, strlen(s)); }
 
 static const char pairs[] = "00010203040506070809101112131415161718192021222324252627282930313233"
                             "34353637383940414243444546474849505152535455565758596061626364656667"
@@ -74,26 +100,45 @@ static const uint64_t pow10[20] = {
     1000000000000000u, 10000000000000000u, 100000000000000000u, 1000000000000000000u,
     10000000000000000000u};
 
+/* The n (1..8) low decimal digits of v < 10^8, ending at end, two at a time in 32 bits. */
+static inline void w_digits(char *end, uint32_t v, int n)
+{
+    for (; n >= 2; n -= 2) {
+        end -= 2;
+        memcpy(end, pairs + 2 * (v % 100), 2);
+        v /= 100;
+    }
+    if (n)
+        end[-1] = (char)('0' + v);
+}
+
 static char *w_u64(char *o, uint64_t v)
 {
-    if (v < 10) {
-        *o = (char)('0' + v);
-        return o + 1;
+    if (v < 100) {
+        if (v < 10) {
+            *o = (char)('0' + v);
+            return o + 1;
+        }
+        memcpy(o, pairs + 2 * v, 2);
+        return o + 2;
     }
-    int n = 2;
-    while (n < 20 && v >= pow10[n])
-        n++;
-    char *end = o + n, *p = end;
-    while (v >= 100) {
-        unsigned r = (unsigned)(v % 100);
-        v /= 100;
-        p -= 2;
-        memcpy(p, pairs + 2 * r, 2);
+    /* digits: about log10 from the bit length (1233 / 4096 ~ log10(2)), one compare to
+     * correct it */
+    int t = ((64 - __builtin_clzll(v)) * 1233) >> 12;
+    int n = t + 1 - (v < pow10[t]);
+    char *end = o + n;
+    if (n > 8) { /* the low 8 digits, then the rest (at most 12: again 8, then 4) */
+        w_digits(end, (uint32_t)(v % 100000000u), 8);
+        v /= 100000000u;
+        if (n > 16) {
+            w_digits(end - 8, (uint32_t)(v % 100000000u), 8);
+            v /= 100000000u;
+        }
+        n = n > 16 ? n - 16 : n - 8;
+        w_digits(o + n, (uint32_t)v, n);
+        return end;
     }
-    if (v >= 10)
-        memcpy(p - 2, pairs + 2 * v, 2);
-    else
-        p[-1] = (char)('0' + v);
+    w_digits(end, (uint32_t)v, n);
     return end;
 }
 
@@ -106,21 +151,35 @@ static char *w_i64(char *o, int64_t v)
     return w_u64(o, (uint64_t)v);
 }
 
+/* The 8 hex digits of x as ASCII, the most significant in the lowest byte: each nibble
+ * spread to a byte, then '0'-'9' or 'a'-'f' added, without a branch. */
+static inline uint64_t hex8(uint32_t x)
+{
+    uint64_t v = x;
+    v = (v | v << 16) & 0x0000ffff0000ffffu;
+    v = (v | v << 8) & 0x00ff00ff00ff00ffu;
+    v = (v | v << 4) & 0x0f0f0f0f0f0f0f0fu; /* byte i: nibble i */
+    uint64_t letter = ((v + 0x0606060606060606u) >> 4) & 0x0101010101010101u; /* nibble > 9 */
+    return __builtin_bswap64(v + 0x3030303030303030u + letter * ('a' - '0' - 10));
+}
+
 static char *w_hex(char *o, uint64_t v)
 {
-    static const char digits[] = "0123456789abcdef";
-    int n = v ? (67 - __builtin_clzll(v)) / 4 : 1;
+    if (v < 16) { /* 0 (NULL), flags */
+        memcpy(o, "0x", 2);
+        o[2] = "0123456789abcdef"[v];
+        return o + 3;
+    }
+    char d[32]; /* 16 digits, then what the copy below may read past them */
+    uint64_t hi = hex8((uint32_t)(v >> 32)), lo = hex8((uint32_t)v);
+    memcpy(d, &hi, 8);
+    memcpy(d + 8, &lo, 8);
+    memset(d + 16, 0, 16);
+    int n = (67 - __builtin_clzll(v)) / 4; /* digits */
     o[0] = '0';
     o[1] = 'x';
-    char *p = o + n + 2;
-    for (; v >= 16; v >>= 8) { /* two digits a step */
-        p -= 2;
-        p[0] = digits[(v >> 4) & 15];
-        p[1] = digits[v & 15];
-    }
-    if (p > o + 2)
-        p[-1] = digits[v & 15];
-    return o + n + 2;
+    memcpy(o + 2, d + 16 - n, 16); /* the n digits (and slack) */
+    return o + 2 + n;
 }
 
 /* ns as "U.FFF" (digits = 3, for µs from ns) or "S.FFFFFFFFF" (digits = 9, s from ns). */
@@ -147,11 +206,21 @@ __attribute__((format(printf, 3, 4))) static char *w_fmt(char *o, size_t n, cons
 
 /* ---- names ---------------------------------------------------------------------------------- */
 
-static const char *const lib_names[] = {"driver", "shim", "runtime"};
-static const char *const from_names[] = {"app", "shim", "cudart"};
+/* Padded for w_piece: CA_LIB_* and CA_FROM_* index them. */
+static const char lib_names[3][PIECE_PAD] = {"driver", "shim", "runtime"};
+static const uint8_t lib_lens[3] = {6, 4, 7};
+static const char from_names[3][PIECE_PAD] = {"app", "shim", "cudart"};
+static const uint8_t from_lens[3] = {3, 4, 6};
 
-static const char *lib_name(int lib) { return lib >= 0 && lib < 3 ? lib_names[lib] : "?"; }
-static const char *from_name(int from) { return from >= 0 && from < 3 ? from_names[from] : "?"; }
+static char *w_lib(char *o, int lib)
+{
+    return lib >= 0 && lib < 3 ? w_piece(o, lib_names[lib], lib_lens[lib]) : W_LIT(o, "?");
+}
+
+static char *w_from(char *o, int from)
+{
+    return from >= 0 && from < 3 ? w_piece(o, from_names[from], from_lens[from]) : W_LIT(o, "?");
+}
 
 /* The runtime's codes that memory calls return; others print as a number. */
 static const char *runtime_result_name(int code)
@@ -170,6 +239,12 @@ static const char *runtime_result_name(int code)
     case 999: return "cudaErrorUnknown";
     default: return NULL;
     }
+}
+
+/* CUDA_SUCCESS: most calls, written without a look-up. */
+static int is_success(const ca_rec *r)
+{
+    return r->result == 0 && r->lib != CA_LIB_RUNTIME && r->fn < CA_SCOPE_FIRST;
 }
 
 static const char *result_name(const ca_rec *r)
@@ -238,12 +313,16 @@ static int decode_flags(const char *fn, uint64_t v, char *out, size_t cap)
     return 0;
 }
 
-/* The special stream handles of cuda.h. */
-static const char *stream_name(const char *param, uint64_t v)
+/* Is the parameter a stream (its special handles are decoded)? */
+static int is_stream_param(const char *param)
 {
-    if (strcmp(param, "hStream") != 0 && strcmp(param, "stream") != 0 &&
-        strcmp(param, "hstream") != 0)
-        return NULL;
+    return strcmp(param, "hStream") == 0 || strcmp(param, "stream") == 0 ||
+           strcmp(param, "hstream") == 0;
+}
+
+/* The special stream handles of cuda.h. */
+static const char *stream_name(uint64_t v)
+{
     switch (v) {
     case 0: return "default stream (NULL)";
     case 1: return "CU_STREAM_LEGACY";
@@ -275,9 +354,10 @@ enum { DEC_NONE, DEC_STREAM, DEC_FLAGS, DEC_SIZE };
 #define STR_TEXT_MAX (2 + 6 * CA_STR_MAX)
 
 typedef struct {
-    const char *json_key;  /* "name": */
-    const char *text_key;  /* name= */
+    const char *json_key;  /* ,"name": (an argument after the first; else "name":) */
+    const char *text_key;  /* , name= (argument after the first), name= (first), , *name= (out) */
     const char *json_dec;  /* ,"name_decoded":" */
+    uint64_t mask;         /* the value's bits (V_UNSIGNED, V_SIGNED: sign-extended) */
     uint8_t json_len, text_len, dec_len;
     uint8_t v, size, dec;
 } vplan;
@@ -296,9 +376,10 @@ typedef struct {
 static plan *g_plans[CA_FN_COUNT]; /* atomic; built at a function's first record */
 
 static vplan value_plan(const ca_fn_desc *d, const ca_param *p, int kind, int size, int is_signed,
-                        int hex, char **arena)
+                        int hex, const char *json_sep, const char *text_sep, char **arena)
 {
     vplan v = {.size = (uint8_t)size, .dec = DEC_NONE};
+    v.mask = size > 0 && size < 8 ? ((uint64_t)1 << (8 * size)) - 1 : ~(uint64_t)0;
     if (kind == CA_K_RECORD || kind == CA_K_UNION)
         v.v = V_RECORD;
     else if (kind == CA_K_STR)
@@ -310,17 +391,17 @@ static vplan value_plan(const ca_fn_desc *d, const ca_param *p, int kind, int si
     else
         v.v = is_signed ? V_SIGNED : V_UNSIGNED;
     char tmp[256];
-    if (kind == CA_K_PTR && stream_name(p->name, 0))
+    if (kind == CA_K_PTR && is_stream_param(p->name))
         v.dec = DEC_STREAM;
     else if (is_flags_param(p->name) && decode_flags(d->name, 0, tmp, sizeof tmp))
         v.dec = DEC_FLAGS;
     else if (kind == CA_K_INT && size == 8 && !hex && is_size_name(p->name))
         v.dec = DEC_SIZE;
     v.json_key = *arena;
-    v.json_len = (uint8_t)sprintf(*arena, "\"%s\":", p->name);
+    v.json_len = (uint8_t)sprintf(*arena, "%s\"%s\":", json_sep, p->name);
     *arena += v.json_len + 1;
     v.text_key = *arena;
-    v.text_len = (uint8_t)sprintf(*arena, "%s=", p->name);
+    v.text_len = (uint8_t)sprintf(*arena, "%s%s=", text_sep, p->name);
     *arena += v.text_len + 1;
     v.json_dec = *arena;
     v.dec_len = (uint8_t)sprintf(*arena, ",\"%s_decoded\":\"", p->name);
@@ -333,25 +414,26 @@ static plan *plan_new(unsigned fn)
     const ca_fn_desc *d = ca_desc(fn);
     size_t need = 3 * (strlen(d->name) + 32);
     for (int i = 0; i < d->nparams; i++)
-        need += 2 * (3 * strlen(d->params[i].name) + 24);
-    plan *pl = calloc(1, sizeof *pl + need);
+        need += 2 * (3 * strlen(d->params[i].name) + 32);
+    plan *pl = calloc(1, sizeof *pl + need + PIECE_PAD); /* the pieces, then w_piece's pad */
     if (!pl)
         return NULL;
     char *a = pl->arena;
     pl->d = d;
     /* all but the values: pid, times, names, result, call site */
-    pl->max = 400 + 2 * strlen(d->name) + STACK_TEXT_MAX;
+    pl->max = 400 + 2 * strlen(d->name) + STACK_TEXT_MAX + PIECE_PAD;
     for (int i = 0; i < d->nparams && i < CA_MAX_PARAMS; i++) {
         const ca_param *p = &d->params[i];
         /* each value: a separator, its key, the value, what is decoded */
         size_t one = strlen(p->name) + 8 + VALUE_MAX, dec = strlen(p->name) + 16 + DEC_TEXT_MAX;
-        pl->arg[i] = value_plan(d, p, p->kind, p->size, p->is_signed, p->hex, &a);
+        pl->arg[i] = value_plan(d, p, p->kind, p->size, p->is_signed, p->hex, i ? "," : "",
+                                i ? ", " : "", &a);
         pl->max += one + (pl->arg[i].dec ? dec : 0) + (p->kind == CA_K_STR ? STR_TEXT_MAX : 0);
         /* int * out-values (attributes, counts) are signed; the rest unsigned. */
         if (p->out_kind) {
             pl->out[i] = value_plan(d, p, p->out_kind, p->out_size,
                                     p->out_kind == CA_K_INT && p->out_size == 4 && !p->hex,
-                                    p->hex, &a);
+                                    p->hex, "", ", *", &a);
             pl->max += one + (pl->out[i].dec ? dec : 0);
         }
     }
@@ -379,6 +461,19 @@ static const plan *plan_of(unsigned fn)
         return mine;
     free(mine); /* another thread's is there */
     return none;
+}
+
+void ca_format_prefetch(unsigned fn)
+{
+    const plan *pl = __atomic_load_n(&g_plans[fn], __ATOMIC_ACQUIRE); /* as plan_of */
+    if (!pl)
+        return;
+    const char *p = (const char *)pl;
+    size_t n = offsetof(plan, arg) + (size_t)pl->d->nparams * sizeof(vplan);
+    for (size_t i = 0; i < n; i += 64)
+        __builtin_prefetch(p + i);
+    for (int i = 0; i < 256; i += 64)
+        __builtin_prefetch(pl->arena + i);
 }
 
 /* ---- one value ------------------------------------------------------------------------------ */
@@ -417,24 +512,13 @@ static char *w_quoted(char *o, const char *str, uint64_t ptr)
 
 /* The value; JSON gets numbers bare and everything else as a string. str: the recorded text
  * of a string value. */
-static char *w_value(char *o, const vplan *v, uint64_t x, int json, const char *str)
+/* The rarer values, out of line: strings, floating point, structures. */
+__attribute__((noinline, cold)) static char *w_value_rare(char *o, const vplan *v, uint64_t x,
+                                                          int json, const char *str)
 {
     switch (v->v) {
     case V_STR:
         return w_quoted(o, str, x);
-    case V_HEX:
-        if (json)
-            *o++ = '"';
-        o = w_hex(o, x);
-        if (json)
-            *o++ = '"';
-        return o;
-    case V_UNSIGNED:
-        return w_u64(o, v->size == 1 ? (uint8_t)x : v->size == 2 ? (uint16_t)x
-                      : v->size == 4 ? (uint32_t)x : x);
-    case V_SIGNED:
-        return w_i64(o, v->size == 1 ? (int8_t)x : v->size == 2 ? (int16_t)x
-                      : v->size == 4 ? (int32_t)x : (int64_t)x);
     case V_REAL: {
         double d;
         if (v->size == 4) {
@@ -451,15 +535,36 @@ static char *w_value(char *o, const vplan *v, uint64_t x, int json, const char *
     }
 }
 
+static char *w_value(char *o, const vplan *v, uint64_t x, int json, const char *str)
+{
+    switch (v->v) {
+    case V_HEX:
+        if (json)
+            *o++ = '"';
+        o = w_hex(o, x);
+        if (json)
+            *o++ = '"';
+        return o;
+    case V_UNSIGNED:
+        return w_u64(o, x & v->mask);
+    case V_SIGNED: { /* sign-extended from the value's top bit */
+        uint64_t sign = v->mask ^ v->mask >> 1;
+        return w_i64(o, (int64_t)(((x & v->mask) ^ sign) - sign));
+    }
+    default:
+        return w_value_rare(o, v, x, json, str);
+    }
+}
+
 /* Decoded extras after a value: sizes, flags, stream handles. In text: " (...)". In JSON:
  * an extra key NAME_decoded. */
-static char *w_decoded(char *o, const ca_fn_desc *d, const ca_param *p, const vplan *v,
-                       uint64_t x, int json)
+__attribute__((noinline)) static char *w_decoded(char *o, const ca_fn_desc *d, const vplan *v,
+                                                 uint64_t x, int json)
 {
     char text[256];
     const char *s = NULL;
     if (v->dec == DEC_STREAM)
-        s = stream_name(p->name, x);
+        s = stream_name(x);
     else if (v->dec == DEC_FLAGS && decode_flags(d->name, x, text, sizeof text))
         s = text;
     else if (v->dec == DEC_SIZE && !json && x >= 1024) {
@@ -471,7 +576,7 @@ static char *w_decoded(char *o, const ca_fn_desc *d, const ca_param *p, const vp
     size_t n = strlen(s);
     n = n < DEC_TEXT_MAX ? n : DEC_TEXT_MAX;
     if (json) {
-        o = w_mem(o, v->json_dec, v->dec_len);
+        o = w_piece(o, v->json_dec, v->dec_len);
         o = w_mem(o, s, n);
         *o++ = '"';
     } else {
@@ -485,38 +590,35 @@ static char *w_decoded(char *o, const ca_fn_desc *d, const ca_param *p, const vp
 /* ---- the formats ------------------------------------------------------------------------------ */
 
 /* One value after its key, and what is decoded of it. */
-static char *w_keyed(char *o, const plan *pl, int k, const vplan *v, uint64_t x, int json,
+static char *w_keyed(char *o, const plan *pl, const vplan *v, uint64_t x, int json,
                      const char *str)
 {
-    o = json ? w_mem(o, v->json_key, v->json_len) : w_mem(o, v->text_key, v->text_len);
+    o = json ? w_piece(o, v->json_key, v->json_len) : w_piece(o, v->text_key, v->text_len);
     o = w_value(o, v, x, json, str);
-    return v->dec ? w_decoded(o, pl->d, &pl->d->params[k], v, x, json) : o;
+    return v->dec ? w_decoded(o, pl->d, v, x, json) : o;
 }
 
 static char *w_args(char *o, const plan *pl, const ca_rec *r, int json)
 {
-    for (int i = 0; i < pl->d->nparams; i++) {
-        if (i)
-            o = json ? W_LIT(o, ",") : W_LIT(o, ", ");
-        o = w_keyed(o, pl, i, &pl->arg[i], r->arg[i], json, r->str);
-    }
+    for (int i = 0; i < pl->d->nparams; i++) /* each key begins with its separator */
+        o = w_keyed(o, pl, &pl->arg[i], r->arg[i], json, r->str);
     return o;
 }
 
 static char *w_outs(char *o, const plan *pl, const ca_rec *r, int json)
 {
     for (int i = 0; i < r->nout; i++) {
-        if (!json)
-            o = W_LIT(o, ", *");
-        else if (i)
+        if (json && i) /* text keys begin with ", *" */
             *o++ = ',';
-        o = w_keyed(o, pl, r->out_idx[i], &pl->out[r->out_idx[i]], r->out[i], json, NULL);
+        o = w_keyed(o, pl, &pl->out[r->out_idx[i]], r->out[i], json, NULL);
     }
     return o;
 }
 
 static char *w_result_json(char *o, const ca_rec *r)
 {
+    if (is_success(r))
+        return W_LIT(o, "\"CUDA_SUCCESS\"");
     const char *rn = result_name(r);
     if (!rn)
         return W_LIT(o, "null");
@@ -524,6 +626,14 @@ static char *w_result_json(char *o, const ca_rec *r)
     o = w_str(o, rn);
     *o++ = '"';
     return o;
+}
+
+static char *w_result_text(char *o, const ca_rec *r)
+{
+    if (is_success(r))
+        return W_LIT(o, "CUDA_SUCCESS");
+    const char *rn = result_name(r);
+    return rn ? w_str(o, rn) : w_i64(o, r->result);
 }
 
 /* JSON Lines: ,"stack":["0x..",...] when the call site was recorded (ca_stack.c). */
@@ -575,8 +685,8 @@ static char *w_scope_event(char *o, const ca_fmt_ctx *c, const ca_rec *r, const 
     o = begin ? W_LIT(o, ",\"cat\":\"scope\",\"ph\":\"B\",\"ts\":")
               : W_LIT(o, ",\"cat\":\"scope\",\"ph\":\"E\",\"ts\":");
     o = w_fixed(o, t, 3);
-    o = w_mem(o, ids->text, ids->len);
-    o = w_str(o, from_name(r->from));
+    o = w_piece(o, ids->text, ids->len);
+    o = w_from(o, r->from);
     if (begin) {
         o = W_LIT(o, "\",\"flags\":");
         o = w_u64(o, (uint32_t)r->arg[1]);
@@ -600,16 +710,16 @@ size_t ca_format_rec(const ca_fmt_ctx *c, const ca_rec *r, long tid, ca_fmt_ids 
     char *o = buf;
     switch (c->format) {
     case CS_TRACE_JSONL:
-        o = w_mem(o, ids->text, ids->len);
+        o = w_piece(o, ids->text, ids->len);
         o = w_u64(o, t);
         o = W_LIT(o, ",\"dur_ns\":");
         o = w_u64(o, dur);
         o = W_LIT(o, ",\"lib\":\"");
-        o = w_str(o, lib_name(r->lib));
+        o = w_lib(o, r->lib);
         o = W_LIT(o, "\",\"from\":\"");
-        o = w_str(o, from_name(r->from));
+        o = w_from(o, r->from);
         o = W_LIT(o, "\",\"name\":\"");
-        o = w_mem(o, pl->json_name, pl->json_name_len);
+        o = w_piece(o, pl->json_name, pl->json_name_len);
         o = w_args(o, pl, r, 1);
         o = W_LIT(o, "},\"out\":{");
         o = w_outs(o, pl, r, 1);
@@ -623,14 +733,14 @@ size_t ca_format_rec(const ca_fmt_ctx *c, const ca_rec *r, long tid, ca_fmt_ids 
     case CS_TRACE_PERFETTO:
         if (r->fn >= CA_SCOPE_FIRST && r->result == 0) /* a failed call stays an "X" */
             return (size_t)(w_scope_event(o, c, r, ids) - buf);
-        o = w_mem(o, pl->pf_head, pl->pf_head_len);
-        o = w_str(o, lib_name(r->lib));
+        o = w_piece(o, pl->pf_head, pl->pf_head_len);
+        o = w_lib(o, r->lib);
         o = W_LIT(o, "\",\"ph\":\"X\",\"ts\":");
         o = w_fixed(o, t, 3);
         o = W_LIT(o, ",\"dur\":");
         o = w_fixed(o, dur, 3);
-        o = w_mem(o, ids->text, ids->len);
-        o = w_str(o, from_name(r->from));
+        o = w_piece(o, ids->text, ids->len);
+        o = w_from(o, r->from);
         o = W_LIT(o, "\",\"result\":");
         o = w_result_json(o, r);
         o = W_LIT(o, ",\"args\":{");
@@ -639,24 +749,22 @@ size_t ca_format_rec(const ca_fmt_ctx *c, const ca_rec *r, long tid, ca_fmt_ids 
         o = w_outs(o, pl, r, 1);
         o = W_LIT(o, "}}}");
         return (size_t)(o - buf); /* the writer puts the separators between events */
-    default: {
-        o = w_mem(o, pl->text_head, pl->text_head_len);
+    default:
+        o = w_piece(o, pl->text_head, pl->text_head_len);
         o = w_args(o, pl, r, 0);
         o = W_LIT(o, ") = ");
-        const char *rn = result_name(r);
-        o = rn ? w_str(o, rn) : w_i64(o, r->result);
+        o = w_result_text(o, r);
         o = w_outs(o, pl, r, 0);
         o = W_LIT(o, " [");
-        o = w_str(o, lib_name(r->lib));
+        o = w_lib(o, r->lib);
         o = W_LIT(o, ", from ");
-        o = w_str(o, from_name(r->from));
-        o = w_mem(o, ids->text, ids->len);
+        o = w_from(o, r->from);
+        o = w_piece(o, ids->text, ids->len);
         o = w_fixed(o, t, 9);
         o = W_LIT(o, " s, ");
         o = w_fixed(o, dur, 3);
         o = W_LIT(o, " us]");
         break;
-    }
     }
     *o++ = '\n';
     return (size_t)(o - buf);
@@ -671,7 +779,7 @@ size_t ca_format_counter(const ca_fmt_ctx *c, const ca_rec *r, char *buf, size_t
     o = W_LIT(o, ",\"pid\":");
     o = w_i64(o, c->pid);
     o = W_LIT(o, ",\"args\":{\"");
-    o = w_str(o, lib_name(r->lib));
+    o = w_lib(o, r->lib);
     o = W_LIT(o, "\":");
     o = w_i64(o, r->bytes);
     o = W_LIT(o, "}}");

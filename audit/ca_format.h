@@ -24,6 +24,8 @@ typedef struct {
  * Chrome-trace event has no separator. */
 size_t ca_format_rec(const ca_fmt_ctx *c, const ca_rec *r, long tid, ca_fmt_ids *ids, char *buf,
                      size_t cap);
+/* A hint while the call runs: the tables ca_format_rec will read for fn into the cache. */
+void ca_format_prefetch(unsigned fn);
 /* Perfetto: the counter event after r. */
 size_t ca_format_counter(const ca_fmt_ctx *c, const ca_rec *r, char *buf, size_t cap);
 /* Longest text of one record. */

@@ -44,6 +44,9 @@
  * call. */
 #define CA_OUT_AHEAD (4 * CA_OUT_STEP)
 
+/* The most of it brought in by one system call (see grow_locked). */
+#define CA_OUT_POPULATE ((size_t)64 << 10)
+
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23 /* Linux 5.14 */
 #endif
@@ -379,8 +382,11 @@ static int grow_locked(size_t need)
         if (g_mapped == 0 && g_array)
             memcpy(g_base, g_head, sizeof g_head - 1);
         /* The pages now, writable, not at the first record on each (Linux 5.14; older kernels
-         * fault them in as records reach them). */
-        (void)madvise(g_base + g_mapped, want - g_mapped, MADV_POPULATE_WRITE);
+         * fault them in as records reach them). 64 KiB at a time: the kernel holds the
+         * process's memory-map lock while it fills them, and the program's own mmap and
+         * munmap calls (a memory allocator's), and its page faults behind those, wait for it. */
+        for (size_t at = g_mapped; at < want; at += CA_OUT_POPULATE)
+            (void)madvise(g_base + at, CA_OUT_POPULATE, MADV_POPULATE_WRITE);
         __atomic_store_n(&g_mapped, want, __ATOMIC_RELAXED);
         __atomic_store_n(&g_limit, want - NOTE_MAX, __ATOMIC_RELEASE);
         __atomic_store_n(&g_kick, want > CA_OUT_AHEAD ? want - CA_OUT_AHEAD : 0,
@@ -462,7 +468,7 @@ static size_t reserve(size_t n)
 
 /* ---- appending -------------------------------------------------------------------------------- */
 
-static void append_stream(const char *p, size_t n)
+__attribute__((noinline, cold)) static void append_stream(const char *p, size_t n)
 {
     pthread_mutex_lock(&g_stream_lock);
     int err = 0;
@@ -484,16 +490,21 @@ static void append_stream(const char *p, size_t n)
     pthread_mutex_unlock(&g_stream_lock);
 }
 
+/* A process started by the traced one: its own file, at its first record. */
+__attribute__((noinline, cold)) static int open_pending(void)
+{
+    pthread_mutex_lock(&g_grow_lock);
+    if (g_mode == OUT_PENDING)
+        open_output(1);
+    pthread_mutex_unlock(&g_grow_lock);
+    return g_mode;
+}
+
 void ca_out_append(const char *p, size_t n)
 {
     int mode = __atomic_load_n(&g_mode, __ATOMIC_ACQUIRE);
-    if (mode == OUT_PENDING) {
-        pthread_mutex_lock(&g_grow_lock);
-        if (g_mode == OUT_PENDING)
-            open_output(1);
-        pthread_mutex_unlock(&g_grow_lock);
-        mode = g_mode;
-    }
+    if (__builtin_expect(mode == OUT_PENDING, 0))
+        mode = open_pending();
     if (mode == OUT_STREAM) {
         append_stream(p, n);
     } else if (mode == OUT_MAP) {

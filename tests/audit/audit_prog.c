@@ -338,26 +338,108 @@ static void die_busy(const char *how)
     die(how, 0);
 }
 
-/* bench N [WORK]: N cuMemGetInfo calls, the cheapest traced entry point, each followed by
- * WORK iterations of a loop standing in for the program's own work between driver calls;
- * prints ns per call. bench-launch N [WORK]: the same with cuLaunchKernel (of no kernel: the
- * fake driver answers CUDA_ERROR_INVALID_HANDLE at once). */
-static void bench(long n, long work, int launch)
+/* bench KIND N [WORK]: N driver calls of one kind, the cheap ones a framework makes around
+ * each kernel, each followed by WORK, standing in for the program's own work between driver
+ * calls; prints ns per call. KIND: launch (cuLaunchKernel's 11 arguments, of no kernel: the
+ * fake driver answers CUDA_ERROR_INVALID_HANDLE at once), ctx (cuCtxGetCurrent), record
+ * (cuEventRecord), query (cuStreamQuery), alloc (cuMemAlloc_v2 and cuMemFree_v2 in turn),
+ * getinfo (cuMemGetInfo_v2), mix (of each 8 calls: 3 launch, ctx, record, query, alloc,
+ * free). WORK: a number of iterations of an empty loop (0: back to back), or cold: code and
+ * data enough that the tracer's code, tables and branch history are no longer in the
+ * nearest caches at the next call, as between a real framework's calls. Prints ns per call
+ * of wall time, then of the calling thread's CPU time (what other processes on the machine
+ * take is not in it; the tracer's helper thread is not either). */
+static unsigned char bench_junk[8u << 20];
+
+#define JUNK_FN(n) \
+    static unsigned junk_##n(unsigned x) \
+    { \
+        return (x & (1u << ((n) % 29))) ? x * (2u * (n) + 1u) + (n) : x ^ (x >> ((n) % 13 + 1)); \
+    }
+#define JUNK_FN8(n) JUNK_FN(n##0) JUNK_FN(n##1) JUNK_FN(n##2) JUNK_FN(n##3) JUNK_FN(n##4) \
+    JUNK_FN(n##5) JUNK_FN(n##6) JUNK_FN(n##7)
+#define JUNK_FN64(n) JUNK_FN8(n##0) JUNK_FN8(n##1) JUNK_FN8(n##2) JUNK_FN8(n##3) JUNK_FN8(n##4) \
+    JUNK_FN8(n##5) JUNK_FN8(n##6) JUNK_FN8(n##7)
+#define JUNK_FN512(n) JUNK_FN64(n##0) JUNK_FN64(n##1) JUNK_FN64(n##2) JUNK_FN64(n##3) \
+    JUNK_FN64(n##4) JUNK_FN64(n##5) JUNK_FN64(n##6) JUNK_FN64(n##7)
+JUNK_FN512(1)
+JUNK_FN512(2)
+#define JUNK_CALL(n) x = junk_##n(x);
+#define JUNK_CALL8(n) JUNK_CALL(n##0) JUNK_CALL(n##1) JUNK_CALL(n##2) JUNK_CALL(n##3) \
+    JUNK_CALL(n##4) JUNK_CALL(n##5) JUNK_CALL(n##6) JUNK_CALL(n##7)
+#define JUNK_CALL64(n) JUNK_CALL8(n##0) JUNK_CALL8(n##1) JUNK_CALL8(n##2) JUNK_CALL8(n##3) \
+    JUNK_CALL8(n##4) JUNK_CALL8(n##5) JUNK_CALL8(n##6) JUNK_CALL8(n##7)
+
+#define JUNK_CALL512(n) JUNK_CALL64(n##0) JUNK_CALL64(n##1) JUNK_CALL64(n##2) \
+    JUNK_CALL64(n##3) JUNK_CALL64(n##4) JUNK_CALL64(n##5) JUNK_CALL64(n##6) JUNK_CALL64(n##7)
+
+/* 1,024 distinct branchy functions (some 40 KiB of code), and 512 cache lines scattered over
+ * 8 MiB read and written: a few microseconds, like a framework's dispatch between calls. */
+__attribute__((noinline)) static unsigned cold_work(unsigned x)
 {
+    JUNK_CALL512(1) JUNK_CALL512(2)
+    for (unsigned k = 0; k < 512; k++) {
+        x = x * 1664525u + 1013904223u;
+        bench_junk[(x >> 4) % sizeof bench_junk] += (unsigned char)k;
+    }
+    return x;
+}
+
+static void bench(const char *kind, long n, const char *work)
+{
+    static const char *const kinds[] = {"launch", "ctx", "record", "query", "alloc", "getinfo"};
+    static const int mix[8] = {0, 1, 0, 2, 0, 3, 4, 4};
+    int k = -1;
+    for (int i = 0; i < 6; i++)
+        if (strcmp(kind, kinds[i]) == 0)
+            k = i;
+    CHECK(k >= 0 || strcmp(kind, "mix") == 0);
+    int cold = strcmp(work, "cold") == 0;
+    long spin = cold ? 0 : atol(work);
+    CUstream s;
+    CUevent e;
+    CUcontext c;
+    CUdeviceptr p = 0;
     size_t f, t;
-    struct timespec a, b;
+    CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+    CHECK(cuEventCreate(&e, CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS);
+    unsigned x = 1;
+    struct timespec a, b, ca, cb;
     clock_gettime(CLOCK_MONOTONIC, &a);
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ca);
     for (long i = 0; i < n; i++) {
-        if (launch) /* a kernel launch's 11 arguments, as most of a framework's calls */
-            cuLaunchKernel(NULL, 1024, 1, 1, 128, 1, 1, 0, NULL, NULL, NULL);
-        else
+        switch (k >= 0 ? k : mix[i % 8]) {
+        case 0:
+            cuLaunchKernel(NULL, 1024, 1, 1, 128, 1, 1, 0, s, NULL, NULL);
+            break;
+        case 1:
+            cuCtxGetCurrent(&c);
+            break;
+        case 2:
+            cuEventRecord(e, s);
+            break;
+        case 3:
+            cuStreamQuery(s);
+            break;
+        case 4: /* in turn: an allocation, its free */
+            if (p == 0)
+                CHECK(cuMemAlloc(&p, 1 * MiB) == CUDA_SUCCESS);
+            else if (cuMemFree(p) == CUDA_SUCCESS)
+                p = 0;
+            break;
+        default:
             cuMemGetInfo(&f, &t);
-        for (volatile long w = 0; w < work; w++)
+        }
+        if (cold)
+            x = cold_work(x);
+        for (volatile long w = 0; w < spin; w++)
             ;
     }
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &cb);
     clock_gettime(CLOCK_MONOTONIC, &b);
     double ns = (double)(b.tv_sec - a.tv_sec) * 1e9 + (double)(b.tv_nsec - a.tv_nsec);
-    printf("%.1f\n", ns / (double)n);
+    double cpu = (double)(cb.tv_sec - ca.tv_sec) * 1e9 + (double)(cb.tv_nsec - ca.tv_nsec);
+    printf("%.1f %.1f %u\n", ns / (double)n, cpu / (double)n, x & 1);
 }
 
 int main(int argc, char **argv)
@@ -390,10 +472,8 @@ int main(int argc, char **argv)
         die(argv[2], atoi(argv[3]));
     else if (strcmp(s, "die-busy") == 0 && argc > 2)
         die_busy(argv[2]);
-    else if (strcmp(s, "bench") == 0)
-        bench(argc > 2 ? atol(argv[2]) : 1000000, argc > 3 ? atol(argv[3]) : 0, 0);
-    else if (strcmp(s, "bench-launch") == 0)
-        bench(argc > 2 ? atol(argv[2]) : 1000000, argc > 3 ? atol(argv[3]) : 0, 1);
+    else if (strcmp(s, "bench") == 0 && argc > 3)
+        bench(argv[2], atol(argv[3]), argc > 4 ? argv[4] : "0");
     else
         return 2;
     return 0;
