@@ -120,6 +120,7 @@ static _Thread_local struct {
 } tl;
 static _Thread_local cs_stream *tl_own;  /* this thread's per-thread streams */
 static pthread_key_t exit_key;
+static bool exit_key_ok;  /* the program had a key left for it */
 static pthread_once_t exit_once = PTHREAD_ONCE_INIT;
 
 static const cs_driver *drv(void)
@@ -804,7 +805,7 @@ static void thread_gone(void *arg)
 
 static void make_exit_key(void)
 {
-    cs_libc_key_create(&exit_key, thread_gone);
+    exit_key_ok = cs_libc_key_create(&exit_key, thread_gone) == 0;
 }
 
 static cs_stream *per_thread_record(cs_ctx_streams *cs)
@@ -823,7 +824,8 @@ static cs_stream *per_thread_record(cs_ctx_streams *cs)
         ctx_link(cs, st);
         st->thread_next = tl_own;
         tl_own = st;
-        cs_libc_setspecific(exit_key, st);  /* non-NULL, so thread_gone runs */
+        if (exit_key_ok)  /* else no key: never the program's key 0 */
+            cs_libc_setspecific(exit_key, st);  /* non-NULL, so thread_gone runs */
     }
     pthread_mutex_unlock(&cs->lock);
     return st;

@@ -5,8 +5,9 @@
  * launched through cuLaunchKernel, as a program does, so the shim sees it.
  *
  * argv[1] picks the group; meson runs "streams" and "capture" with CACHESHIM_REUSE unset
- * (ordered) and with =completed, and "sync-free" with CACHESHIM_SYNC_FREE=1. */
+ * (ordered) and with =completed, "sync-free" with CACHESHIM_SYNC_FREE=1, and "keys-full". */
 #include <cuda.h>
+#include <limits.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -647,6 +648,35 @@ static void test_sync_free_waits_for_the_device(void **state)
     cuStreamDestroy(s);
 }
 
+/* ================================================================ thread-specific keys */
+
+/* A program that took every thread-specific key there is (PTHREAD_KEYS_MAX) before its first
+ * work on the per-thread stream: the shim's key for that stream's record cannot be made, and
+ * it must then keep its hands off the program's keys (key 0, where an unset key's number
+ * falls, is cudart's or Python's in a real program). Its own group: the key is made once per
+ * process, at the first per-thread stream. */
+static pthread_key_t program_keys[PTHREAD_KEYS_MAX];
+static char markers[PTHREAD_KEYS_MAX];
+
+static void test_no_key_left_for_the_shim(void **state)
+{
+    (void)state;
+    int n = 0;
+    while (n < PTHREAD_KEYS_MAX && pthread_key_create(&program_keys[n], NULL) == 0)
+        n++;
+    assert_true(n > 0);
+    for (int k = 0; k < n; k++)
+        assert_int_equal(pthread_setspecific(program_keys[k], &markers[k]), 0);
+    CUdeviceptr b = must_alloc(2 * MiB);
+    launch(CU_STREAM_PER_THREAD, b, 2 * MiB);
+    fake_retire_all();
+    must_free(b);
+    int overwritten = 0;
+    for (int k = 0; k < n; k++)
+        overwritten += pthread_getspecific(program_keys[k]) != &markers[k];
+    assert_int_equal(overwritten, 0);
+}
+
 #define T(fn) cmocka_unit_test_teardown(fn, check_clean)
 
 int main(int argc, char **argv)
@@ -667,12 +697,15 @@ int main(int argc, char **argv)
     };
     const struct CMUnitTest two_devices[] = {T(test_peer_copy_after_ordered_reuse)};
     const struct CMUnitTest sync_free[] = {T(test_sync_free_waits_for_the_device)};
+    const struct CMUnitTest keys_full[] = {T(test_no_key_left_for_the_shim)};
     if (!strcmp(group, "streams"))
         return cmocka_run_group_tests_name("streams", streams, setup, NULL);
     if (!strcmp(group, "capture"))
         return cmocka_run_group_tests_name("capture", capture, setup, NULL);
     if (!strcmp(group, "two-devices"))
         return cmocka_run_group_tests_name("two-devices", two_devices, setup, NULL);
+    if (!strcmp(group, "keys-full"))
+        return cmocka_run_group_tests_name("keys-full", keys_full, setup, NULL);
     if (!strcmp(group, "sync-free"))
         return cmocka_run_group_tests_name("sync-free", sync_free, setup, NULL);
     fprintf(stderr, "test_streams: unknown group '%s'\n", group);

@@ -6,7 +6,7 @@ loading the cache.
 Usage: check_bind.py CASE BACKEND PROG LIB FAKE_DIR SHIM LAUNCHER
 
 CASE is LOAD-PATH-HOOKS (deepbind|dlmopen, direct|procaddr, preload|audit|both|run|trace),
-or disabled, or fork, or keys. SHIM is libcacheshim.so, preloaded and as LD_AUDIT.
+or disabled, or fork, or keys, or nested, or debug. SHIM is libcacheshim.so, preloaded and as LD_AUDIT.
 Exit 0 on success, 1 with a message on failure.
 """
 import json
@@ -79,6 +79,29 @@ def main():
                 check(f.get("driver allocations") == "1", f"{hooks}: not served from the cache: {f}")
             check(f.get("program keys") == "16 intact, 0 overwritten, 8 destructors right, 0 wrong",
                   f"{hooks}: the program's keys: {f}")
+        return
+    if CASE == "nested":
+        # the launcher run by a program it launched (a script that runs `cacheshim run`
+        # again): LD_AUDIT must hold the cache once; two audit copies each took the other's
+        # wrappers for the driver and recursed until the stack overflowed (SIGSEGV)
+        for inner in (("run", "--stats"), ("run", "--no-bind"), ("trace", "--cache")):
+            with tempfile.TemporaryDirectory(prefix="cacheshim-bind-") as work:
+                out = ("-o", os.path.join(work, "t.jsonl")) if inner[0] == "trace" else ()
+                f, _ = run("deepbind", "direct", env(),
+                           launcher=(LAUNCHER, "run", "--", LAUNCHER) + inner + out + ("--",))
+            served(f, f)
+            check(f.get("stats") == f"requests {PAIRS} hits {PAIRS - 1}", f"{inner}: {f}")
+            check(f.get("preloaded") == "not entered", f"{inner}: wrapped twice: {f}")
+        return
+    if CASE == "debug":
+        # CACHESHIM_DEBUG under the audit module (what `cacheshim run` loads by default): the
+        # call sites are the shim's backtrace() from its own namespace; it aborted in libgcc_s
+        # at the first allocation
+        for hooks, launcher in (({"LD_AUDIT": SHIM}, ()), ({}, (LAUNCHER, "run", "--"))):
+            f, err = run("deepbind", "direct", env(CACHESHIM_DEBUG="leaks", **hooks),
+                         launcher=launcher)
+            served(f, f)
+            check("leaks: none" in err, f"{hooks or launcher}: no leak report: {err!r}")
         return
     if CASE == "fork":
         # the program's fork runs the cache's handlers under the audit module too: the

@@ -253,12 +253,20 @@ static void on_thread_exit(void *unused)
     fake_unlock();
 }
 
-static void make_exit_key(void) { pthread_key_create(&g_exit_key, on_thread_exit); }
+/* A program may have taken every key (test_streams.c keys-full): then none, and the program's
+ * key 0 left alone. */
+static bool g_exit_key_ok;
+
+static void make_exit_key(void)
+{
+    g_exit_key_ok = pthread_key_create(&g_exit_key, on_thread_exit) == 0;
+}
 
 void fake_watch_thread_exit(void)
 {
     pthread_once(&g_exit_once, make_exit_key);
-    pthread_setspecific(g_exit_key, &t_self);
+    if (g_exit_key_ok)
+        pthread_setspecific(g_exit_key, &t_self);
 }
 
 /* ---- devices --------------------------------------------------------------------------- */
