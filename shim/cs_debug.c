@@ -128,10 +128,23 @@ static cs_site intern(void *const *pc, int depth)
     return nsites;
 }
 
+/* backtrace() loads the unwinder (libgcc_s) the first time it runs. Not at init: as an audit
+ * module (cs_bind.c) the shim starts while ld.so is still loading the program, and a libgcc_s
+ * loaded then cannot find its own unwind data, and aborts (CACHESHIM_DEBUG under `cacheshim
+ * run`, check_bind.py debug). Here, at the first site, outside every lock of the layer. */
+static pthread_once_t unwinder_once = PTHREAD_ONCE_INIT;
+
+static void load_unwinder(void)
+{
+    void *warm[1];
+    (void)backtrace(warm, 1);
+}
+
 cs_site cs_site_here(void)
 {
     if (!modes)
         return 0;
+    pthread_once(&unwinder_once, load_unwinder);
     void *pc[SITE_FRAMES];
     int depth = backtrace(pc, SITE_FRAMES);
     if (depth <= 0)
@@ -519,8 +532,6 @@ void cs_debug_init(cs_cache *c, const cs_options *opts)
         modes |= CS_DEBUG_UAF;
     if (!modes)
         return;
-    void *warm[1];
-    (void)backtrace(warm, 1);  /* loads the unwinder now, not inside the first free */
     cs_quarantine_init(c, cs_size_resolve(&opts->quarantine, 0),
                        !(modes & CS_DEBUG_UAF_REPORT));
     cs_debug_turn_on();

@@ -35,34 +35,34 @@ void cs_libc_use(const struct link_map *map)
     }
 }
 
-/* The program's definition of name, or NULL when the shim is preloaded (or the program's
- * libc was not seen). */
-static void *program_symbol(const char *name)
+/* Both functions from one object: the first of the program's that defines pthread_key_create
+ * (libc, or libpthread before glibc 2.34), else this libc's (preloaded: the program's). */
+static pthread_once_t resolve_once = PTHREAD_ONCE_INIT;
+static key_create_fn key_create = pthread_key_create;
+static setspecific_fn setspecific = pthread_setspecific;
+
+static void resolve(void)
 {
     for (int i = 0; i < 2; i++) {
         const struct link_map *l = __atomic_load_n(&program_libs[i], __ATOMIC_ACQUIRE);
-        void *f = l ? cs_elf_symbol(l, name) : NULL;
-        if (f)
-            return f;
+        void *create = l ? cs_elf_symbol(l, "pthread_key_create") : NULL;
+        void *set = l ? cs_elf_symbol(l, "pthread_setspecific") : NULL;
+        if (create && set) {
+            key_create = (key_create_fn)create;
+            setspecific = (setspecific_fn)set;
+            return;
+        }
     }
-    return NULL;
 }
 
 int cs_libc_key_create(pthread_key_t *key, void (*destructor)(void *))
 {
-    key_create_fn f = (key_create_fn)program_symbol("pthread_key_create");
-    return f ? f(key, destructor) : pthread_key_create(key, destructor);
+    pthread_once(&resolve_once, resolve);
+    return key_create(key, destructor);
 }
 
 int cs_libc_setspecific(pthread_key_t key, const void *value)
 {
-    static setspecific_fn cached;
-    setspecific_fn f = __atomic_load_n(&cached, __ATOMIC_RELAXED);
-    if (!f) {
-        f = (setspecific_fn)program_symbol("pthread_setspecific");
-        if (!f)
-            f = pthread_setspecific;
-        __atomic_store_n(&cached, f, __ATOMIC_RELAXED);
-    }
-    return f(key, value);
+    pthread_once(&resolve_once, resolve);
+    return setspecific(key, value);
 }
