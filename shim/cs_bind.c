@@ -19,6 +19,7 @@
  *   wrapper runs the shim's fork handlers (pthread_atfork here would register them with the
  *   wrong libc). Thread-specific keys come from the program's libc too (cs_libc.c).
  */
+#include <dlfcn.h>
 #include <link.h>
 #include <stdint.h>
 #include <string.h>
@@ -52,15 +53,18 @@ static pid_t bound_fork(void)
 
 /* ---------------------------------------------------------------- answers */
 
-/* This copy's function for a name the preloaded copy exports. */
+/* This copy's own link map, for its exported functions (cacheshim.h's); set by la_version. */
+static struct link_map *own_map;
+
+/* This copy's function for a name the preloaded copy exports: every cacheshim_* function of
+ * cacheshim.h (statistics, trim, scopes, debug checks, the PyTorch allocator), found in this
+ * copy's own symbol table, so that none reaches the preloaded copy's empty state. */
 static void *own_export(const char *name)
 {
     if (strcmp(name, "dlsym") == 0)
         return (void *)cs_real_dlsym_fn();
-    if (strcmp(name, "cacheshim_get_stats") == 0)
-        return (void *)cacheshim_get_stats;
-    if (strcmp(name, "cacheshim_trim") == 0)
-        return (void *)cacheshim_trim;
+    if (strncmp(name, "cacheshim_", 10) == 0)
+        return own_map ? cs_elf_symbol(own_map, name) : NULL;
     return name[0] == 'c' && name[1] == 'u' ? cs_wrapper_named(name) : NULL;
 }
 
@@ -96,6 +100,9 @@ static void *answer(uintptr_t kind, const char *name)
 
 CS_EXPORT unsigned int la_version(unsigned int version)
 {
+    Dl_info info;
+    if (!dladdr1((void *)la_version, &info, (void **)&own_map, RTLD_DL_LINKMAP))
+        own_map = NULL;
     cs_driver_bind_mode();
     cs_shim_get(); /* options read now: CACHESHIM_DISABLE leaves every binding alone */
     return version < LAV_CURRENT ? version : LAV_CURRENT;

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cs_libc.h"
 #include "cs_shim.h"
 
 bool cs_debug_on;
@@ -227,18 +228,21 @@ static void live_drop(live *l, bool freed_by_program)
     free(l);
 }
 
-static void at_exit_check(void)
+static void at_exit_check(void *unused)
 {
+    (void)unused;
     __atomic_store_n(&exiting, true, __ATOMIC_RELEASE);
     if (modes & CS_DEBUG_UAF)
         cs_quarantine_check(true);
 }
 
 /* Registered with the first block, so after the CUDA runtime registered its own exit handler:
- * ours runs first, while the driver's contexts still stand. */
+ * ours runs first, while the driver's contexts still stand. With the program's libc (as an
+ * audit module the shim's own libc would run it only when ld.so finishes the shim, after
+ * libcuda: no check, no report). */
 static void register_exit(void)
 {
-    atexit(at_exit_check);
+    cs_libc_atexit(at_exit_check, NULL);
 }
 
 cs_result cs_debug_alloc(cs_cache *c, cs_heap *h, const void *ctx, uint64_t size,

@@ -8,7 +8,8 @@
  * also hands out: its pthread_setspecific overwrote what cudart, libcuda or Python kept there,
  * and they crashed (H100, 2026-11-24: cudart in a kernel launch, Python in PyGILState_Ensure).
  * So the shim's keys come from the program's libc, whose thread exit also runs their
- * destructors. (Fork handlers have the same problem; cs_bind.c binds the program's fork to
+ * destructors. Exit handlers likewise: the shim's libc would run them only when ld.so finishes
+ * the shim, after libcuda is gone; the program's exit() runs them first. (Fork handlers have the same problem; cs_bind.c binds the program's fork to
  * the shim's handlers instead.)
  *
  * The functions are looked up when first used, long after the program's libc started; the
@@ -65,4 +66,21 @@ int cs_libc_setspecific(pthread_key_t key, const void *value)
 {
     pthread_once(&resolve_once, resolve);
     return setspecific(key, value);
+}
+
+extern int __cxa_atexit(void (*fn)(void *), void *arg, void *dso);
+typedef int (*cxa_atexit_fn)(void (*)(void *), void *, void *);
+
+int cs_libc_atexit(void (*fn)(void *), void *arg)
+{
+    cxa_atexit_fn f = __cxa_atexit;
+    for (int i = 0; i < 2; i++) {
+        const struct link_map *l = __atomic_load_n(&program_libs[i], __ATOMIC_ACQUIRE);
+        void *p = l ? cs_elf_symbol(l, "__cxa_atexit") : NULL;
+        if (p) {
+            f = (cxa_atexit_fn)p;
+            break;
+        }
+    }
+    return f(fn, arg, NULL); /* no object: run at exit(), never at a dlclose */
 }

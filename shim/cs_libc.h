@@ -12,5 +12,7 @@ void cs_libc_use(const struct link_map *map);
 /* pthread_key_create and pthread_setspecific of the program's libc. */
 int cs_libc_key_create(pthread_key_t *key, void (*destructor)(void *));
 int cs_libc_setspecific(pthread_key_t key, const void *value);
+/* fn(arg) at the program's exit(), as atexit does, before ld.so finishes any library. */
+int cs_libc_atexit(void (*fn)(void *), void *arg);
 
 #endif

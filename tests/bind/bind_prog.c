@@ -1,7 +1,7 @@
 /* Libraries the preload cannot reach, served from the cache through the binding-time hooks
  * (LD_AUDIT=libcacheshim.so, cs_bind.c). check_bind.py runs it in each mode.
  *
- *     bind_prog plain|deepbind|dlmopen|fork|keys direct|procaddr LIBRARY PAIRS
+ *     bind_prog plain|deepbind|dlmopen|fork|keys|exit direct|procaddr LIBRARY PAIRS
  *
  * loads LIBRARY (bind_lib.c) with a plain dlopen, with RTLD_DEEPBIND, or with dlmopen into a
  * new namespace (where it gets its own copy of libcuda), has it make PAIRS 1 MiB
@@ -18,6 +18,10 @@
  *     stats: requests N hits N     (when cacheshim.h's API answers) or stats: not loaded
  *     preloaded copy: not entered | ENTERED    (when a libcacheshim.so is preloaded)
  *     program keys: N intact, N overwritten, N destructors right, N wrong     (keys)
+ *     synchronizes before the program's exit handler: N    (exit: as plain, with an exit
+ *         handler registered before the first allocation, as cudart's is; it prints how many
+ *         cuCtxSynchronize calls were made after main returned and before it ran: the
+ *         cache's exit check under CACHESHIM_DEBUG=uaf makes one, and must run first)
  */
 #include <cuda.h>
 #include <dlfcn.h>
@@ -127,6 +131,15 @@ static void *keys_thread(void *p)
     return NULL;
 }
 
+/* exit: cuCtxSynchronize calls when main returned. */
+static long syncs_at_return;
+
+static void program_exit_handler(void)
+{
+    printf("synchronizes before the program's exit handler: %ld\n",
+           fake_calls("cuCtxSynchronize") - syncs_at_return);
+}
+
 static int inside(const void *p, uintptr_t lo, uintptr_t hi)
 {
     return (uintptr_t)p >= lo && (uintptr_t)p < hi;
@@ -142,6 +155,9 @@ int main(int argc, char **argv)
     int procaddr = strcmp(argv[2], "procaddr") == 0;
     int pairs = atoi(argv[4]);
     int keys = strcmp(argv[1], "keys") == 0;
+    int at_exit = strcmp(argv[1], "exit") == 0;
+    if (at_exit)
+        CHECK(atexit(program_exit_handler) == 0);
     if (keys) {
         for (int k = 0; k < PROGRAM_KEYS; k++)
             CHECK(pthread_key_create(&program_keys[k], key_destructor) == 0);
@@ -215,10 +231,22 @@ int main(int argc, char **argv)
         /* What the library calls, what this program's own lookups find: none may be the
          * preloaded copy's (it would wrap again, with a second cache). */
         void *mine = dlsym(RTLD_DEFAULT, "cuMemAlloc_v2");
-        void *stats = dlsym(RTLD_DEFAULT, "cacheshim_get_stats");
-        int entered = inside(alloc_fn(procaddr), lo, hi) || inside(mine, lo, hi) ||
-                      inside(stats, lo, hi);
+        int entered = inside(alloc_fn(procaddr), lo, hi) || inside(mine, lo, hi);
+        /* every function of cacheshim.h, as a program finds them */
+        static const char *const api[] = {
+            "cacheshim_get_stats", "cacheshim_get_host_stats", "cacheshim_trim",
+            "cacheshim_scope_begin", "cacheshim_scope_end", "cacheshim_debug_check",
+            "cacheshim_torch_alloc", "cacheshim_torch_free"};
+        for (size_t i = 0; i < sizeof api / sizeof api[0]; i++) {
+            void *f = dlsym(RTLD_DEFAULT, api[i]);
+            if (!f || inside(f, lo, hi)) {
+                printf("API function %s: %s\n", api[i], f ? "the preloaded copy's" : "missing");
+                entered = 1;
+            }
+        }
         printf("preloaded copy: %s\n", entered ? "ENTERED" : "not entered");
     }
+    fflush(stdout);
+    syncs_at_return = fake_calls("cuCtxSynchronize");
     return 0;
 }

@@ -6,7 +6,7 @@ loading the cache.
 Usage: check_bind.py CASE BACKEND PROG LIB FAKE_DIR SHIM LAUNCHER
 
 CASE is LOAD-PATH-HOOKS (deepbind|dlmopen, direct|procaddr, preload|audit|both|run|trace),
-or disabled, or fork, or keys, or nested, or debug. SHIM is libcacheshim.so, preloaded and as LD_AUDIT.
+or disabled, or fork, or keys, or nested, or debug, or exit. SHIM is libcacheshim.so, preloaded and as LD_AUDIT.
 Exit 0 on success, 1 with a message on failure.
 """
 import json
@@ -102,6 +102,15 @@ def main():
                          launcher=launcher)
             served(f, f)
             check("leaks: none" in err, f"{hooks or launcher}: no leak report: {err!r}")
+        return
+    if CASE == "exit":
+        # CACHESHIM_DEBUG=uaf's exit check reads the quarantined blocks back, so it must run
+        # at the program's exit(), before the exit handlers cudart registered earlier tear
+        # the driver down: under the audit module it ran only when ld.so finished the shim
+        for hooks in ({"LD_PRELOAD": SHIM}, {"LD_AUDIT": SHIM}):
+            f, _ = run("exit", "direct", env(CACHESHIM_DEBUG="uaf", **hooks))
+            n = f.get("synchronizes before the program's exit handler:")
+            check(n is not None and int(n) >= 1, f"{hooks}: the exit check ran late: {f}")
         return
     if CASE == "fork":
         # the program's fork runs the cache's handlers under the audit module too: the
