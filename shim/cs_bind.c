@@ -20,10 +20,16 @@
  *   wrong libc). Thread-specific keys come from the program's libc too (cs_libc.c).
  */
 #include <dlfcn.h>
+#include <fcntl.h>
+#include <limits.h>
 #include <link.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/types.h>
+#include <unistd.h>
 
 #include "cacheshim.h"
 #include "cs_elf.h"
@@ -98,11 +104,56 @@ static void *answer(uintptr_t kind, const char *name)
 
 /* ---------------------------------------------------------------- the audit interface */
 
+/* LD_AUDIT names the cache twice (by hand, or by a launcher inside another): ld.so loads a
+ * copy for each entry, each in a namespace of its own, and each copy took the other's
+ * wrappers for the driver's functions, without end (a stack overflow at the first
+ * allocation). Is another copy of this file mapped already (/proc/self/maps: the namespaces
+ * do not see each other's objects)? Then this one is not used (la_version returns 0: ld.so
+ * drops it, silently) and the first serves. */
+static bool other_copy_mapped(const struct link_map *self)
+{
+    int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return false;
+    char path[PATH_MAX];
+    if (!realpath(self->l_name, path)) { /* as the kernel names the file in maps */
+        close(fd);
+        return false;
+    }
+    size_t plen = strlen(path);
+    char buf[8192], line[4352];
+    size_t n = 0;
+    bool found = false;
+    ssize_t got;
+    while (!found && (got = read(fd, buf, sizeof buf)) > 0) {
+        for (ssize_t i = 0; i < got && !found; i++) {
+            if (buf[i] != '\n') {
+                if (n < sizeof line - 1)
+                    line[n++] = buf[i];
+                continue;
+            }
+            line[n] = '\0';
+            n = 0;
+            /* "start-end perms offset dev inode   path": the file's first mapping, elsewhere */
+            unsigned long start, offset;
+            char *name = strchr(line, '/');
+            if (!name || strlen(name) != plen || strcmp(name, path) != 0 ||
+                sscanf(line, "%lx-%*x %*s %lx", &start, &offset) != 2)
+                continue;
+            found = offset == 0 && start != (unsigned long)self->l_addr;
+        }
+    }
+    close(fd);
+    return found;
+}
+
 CS_EXPORT unsigned int la_version(unsigned int version)
 {
     Dl_info info;
     if (!dladdr1((void *)la_version, &info, (void **)&own_map, RTLD_DL_LINKMAP))
         own_map = NULL;
+    if (own_map && other_copy_mapped(own_map))
+        return 0;
     cs_driver_bind_mode();
     cs_shim_get(); /* options read now: CACHESHIM_DISABLE leaves every binding alone */
     return version < LAV_CURRENT ? version : LAV_CURRENT;

@@ -6,7 +6,7 @@ loading the cache.
 Usage: check_bind.py CASE BACKEND PROG LIB FAKE_DIR SHIM LAUNCHER
 
 CASE is LOAD-PATH-HOOKS (deepbind|dlmopen, direct|procaddr, preload|audit|both|run|trace),
-or disabled, or fork, or keys, or nested, or debug, or exit. SHIM is libcacheshim.so, preloaded and as LD_AUDIT.
+or disabled, or fork, or keys, or nested, or debug, or exit, or twice. SHIM is libcacheshim.so, preloaded and as LD_AUDIT.
 Exit 0 on success, 1 with a message on failure.
 """
 import json
@@ -102,6 +102,13 @@ def main():
                          launcher=launcher)
             served(f, f)
             check("leaks: none" in err, f"{hooks or launcher}: no leak report: {err!r}")
+        return
+    if CASE == "twice":
+        # LD_AUDIT names the cache twice (by hand): two copies took each other's wrappers
+        # without end (a stack overflow); the second now stands down, the first serves
+        f, err = run("deepbind", "direct", env(LD_AUDIT=f"{SHIM}:{SHIM}", CACHESHIM_STATS="1"))
+        served(f, f)
+        check(err.count("hit rate") == 1, f"one exit table expected: {err!r}")
         return
     if CASE == "exit":
         # CACHESHIM_DEBUG=uaf's exit check reads the quarantined blocks back, so it must run
