@@ -80,33 +80,6 @@ int launch_apply(const launch_args *a, cs_options *opts)
 
 /* ---- the libraries ------------------------------------------------------------------------- */
 
-/* Appends to value (room made for all of old) old's entries, each after a colon, but those
- * that name path: the launcher run by a program it launched (a script that runs `cacheshim run`
- * again) must not load the cache twice. ld.so loads a preloaded file once, but each LD_AUDIT
- * entry into a namespace of its own, and two audit copies of the cache took each other's
- * wrappers for the driver: each call recursed until the stack overflowed. */
-static void append_others(char *value, const char *old, const char *separators, const char *path)
-{
-    size_t n = strlen(value);
-    for (const char *p = old ? old : ""; *p;) {
-        size_t k = strcspn(p, separators);
-        char entry[PATH_MAX], real[PATH_MAX];
-        bool same = false;
-        if (k > 0 && k < sizeof entry) {
-            memcpy(entry, p, k);
-            entry[k] = '\0';
-            same = realpath(entry, real) != NULL && strcmp(real, path) == 0;
-        }
-        if (k > 0 && !same) {
-            value[n++] = ':';
-            memcpy(value + n, p, k);
-            n += k;
-        }
-        p += k + (p[k] != '\0');
-    }
-    value[n] = '\0';
-}
-
 int launch_library(const launch_args *a, const char *self_dir, const char *var, const char *name,
                    const char *build_rel)
 {
@@ -127,8 +100,7 @@ int launch_library(const launch_args *a, const char *self_dir, const char *var, 
         return LAUNCH_SETUP;
     }
     /* ld.so splits LD_PRELOAD at colons and spaces, LD_AUDIT at colons. */
-    const char *separators = strcmp(var, "LD_AUDIT") == 0 ? ":" : ": ";
-    if (strpbrk(path, separators)) {
+    if (strpbrk(path, strcmp(var, "LD_AUDIT") == 0 ? ":" : ": ")) {
         fprintf(stderr, "%s: cannot put %s in %s: its path contains a colon or a space\n",
                 a->who, path, var);
         return LAUNCH_SETUP;
@@ -140,8 +112,10 @@ int launch_library(const launch_args *a, const char *self_dir, const char *var, 
         fprintf(stderr, "%s: out of memory\n", a->who);
         return LAUNCH_SETUP;
     }
-    snprintf(value, size, "%s", path);
-    append_others(value, old, separators, path);
+    if (old && *old)
+        snprintf(value, size, "%s:%s", path, old);
+    else
+        snprintf(value, size, "%s", path);
     int rc = setenv(var, value, 1);
     int err = errno;
     free(value);

@@ -82,8 +82,9 @@ def main():
         return
     if CASE == "nested":
         # the launcher run by a program it launched (a script that runs `cacheshim run`
-        # again): LD_AUDIT must hold the cache once; two audit copies each took the other's
-        # wrappers for the driver and recursed until the stack overflowed (SIGSEGV)
+        # again): LD_AUDIT names the cache twice, and two audit copies each took the other's
+        # wrappers for the driver and recursed until the stack overflowed (SIGSEGV); the
+        # second copy must stand down
         for inner in (("run", "--stats"), ("run", "--no-bind"), ("trace", "--cache")):
             with tempfile.TemporaryDirectory(prefix="cacheshim-bind-") as work:
                 out = ("-o", os.path.join(work, "t.jsonl")) if inner[0] == "trace" else ()
