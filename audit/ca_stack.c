@@ -35,7 +35,7 @@ static const char *const alloc_names[] = {
 static const void *eh_frame_of(const unsigned char *hdr);
 
 /* [lo, hi) of the PT_LOAD segments of the object whose ELF header is at base; its .eh_frame
- * into *eh_frame (NULL if none is found). */
+ * into *eh_frame unless that is NULL (NULL if none is found). */
 static void object_range(const void *base, uintptr_t bias, uintptr_t *lo, uintptr_t *hi,
                          const void **eh_frame)
 {
@@ -43,9 +43,10 @@ static void object_range(const void *base, uintptr_t bias, uintptr_t *lo, uintpt
     const ElfW(Phdr) *ph = (const ElfW(Phdr) *)((const char *)base + eh->e_phoff);
     *lo = UINTPTR_MAX;
     *hi = 0;
-    *eh_frame = NULL;
+    if (eh_frame)
+        *eh_frame = NULL;
     for (int i = 0; i < eh->e_phnum; i++) {
-        if (ph[i].p_type == PT_GNU_EH_FRAME)
+        if (ph[i].p_type == PT_GNU_EH_FRAME && eh_frame)
             *eh_frame = eh_frame_of((const unsigned char *)(bias + ph[i].p_vaddr));
         if (ph[i].p_type != PT_LOAD)
             continue;
@@ -263,8 +264,7 @@ static object *object_of(uintptr_t pc)
         !lm || !info.dli_fbase)
         return NULL;
     object o;
-    const void *eh_frame;
-    object_range(info.dli_fbase, lm->l_addr, &o.lo, &o.hi, &eh_frame);
+    object_range(info.dli_fbase, lm->l_addr, &o.lo, &o.hi, NULL);
     if (pc < o.lo || pc >= o.hi)
         return NULL;
     char path[1024] = "", esc[800], id[130];

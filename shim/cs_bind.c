@@ -20,7 +20,6 @@
  *   wrong libc). Thread-specific keys come from the program's libc too (cs_libc.c).
  */
 #include <dlfcn.h>
-#include <fcntl.h>
 #include <limits.h>
 #include <link.h>
 #include <stdbool.h>
@@ -29,7 +28,6 @@
 #include <stdint.h>
 #include <string.h>
 #include <sys/types.h>
-#include <unistd.h>
 
 #include "cacheshim.h"
 #include "cs_elf.h"
@@ -112,38 +110,21 @@ static void *answer(uintptr_t kind, const char *name)
  * drops it, silently) and the first serves. */
 static bool other_copy_mapped(const struct link_map *self)
 {
-    int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return false;
-    char path[PATH_MAX];
-    if (!realpath(self->l_name, path)) { /* as the kernel names the file in maps */
-        close(fd);
-        return false;
-    }
-    size_t plen = strlen(path);
-    char buf[8192], line[4352];
-    size_t n = 0;
+    char path[PATH_MAX], line[PATH_MAX + 128];
+    FILE *maps = realpath(self->l_name, path) ? fopen("/proc/self/maps", "re") : NULL;
     bool found = false;
-    ssize_t got;
-    while (!found && (got = read(fd, buf, sizeof buf)) > 0) {
-        for (ssize_t i = 0; i < got && !found; i++) {
-            if (buf[i] != '\n') {
-                if (n < sizeof line - 1)
-                    line[n++] = buf[i];
-                continue;
-            }
-            line[n] = '\0';
-            n = 0;
-            /* "start-end perms offset dev inode   path": the file's first mapping, elsewhere */
-            unsigned long start, offset;
-            char *name = strchr(line, '/');
-            if (!name || strlen(name) != plen || strcmp(name, path) != 0 ||
-                sscanf(line, "%lx-%*x %*s %lx", &start, &offset) != 2)
-                continue;
-            found = offset == 0 && start != (unsigned long)self->l_addr;
-        }
+    while (maps && !found && fgets(line, sizeof line, maps)) {
+        /* "start-end perms offset dev inode   path": the file's first mapping, elsewhere */
+        unsigned long start, offset;
+        char *name = strchr(line, '/');
+        if (name)
+            name[strcspn(name, "\n")] = '\0';
+        found = name && strcmp(name, path) == 0 &&
+                sscanf(line, "%lx-%*x %*s %lx", &start, &offset) == 2 && offset == 0 &&
+                start != (unsigned long)self->l_addr;
     }
-    close(fd);
+    if (maps)
+        fclose(maps);
     return found;
 }
 

@@ -9,8 +9,8 @@
  * and they crashed (H100, 2026-11-24: cudart in a kernel launch, Python in PyGILState_Ensure).
  * So the shim's keys come from the program's libc, whose thread exit also runs their
  * destructors. Exit handlers likewise: the shim's libc would run them only when ld.so finishes
- * the shim, after libcuda is gone; the program's exit() runs them first. (Fork handlers have the same problem; cs_bind.c binds the program's fork to
- * the shim's handlers instead.)
+ * the shim, after libcuda is gone; the program's exit() runs them first. (Fork handlers have
+ * the same problem; cs_bind.c binds the program's fork to the shim's handlers instead.)
  *
  * The functions are looked up when first used, long after the program's libc started; the
  * link map is only stored while ld.so loads objects. */
@@ -36,6 +36,13 @@ void cs_libc_use(const struct link_map *map)
     }
 }
 
+/* name in the program's object i (0, 1: as cs_libc_use saw them), or NULL. */
+static void *program_symbol(int i, const char *name)
+{
+    const struct link_map *l = __atomic_load_n(&program_libs[i], __ATOMIC_ACQUIRE);
+    return l ? cs_elf_symbol(l, name) : NULL;
+}
+
 /* Both functions from one object: the first of the program's that defines pthread_key_create
  * (libc, or libpthread before glibc 2.34), else this libc's (preloaded: the program's). */
 static pthread_once_t resolve_once = PTHREAD_ONCE_INIT;
@@ -45,9 +52,8 @@ static setspecific_fn setspecific = pthread_setspecific;
 static void resolve(void)
 {
     for (int i = 0; i < 2; i++) {
-        const struct link_map *l = __atomic_load_n(&program_libs[i], __ATOMIC_ACQUIRE);
-        void *create = l ? cs_elf_symbol(l, "pthread_key_create") : NULL;
-        void *set = l ? cs_elf_symbol(l, "pthread_setspecific") : NULL;
+        void *create = program_symbol(i, "pthread_key_create");
+        void *set = program_symbol(i, "pthread_setspecific");
         if (create && set) {
             key_create = (key_create_fn)create;
             setspecific = (setspecific_fn)set;
@@ -73,14 +79,9 @@ typedef int (*cxa_atexit_fn)(void (*)(void *), void *, void *);
 
 int cs_libc_atexit(void (*fn)(void *), void *arg)
 {
-    cxa_atexit_fn f = __cxa_atexit;
-    for (int i = 0; i < 2; i++) {
-        const struct link_map *l = __atomic_load_n(&program_libs[i], __ATOMIC_ACQUIRE);
-        void *p = l ? cs_elf_symbol(l, "__cxa_atexit") : NULL;
-        if (p) {
-            f = (cxa_atexit_fn)p;
-            break;
-        }
-    }
+    void *p = program_symbol(0, "__cxa_atexit");
+    if (!p)
+        p = program_symbol(1, "__cxa_atexit");
+    cxa_atexit_fn f = p ? (cxa_atexit_fn)p : __cxa_atexit;
     return f(fn, arg, NULL); /* no object: run at exit(), never at a dlclose */
 }
