@@ -14,12 +14,18 @@
  *                     fork, _exit, the shim's dlsym
  *   3. ca_trace.c     the record writer: one record per call, the filter, threads, fork,
  *                     exit and fatal signals (ca_trace.h), over
+ *      ca_drain.c     the formatter: a thread that turns the ring's raw records into text
  *      ca_format.c    a record as a text line, a JSON line or a Chrome-trace event
  *      ca_mem.c       device bytes per library, for the Perfetto counter
  *      ca_stack.c     call sites: the frames of an allocation, the objects they fall in
- *      ca_out.c       the trace file: records appended to a shared mapping of it, so that
- *                     they survive the process; errors; finishing the file
+ *      ca_ring.c      the records not yet formatted: a ring in a file beside the trace
+ *                     (TRACE.pending), mapped shared, so that they survive the process
+ *      ca_out.c       the trace file: text appended to a shared mapping of it; errors;
+ *                     finishing the file
  *   4. ca_desc.c      this layer
+ *
+ * ca_recover.c is not in the library: the tools' (cacheshim finish, report, replay) way to
+ * format what a killed process left in TRACE.pending, over ca_ring.c and ca_format.c.
  */
 #ifndef CA_DESC_H
 #define CA_DESC_H

@@ -463,19 +463,6 @@ static const plan *plan_of(unsigned fn)
     return none;
 }
 
-void ca_format_prefetch(unsigned fn)
-{
-    const plan *pl = __atomic_load_n(&g_plans[fn], __ATOMIC_ACQUIRE); /* as plan_of */
-    if (!pl)
-        return;
-    const char *p = (const char *)pl;
-    size_t n = offsetof(plan, arg) + (size_t)pl->d->nparams * sizeof(vplan);
-    for (size_t i = 0; i < n; i += 64)
-        __builtin_prefetch(p + i);
-    for (int i = 0; i < 256; i += 64)
-        __builtin_prefetch(pl->arena + i);
-}
-
 /* ---- one value ------------------------------------------------------------------------------ */
 
 /* A recorded string, quoted and escaped as JSON (in every format): valid UTF-8 is kept,
@@ -768,6 +755,50 @@ size_t ca_format_rec(const ca_fmt_ctx *c, const ca_rec *r, long tid, ca_fmt_ids 
     }
     *o++ = '\n';
     return (size_t)(o - buf);
+}
+
+size_t ca_format_entry(const ca_fmt_ctx *c, const ca_rec *r, long tid, ca_fmt_ids *ids, char *buf)
+{
+    size_t n = ca_format_rec(c, r, tid, ids, buf, CA_REC_TEXT_MAX);
+    if (n > 0 && c->format == CS_TRACE_PERFETTO) {
+        buf[n++] = ',';
+        buf[n++] = '\n';
+        if (r->bytes >= 0) {
+            n += ca_format_counter(c, r, buf + n, 256);
+            buf[n++] = ',';
+            buf[n++] = '\n';
+        }
+    }
+    return n;
+}
+
+size_t ca_format_note(int format, const uint64_t *lost, const char *error, char *buf, size_t cap,
+                      size_t *count)
+{
+    static const char *const pre[] = {
+        [CS_TRACE_TEXT] = "[cacheshim] ",
+        [CS_TRACE_JSONL] = "{\"cacheshim_lost\":",
+        [CS_TRACE_PERFETTO] = "{\"name\":\"cacheshim: calls not written\",\"ph\":\"i\",\"s\":\"g\","
+                              "\"ts\":0,\"pid\":0,\"tid\":0,\"args\":{\"lost\":",
+    };
+    static const char *const post[] = {
+        [CS_TRACE_TEXT] = " calls not written: %s\n",
+        [CS_TRACE_JSONL] = ",\"error\":\"%s\"}\n",
+        [CS_TRACE_PERFETTO] = ",\"error\":\"%s\"}},\n",
+    };
+    /* JSON strings: the messages of strerror have no quotes or backslashes. */
+    char tail[256], num[24] = "";
+    snprintf(tail, sizeof tail, post[format], error);
+    if (lost)
+        snprintf(num, sizeof num, "%20" PRIu64, *lost);
+    int n = snprintf(buf, cap, "%s%20s%s", pre[format], num, tail);
+    *count = strlen(pre[format]);
+    return n > 0 && (size_t)n < cap ? (size_t)n : 0;
+}
+
+int ca_format_ready(unsigned fn)
+{
+    return plan_of(fn) != NULL;
 }
 
 size_t ca_format_counter(const ca_fmt_ctx *c, const ca_rec *r, char *buf, size_t cap)

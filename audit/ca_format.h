@@ -24,8 +24,20 @@ typedef struct {
  * Chrome-trace event has no separator. */
 size_t ca_format_rec(const ca_fmt_ctx *c, const ca_rec *r, long tid, ca_fmt_ids *ids, char *buf,
                      size_t cap);
-/* A hint while the call runs: the tables ca_format_rec will read for fn into the cache. */
-void ca_format_prefetch(unsigned fn);
+/* r as the trace file holds it, into buf (cap: CA_REC_TEXT_MAX + 256): the record; in a
+ * Chrome trace followed by ",\n" and then, after an allocation or free, its counter event
+ * and ",\n". 0 when it cannot be formatted. */
+size_t ca_format_entry(const ca_fmt_ctx *c, const ca_rec *r, long tid, ca_fmt_ids *ids, char *buf);
+/* The note of calls not written (a write error), in format, into buf: JSON Lines:
+ * {"cacheshim_lost":N,"error":"..."}; text: "[cacheshim] N calls not written: ..."; Chrome
+ * trace: an instant event "cacheshim: calls not written" with args lost and error, and
+ * ",\n". N right-aligned in 20 characters (blank when lost is NULL), at *count. 0 when it
+ * does not fit. */
+size_t ca_format_note(int format, const uint64_t *lost, const char *error, char *buf, size_t cap,
+                      size_t *count);
+/* Can fn's records be formatted without allocating (its plan made now if need be)? So that
+ * a process that dies of a signal can format what is left without calling malloc. */
+int ca_format_ready(unsigned fn);
 /* Perfetto: the counter event after r. */
 size_t ca_format_counter(const ca_fmt_ctx *c, const ca_rec *r, char *buf, size_t cap);
 /* Longest text of one record. */

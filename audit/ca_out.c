@@ -33,6 +33,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "ca_format.h"
 #include "cs_options.h"
 
 /* How much the file grows at a time: what a killed process leaves as a zero tail. */
@@ -127,27 +128,11 @@ static void put_count(char *at, uint64_t v)
     memcpy(at, digits, 20);
 }
 
-/* The note in the trace's format into buf; *count: where its 20-character count field is.
- * JSON Lines: {"cacheshim_lost":N,"error":"..."}; text: "[cacheshim] N calls not written:
- * ..."; Chrome trace: an instant event "cacheshim: calls not written" with args lost, error. */
+/* The note in the trace's format (ca_format_note) with a blank count, into buf; *count:
+ * where its 20-character count field is. */
 static size_t note_text(char *buf, size_t cap, size_t *count)
 {
-    static const char *const pre[] = {
-        [CS_TRACE_TEXT] = "[cacheshim] ",
-        [CS_TRACE_JSONL] = "{\"cacheshim_lost\":",
-        [CS_TRACE_PERFETTO] = "{\"name\":\"cacheshim: calls not written\",\"ph\":\"i\",\"s\":\"g\","
-                              "\"ts\":0,\"pid\":0,\"tid\":0,\"args\":{\"lost\":",
-    };
-    static const char *const post[] = {
-        [CS_TRACE_TEXT] = " calls not written: %s\n",
-        [CS_TRACE_JSONL] = ",\"error\":\"%s\"}\n",
-        [CS_TRACE_PERFETTO] = ",\"error\":\"%s\"}},\n",
-    };
-    char tail[sizeof g_error + 64];
-    snprintf(tail, sizeof tail, post[g_format], g_error);
-    int n = snprintf(buf, cap, "%s%20s%s", pre[g_format], "", tail);
-    *count = strlen(pre[g_format]);
-    return n > 0 && (size_t)n < cap ? (size_t)n : 0;
+    return ca_format_note(g_format, NULL, g_error, buf, cap, count);
 }
 
 /* Under g_grow_lock (map) or g_stream_lock, once: the first failure. */
@@ -174,10 +159,9 @@ static void fail(int err, const char *what)
     }
 }
 
-static void lost(size_t n)
+static void lost(size_t records)
 {
-    (void)n;
-    uint64_t v = __atomic_add_fetch(&g_lost, 1, __ATOMIC_RELAXED);
+    uint64_t v = __atomic_add_fetch(&g_lost, records, __ATOMIC_RELAXED);
     /* In the mapping: the count survives the process too. Not once the file is cut: its
      * page may be past the end of the file now (SIGBUS). */
     if (g_note_len && !__atomic_load_n(&g_finished, __ATOMIC_ACQUIRE))
@@ -468,12 +452,13 @@ static size_t reserve(size_t n)
 
 /* ---- appending -------------------------------------------------------------------------------- */
 
-__attribute__((noinline, cold)) static void append_stream(const char *p, size_t n)
+__attribute__((noinline, cold)) static void append_stream(const char *p, size_t n,
+                                                          size_t records)
 {
     pthread_mutex_lock(&g_stream_lock);
     int err = 0;
     if (__atomic_load_n(&g_failed, __ATOMIC_RELAXED)) {
-        lost(n);
+        lost(records);
     } else if (g_array) {
         /* Commas between events, not after the last: records end in ",\n". */
         if (g_events++ > 0)
@@ -485,7 +470,7 @@ __attribute__((noinline, cold)) static void append_stream(const char *p, size_t 
     }
     if (err) {
         fail(err, NULL);
-        lost(n);
+        lost(records);
     }
     pthread_mutex_unlock(&g_stream_lock);
 }
@@ -500,17 +485,17 @@ __attribute__((noinline, cold)) static int open_pending(void)
     return g_mode;
 }
 
-void ca_out_append(const char *p, size_t n)
+void ca_out_append(const char *p, size_t n, size_t records)
 {
     int mode = __atomic_load_n(&g_mode, __ATOMIC_ACQUIRE);
     if (__builtin_expect(mode == OUT_PENDING, 0))
         mode = open_pending();
     if (mode == OUT_STREAM) {
-        append_stream(p, n);
+        append_stream(p, n, records);
     } else if (mode == OUT_MAP) {
         size_t off = __atomic_load_n(&g_failed, __ATOMIC_RELAXED) ? SIZE_MAX : reserve(n);
         if (off == SIZE_MAX) {
-            lost(n);
+            lost(records);
             return;
         }
         memcpy(g_base + off, p, n);
@@ -518,6 +503,26 @@ void ca_out_append(const char *p, size_t n)
         if (off + n >= mark)
             kick(mark);
     }
+}
+
+const char *ca_out_mapped_path(void)
+{
+    int mode = __atomic_load_n(&g_mode, __ATOMIC_ACQUIRE);
+    if (mode == OUT_PENDING)
+        mode = open_pending();
+    return mode == OUT_MAP ? g_path : NULL;
+}
+
+size_t ca_out_end(void)
+{
+    size_t off = __atomic_load_n(&g_off, __ATOMIC_ACQUIRE);
+    return off > g_mapped ? g_mapped : off;
+}
+
+uint64_t ca_out_lost(const char **error)
+{
+    *error = __atomic_load_n(&g_failed, __ATOMIC_ACQUIRE) ? g_error : "";
+    return __atomic_load_n(&g_lost, __ATOMIC_RELAXED);
 }
 
 /* ---- the end ---------------------------------------------------------------------------------- */

@@ -4,6 +4,7 @@
 #define CA_OUT_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 /* Prepares the output. tmpl: the file name (%p = the pid), or "" for stderr. format:
  * CS_TRACE_TEXT, _JSONL or _PERFETTO (the Chrome trace, whose records each end in ",\n" and
@@ -13,9 +14,17 @@
 void ca_out_open(const char *tmpl, int format);
 /* For tests: records go to fd, mapped when it is a regular file. */
 void ca_out_open_fd(int fd, int format);
-/* One or more whole records. Any thread, no lock on a file (a shared mapping of it). After
- * a write error, records are counted instead (one line on stderr, the count in the file). */
-void ca_out_append(const char *p, size_t n);
+/* One or more whole records (how many: records). Any thread, no lock on a file (a shared
+ * mapping of it). After a write error, records are counted instead (one line on stderr,
+ * the count in the file). */
+void ca_out_append(const char *p, size_t n, size_t records);
+/* The file's name when records go to a mapping of it (the formatter then writes alone,
+ * ca_drain.c), else NULL (stderr, a pipe). Opens a pending file (a child's) first. */
+const char *ca_out_mapped_path(void);
+/* Bytes of text appended so far (a mapping); calls lost to write errors so far, and the
+ * error (*error: "" while none). */
+size_t ca_out_end(void);
+uint64_t ca_out_lost(const char **error);
 /* The end: the file trimmed to what was written and completed (Chrome trace: "]}"), the
  * count of lost records in it. Async-signal-safe; once; nothing may be appended after. */
 void ca_out_finish(void);

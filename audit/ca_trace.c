@@ -1,8 +1,11 @@
-/* The record writer (layer 3, see ca_desc.h): one record per traced call, formatted and
- * appended to the trace file (ca_out.c) on the calling thread when the call returns, so
- * that what a program recorded is in the file's pages before it can die. The filter, the
- * threads' state, fork, and the end of the process: exit(), _exit() and the fatal signals
- * finish the file.
+/* The record writer (layer 3, see ca_desc.h): one record per traced call, put when the
+ * call returns into the ring of raw records (ca_ring.c) that the formatter's thread turns
+ * into the trace's text (ca_drain.c), so that what a program recorded is in a file's pages
+ * before it can die, at the cost of a copy on the calling thread. Where the trace is not a
+ * file that can be mapped (stderr, a pipe), or the ring cannot be made, each record is
+ * formatted and written on the calling thread instead. The filter, the threads' state,
+ * fork, and the end of the process: exit(), _exit() and the fatal signals format what is
+ * left and finish the file.
  *
  * A thread keeps the records of its calls in progress (a wrapper may call another: the
  * shim's driver calls inside the program's cuMemAlloc), so records reach the file in the
@@ -19,9 +22,11 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "ca_drain.h"
 #include "ca_format.h"
 #include "ca_mem.h"
 #include "ca_out.h"
+#include "ca_ring.h"
 #include "ca_stack.h"
 #include "cs_options.h"
 
@@ -36,8 +41,9 @@ typedef struct ca_thread {
     int depth;                /* traced calls in progress */
     ca_rec rec[CA_DEPTH];     /* their records */
     ca_fmt_ids ids;           /* pid and tid as the format writes them */
-    char text[2 * CA_REC_TEXT_MAX + 8]; /* one record formatted (after the lines of the
-                                         * objects of its call site, JSON Lines) */
+    char text[2 * CA_REC_TEXT_MAX + 256]; /* one record formatted when there is no ring
+                                           * (after the lines of the objects of its call
+                                           * site, JSON Lines) */
 } ca_thread;
 
 unsigned char ca_traced[CA_FN_COUNT];
@@ -51,6 +57,12 @@ static ca_thread *g_list;                                       /* atomic head *
 static int g_ended;   /* atomic: the process is ending, record nothing more */
 static ca_fmt_ctx g_ctx;
 static int g_inited;
+/* atomic: the ring of raw records: 0 not made yet (at the first record), 1 in use, -1 none
+ * (records formatted on the calling thread). g_ring_lock: making it. */
+static int g_ring;
+static pthread_mutex_t g_ring_lock = PTHREAD_MUTEX_INITIALIZER;
+/* The ring's file: "" for TRACE.pending beside the trace file (ca_trace_init_fd: its own). */
+static char g_ring_path[CS_TRACE_TEXT_MAX + 64];
 
 static uint64_t now_ns(void)
 {
@@ -171,8 +183,9 @@ void ca_trace_init(void)
     catch_fatal_signals();
 }
 
-void ca_trace_init_fd(int fd, int format, const char *filter)
+void ca_trace_init_fd(int fd, int format, const char *filter, const char *ring)
 {
+    snprintf(g_ring_path, sizeof g_ring_path, "%s", ring ? ring : "");
     init_common(format, filter);
     ca_out_open_fd(fd, format);
 }
@@ -216,39 +229,82 @@ ca_rec *ca_begin(unsigned fn, int lib, int from)
     r->from = (uint8_t)from;
     r->nout = 0;
     r->bytes = -1;
+    r->str[0] = '\0';
     r->nstack = ca_stack_fn[fn] ? (uint8_t)ca_stack_capture(r->stack) : 0;
-    /* What ca_end will write to and read, fetched while the call runs. */
-    for (int i = 0; i < 384; i += 64)
-        __builtin_prefetch(t->text + i, 1);
-    ca_format_prefetch(fn);
+    ca_ring_prefetch(fn);
     return r;
 }
 
 void ca_started(ca_rec *r) { r->t0 = now_ns(); }
 void ca_stopped(ca_rec *r) { r->t1 = now_ns(); }
 
+/* The ring, at the first record (the file is opened then: a child's at its first record),
+ * and the formatter's thread with it; -1 where there is none. */
+__attribute__((noinline, cold)) static int start_ring(void)
+{
+    pthread_mutex_lock(&g_ring_lock);
+    int state = __atomic_load_n(&g_ring, __ATOMIC_RELAXED);
+    if (state == 0) {
+        const char *path = ca_out_mapped_path(); /* "" for ca_trace_init_fd's file */
+        char pending[sizeof g_ring_path];
+        state = -1;
+        if (path && g_ring_path[0])
+            snprintf(pending, sizeof pending, "%s", g_ring_path);
+        else if (path && path[0])
+            snprintf(pending, sizeof pending, "%s" CA_RING_SUFFIX, path);
+        else
+            pending[0] = '\0';
+        if (pending[0]) {
+            int err = ca_ring_create(pending, g_ctx.format, g_ctx.pid, g_ctx.t_origin);
+            if (err == 0) {
+                ca_drain_start(&g_ctx);
+                state = 1;
+            } else {
+                char line[sizeof pending + 160];
+                snprintf(line, sizeof line, "cacheshim: cannot create '%s': %s; each call is "
+                                            "formatted on its own thread instead (slower)",
+                         pending, strerror(err));
+                ca_out_say(line);
+            }
+        }
+        __atomic_store_n(&g_ring, state, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&g_ring_lock);
+    return state;
+}
+
+/* No ring: the record formatted and written here. */
+__attribute__((noinline)) static void write_here(ca_thread *t, const ca_rec *r)
+{
+    /* JSON Lines: the objects of its call site not yet described in this file, before it */
+    size_t n = r->nstack ? ca_stack_objects(g_ctx.pid, r, t->text, CA_REC_TEXT_MAX) : 0;
+    n += ca_format_entry(&g_ctx, r, t->tid, &t->ids, t->text + n);
+    if (n > 0)
+        ca_out_append(t->text, n, 1);
+}
+
 void ca_end(ca_rec *r, int result)
 {
     ca_thread *t = t_self;
     r->result = result;
     r->bytes = g_ctx.format == CS_TRACE_PERFETTO ? ca_mem_account(r) : -1; /* its counter */
-    /* JSON Lines: the objects of its call site not yet described in this file, before it */
-    size_t n = r->nstack ? ca_stack_objects(g_ctx.pid, r, t->text, CA_REC_TEXT_MAX) : 0;
-    n += ca_format_rec(&g_ctx, r, t->tid, &t->ids, t->text + n, CA_REC_TEXT_MAX);
-    if (n > 0 && g_ctx.format == CS_TRACE_PERFETTO) {
-        t->text[n++] = ',';
-        t->text[n++] = '\n';
-        if (r->bytes >= 0) {
-            n += ca_format_counter(&g_ctx, r, t->text + n, CA_REC_TEXT_MAX);
-            t->text[n++] = ',';
-            t->text[n++] = '\n';
-        }
-    }
     /* busy before the test of g_ended, both sequentially consistent: either the end sees
      * this thread busy and waits, or this thread sees the end and writes nothing. */
     __atomic_store_n(&t->busy, 1, __ATOMIC_SEQ_CST);
-    if (n > 0 && !__atomic_load_n(&g_ended, __ATOMIC_SEQ_CST))
-        ca_out_append(t->text, n);
+    /* The function's plan is made here, on the calling thread, so that whoever formats the
+     * record later (a fatal signal's handler too) never allocates. */
+    if (!__atomic_load_n(&g_ended, __ATOMIC_SEQ_CST) && ca_format_ready(r->fn)) {
+        int ring = __atomic_load_n(&g_ring, __ATOMIC_ACQUIRE);
+        if (__builtin_expect(ring == 0, 0))
+            ring = start_ring();
+        size_t used;
+        if (ring < 0)
+            write_here(t, r);
+        else if (__builtin_expect((used = ca_ring_put(r, t->tid)) == 0, 0))
+            ca_drain_full(r, t->tid);
+        else if (used > ca_ring_size() / 4)
+            ca_drain_kick();
+    }
     __atomic_store_n(&t->busy, 0, __ATOMIC_RELEASE);
     t->depth--;
 }
@@ -278,7 +334,13 @@ void ca_trace_exit(void)
     if (!g_inited || __atomic_exchange_n(&g_ended, 1, __ATOMIC_SEQ_CST))
         return;
     wait_for_writers();
+    /* What the ring still holds, formatted; the ring's file goes once it is all in the
+     * trace (else it stays for the tools: ca_recover.c). */
+    int ring = __atomic_load_n(&g_ring, __ATOMIC_ACQUIRE);
+    int empty = ring > 0 ? ca_drain_finish() : 1;
     ca_out_finish();
+    if (ring > 0 && empty)
+        ca_ring_remove();
 }
 
 /* ---- fork ---------------------------------------------------------------------------------- */
@@ -289,12 +351,16 @@ void ca_trace_exit(void)
 void ca_fork_prepare(void)
 {
     pthread_mutex_lock(&g_list_lock);
+    pthread_mutex_lock(&g_ring_lock);
+    ca_drain_fork_prepare(); /* the parent's records formatted before the child exists */
     ca_out_fork_prepare();
 }
 
 void ca_fork_parent(void)
 {
     ca_out_fork_parent();
+    ca_drain_fork_parent();
+    pthread_mutex_unlock(&g_ring_lock);
     pthread_mutex_unlock(&g_list_lock);
 }
 
@@ -310,6 +376,10 @@ void ca_fork_child(void)
     if (t_self)
         t_self->tid = syscall(SYS_gettid);
     pthread_mutex_init(&g_list_lock, NULL);
+    pthread_mutex_init(&g_ring_lock, NULL);
+    ca_drain_fork_child();
+    ca_ring_fork_child();
+    g_ring = 0; /* the child's own, at its first record */
     ca_out_fork_child();
     g_ctx.pid = (int)getpid();
     ca_mem_after_fork();

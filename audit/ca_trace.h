@@ -20,9 +20,10 @@ void ca_end(ca_rec *r, int result);
 /* Reads the options (once), prepares the output, computes ca_traced, and catches the fatal
  * signals that end a program by default so that the file is finished first. */
 void ca_trace_init(void);
-/* For tests: trace to fd (written with write(), never mapped) with the given format and
- * filter instead of the options. */
-void ca_trace_init_fd(int fd, int format, const char *filter);
+/* For tests: trace to fd (mapped when it is a regular file) with the given format and filter
+ * instead of the options; ring: the file of the ring of raw records (created at the first
+ * record), or NULL for none (each record formatted on its calling thread). */
+void ca_trace_init_fd(int fd, int format, const char *filter, const char *ring);
 /* The process ends (exit, _exit, a fatal signal): record nothing more, let calls being
  * written finish (briefly), and finish the file. Async-signal-safe; runs once. */
 void ca_trace_exit(void);

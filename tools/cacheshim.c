@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "ca_recover.h"
 #include "launch.h"
 #include "launch_config.h"
 
@@ -16,6 +17,7 @@ static void usage(FILE *f)
     fputs("usage: " LAUNCH_NAME " COMMAND [OPTIONS] [--] PROGRAM [ARGS...]\n"
           "       " LAUNCH_NAME " report|replay [ARGS...]\n"
           "       " LAUNCH_NAME " status [--dir DIR] [GROUP...]\n"
+          "       " LAUNCH_NAME " finish TRACE...\n"
           "       " LAUNCH_NAME " --help | --version\n"
           "\n"
           "Commands:\n"
@@ -25,9 +27,38 @@ static void usage(FILE *f)
           "  replay   replay allocation traces through the cache, offline (runs cacheshim-replay)\n"
           "  status   list the groups of processes sharing a cap (CACHESHIM_GROUP), their members\n"
           "           and bytes per device\n"
+          "  finish   finish the trace of a process that was killed (SIGKILL): the calls it\n"
+          "           left in TRACE.pending formatted into TRACE (report and replay do it too)\n"
           "\n"
           "'" LAUNCH_NAME " COMMAND --help' describes each command; see also cacheshim(1).\n",
           f);
+}
+
+/* cacheshim finish TRACE...: 0 when every trace is finished (or was), 1 when one could not
+ * be (its process still writes, or its pending file cannot be used). */
+static int finish_main(int argc, char **argv)
+{
+    if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
+        fputs("usage: " LAUNCH_NAME " finish TRACE...\n"
+              "Formats the calls that a traced process killed by SIGKILL left in TRACE.pending\n"
+              "into TRACE and finishes the file. See docs/tracing.md.\n",
+              argc < 2 ? stderr : stdout);
+        return argc < 2 ? LAUNCH_USAGE : launch_flush_stdout(0);
+    }
+    int rc = 0;
+    for (int i = 1; i < argc; i++) {
+        char msg[9000];
+        int got = ca_recover(argv[i], msg, sizeof msg);
+        if (got == CA_RECOVER_NONE)
+            printf("%s: nothing to finish\n", argv[i]);
+        else if (got == CA_RECOVER_DONE)
+            printf("%s\n", msg);
+        else
+            fprintf(stderr, LAUNCH_NAME ": %s\n", msg);
+        if (got == CA_RECOVER_BUSY || got == CA_RECOVER_ERROR)
+            rc = 1;
+    }
+    return launch_flush_stdout(rc);
 }
 
 int launch_flush_stdout(int status)
@@ -96,6 +127,8 @@ int main(int argc, char **argv)
         return launch(LAUNCH_TRACE, argc - 1, argv + 1);
     if (strcmp(cmd, "status") == 0)
         return status_main(argc - 1, argv + 1);
+    if (strcmp(cmd, "finish") == 0)
+        return finish_main(argc - 1, argv + 1);
     if (strcmp(cmd, "report") == 0 || strcmp(cmd, "replay") == 0) {
         char dir[PATH_MAX];
         int rc = launch_self_dir(dir, sizeof dir);

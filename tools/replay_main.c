@@ -1,6 +1,7 @@
 /* cacheshim-replay: the command line and the reports. See docs/replay.md. */
 #include "replay.h"
 #include "tool_args.h"
+#include "trace_finish.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -397,8 +398,10 @@ int main(int argc, char **argv)
         return 1;
     }
     /* Every trace is read before anything is replayed: a bad file fails with no output. */
-    for (int t = 0; t < ntraces && !rc; t++)
+    for (int t = 0; t < ntraces && !rc; t++) {
+        trace_finish(a.files[t], REPLAY_NAME);
         rc = replay_trace_load_any(&traces[t], a.files[t], &srcs[t]);
+    }
 
     if (!rc && a.json)
         printf("{\"tool\": \"" REPLAY_NAME "\", \"version\": \"%s\", \"device_size\": %" PRIu64

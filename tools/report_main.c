@@ -1,6 +1,7 @@
 /* cacheshim-report: the command line. See docs/report.md. */
 #include "report.h"
 #include "tool_args.h"
+#include "trace_finish.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -98,6 +99,7 @@ int main(int argc, char **argv)
     if (rc)
         return rc < 0 ? 0 : rc;
     rp_trace t;
+    trace_finish(a.trace, REPORT_NAME);
     rc = rp_trace_load(&t, a.trace);
     if (rc)
         return rc;

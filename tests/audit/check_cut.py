@@ -9,8 +9,9 @@ Usage: check_cut.py REPORT REPLAY AUDIT_LIB PROG FAKE_DIR CUDART_DIR
   without a zero tail (what a killed program leaves: the rest of the file's last step of
   growth): both tools succeed, count N-1 allocations (N once the record is whole, its
   newline aside), and say on stderr that a record was cut off.
-- busy: a program killed by SIGKILL while 8 threads are in the middle of driver calls: both
-  tools read the file, and count every whole record of it.
+- busy: a program killed by SIGKILL while 8 threads are in the middle of driver calls: its
+  trace is whole lines and zero bytes, the rest of its calls in TRACE.pending; cacheshim-report
+  formats them into the file first (and says so), then both tools count every record of it.
 """
 import json
 import os
@@ -30,8 +31,8 @@ def check(what, got, want):
         failures.append(f"{what}: got {got!r}, want {want!r}")
 
 
-def record(scenario, *args, rc):
-    path = os.path.join(WORK, f"{scenario}.jsonl")
+def record(scenario, *args, rc, path=None):
+    path = path or os.path.join(WORK, f"{scenario}.jsonl")
     env = {k: v for k, v in os.environ.items() if not k.startswith("CACHESHIM_")}
     env.update(LD_AUDIT=AUDIT, LD_LIBRARY_PATH=FAKE_DIR + ":" + CUDART_DIR,
                CACHESHIM_TRACE_FORMAT="jsonl", CACHESHIM_TRACE_FILE=path)
@@ -74,16 +75,35 @@ def part_cut():
             check(f"the note, {what}: {err.strip()!r}", said, cut_off)
 
 
-def part_busy():
-    data = record("die-busy", "kill", rc=-9)
+def whole_records(data):
+    """cuMemAlloc_v2 records in whole JSON lines, and whether anything else is there."""
     text = data.rstrip(b"\0").decode("utf-8", "replace")
-    whole = 0
+    whole, other = 0, 0
     for line in text.split("\n"):
-        line = line.split("\0")[-1]  # what follows a record cut off in the middle of the file
+        if not line:
+            continue
         try:
             whole += json.loads(line)["name"] == "cuMemAlloc_v2"
         except ValueError:
-            pass
+            other += 1
+    return whole, other
+
+
+def part_busy():
+    path = os.path.join(WORK, "busy.jsonl")
+    before, other = whole_records(record("die-busy", "kill", rc=-9, path=path))
+    check("a killed program's file: whole lines, then zero bytes", other, 0)
+    check("its TRACE.pending", os.path.exists(path + ".pending"), True)
+    rep = subprocess.run([REPORT, path], capture_output=True, text=True, timeout=60)
+    check("report on a killed program's trace", rep.returncode, 0)
+    check(f"report says it finished the trace ({rep.stderr.strip()!r})",
+          "formatted into it" in rep.stderr, True)
+    check("TRACE.pending after report", os.path.exists(path + ".pending"), False)
+    with open(path, "rb") as f:
+        data = f.read()
+    whole, other = whole_records(data)
+    check("the finished file: whole records only", (other, b"\0" in data), (0, False))
+    check("no record lost in finishing", whole >= before, True)
     got_rep, got_rpl, err = counts(data)
     check(f"report's allocations of a killed 8-thread program ({err.strip()!r})", got_rep, whole)
     check("replay's allocations of a killed 8-thread program", got_rpl, whole)

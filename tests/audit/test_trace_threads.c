@@ -1,5 +1,6 @@
 /* The record writer under contention, in one process (so the sanitizers see the tracer's
- * own code, and the shared mapping of the trace file):
+ * own code, the ring of raw records, its formatter thread, and the shared mapping of the
+ * trace file; with a second argument "inline", records formatted on the calling threads):
  *
  *   test_audit_trace_threads count   THREADS threads record CALLS calls each, growing the
  *                                    file many times: every call is in the file exactly once
@@ -55,10 +56,13 @@ int main(int argc, char **argv)
 {
     end_early = argc > 1 && strcmp(argv[1], "end") == 0;
     int stacks = argc > 1 && strcmp(argv[1], "stack") == 0;
+    int with_ring = !(argc > 2 && strcmp(argv[2], "inline") == 0);
     FILE *f = tmpfile();
-    if (!f)
+    char dir[] = "/tmp/ca-ring-XXXXXX", ring[64];
+    if (!f || !mkdtemp(dir))
         return 1;
-    ca_trace_init_fd(dup(fileno(f)), CS_TRACE_JSONL, "memory");
+    snprintf(ring, sizeof ring, "%s/ring", dir);
+    ca_trace_init_fd(dup(fileno(f)), CS_TRACE_JSONL, "memory", with_ring ? ring : NULL);
     if (stacks)
         ca_stack_init(4);
     pthread_t t[THREADS];
@@ -73,6 +77,14 @@ int main(int argc, char **argv)
     for (int i = 0; i < THREADS; i++)
         pthread_join(t[i], NULL);
     ca_trace_exit();
+    /* Everything formatted at the end: the ring's file is gone. */
+    int ring_left = access(ring, F_OK) == 0;
+    unlink(ring);
+    rmdir(dir);
+    if (ring_left) {
+        printf("the ring's file is left after the end\n");
+        return 1;
+    }
     rewind(f);
     static char line[CA_REC_TEXT_MAX + 2], objects[16][CA_REC_TEXT_MAX + 2];
     long lines = 0, whole = 0, sum = 0, nobj = 0, twice = 0, with_stack = 0;

@@ -19,7 +19,7 @@ int main(void)
     FILE *f = tmpfile();
     if (!f)
         return 1;
-    ca_trace_init_fd(dup(fileno(f)), CS_TRACE_JSONL, "all");
+    ca_trace_init_fd(dup(fileno(f)), CS_TRACE_JSONL, "all", NULL);
     int failed = 0;
     for (int lib = CA_LIB_DRIVER; lib <= CA_LIB_SHIM; lib++) {
         int called = 0, intact = 0;

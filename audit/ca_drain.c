@@ -1,0 +1,215 @@
+/* The formatter: raw records from the ring (ca_ring.c) into the trace's text (ca_format.c;
+ * the objects of call sites, ca_stack.c) appended to the file (ca_out.c), in the order the
+ * calls returned.
+ *
+ * A thread of its own ("cacheshim-fmt") takes what the ring holds every millisecond while
+ * records come (every 20 ms when none came for a while, or at once when a writer finds the
+ * ring a quarter full), batch by batch, under g_lock: one consumer at a time. A writer that
+ * finds the ring full formats records itself under the same lock. A record's room in the
+ * ring is given back only once its text is in the file, and the header says how far that
+ * is (ca_ring_consumed): a process killed at any moment leaves every record either as text
+ * or in the ring, where the tools find it (ca_recover.c). */
+#include "ca_drain.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ca_out.h"
+#include "ca_ring.h"
+#include "ca_stack.h"
+#include "cs_options.h"
+
+/* Text appended to the file at a time. */
+#define BATCH_TEXT ((size_t)64 << 10)
+/* A record left unsealed this long at the cursor, with whole ones after it, is passed over:
+ * its thread stopped in the middle of its put (a signal handler that never returned). */
+#define STUCK_NS 100000000ull
+
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER; /* the consumer's */
+static const ca_fmt_ctx *g_ctx;
+static ca_fmt_ids g_ids;
+static char g_text[BATCH_TEXT + 2 * CA_REC_TEXT_MAX + 256];
+static int g_stopped;          /* under g_lock: the process ends, nothing more is formatted */
+static uint64_t g_stuck_at;    /* the cursor where no whole record was, and since when */
+static uint64_t g_stuck_since;
+static uint64_t g_dropped;     /* atomic: records with no room (ca_drain_full) */
+
+/* Waking the thread. */
+static pthread_mutex_t g_wake_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_wake_cond;
+static int g_kicked; /* atomic */
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static void flush(size_t *n, size_t *records)
+{
+    if (*n)
+        ca_out_append(g_text, *n, *records);
+    *n = *records = 0;
+}
+
+/* Under g_lock: the records the ring holds, formatted and appended; how many. final: the
+ * writers are done, so a record never sealed is passed over at once. */
+static size_t drain_locked(int final)
+{
+    ca_rec r;
+    long tid;
+    unsigned skipped = 0;
+    size_t count = 0, n = 0, batch = 0;
+    int skip = final;
+    if (!final && ca_ring_used() > 0 && g_stuck_since &&
+        g_stuck_at == ca_ring_cursor() && now_ns() - g_stuck_since > STUCK_NS)
+        skip = 1;
+    while (!g_stopped && ca_ring_take(&r, &tid, skip, &skipped)) {
+        if (r.nstack)
+            n += ca_stack_objects(g_ctx->pid, &r, g_text + n, CA_REC_TEXT_MAX);
+        n += ca_format_entry(g_ctx, &r, tid, &g_ids, g_text + n);
+        batch++;
+        count++;
+        if (n >= BATCH_TEXT)
+            flush(&n, &batch);
+    }
+    flush(&n, &batch);
+    if (count || skipped) {
+        const char *error;
+        uint64_t lost = ca_out_lost(&error);
+        ca_ring_consumed(ca_out_end(), lost, error);
+    }
+    /* Whole records behind one that is not: remember where and since when. */
+    if (ca_ring_used() > 0) {
+        if (g_stuck_at != ca_ring_cursor() || !g_stuck_since) {
+            g_stuck_at = ca_ring_cursor();
+            g_stuck_since = now_ns();
+        }
+    } else {
+        g_stuck_since = 0;
+    }
+    return count;
+}
+
+static void *drain_main(void *arg)
+{
+    (void)arg;
+    unsigned idle = 0;
+    for (;;) {
+        pthread_mutex_lock(&g_lock);
+        size_t n = drain_locked(0);
+        int stopped = g_stopped;
+        pthread_mutex_unlock(&g_lock);
+        if (stopped)
+            return NULL;
+        idle = n ? 0 : idle + 1;
+        /* 1 ms while records come, 20 ms once none came for 20 rounds. */
+        uint64_t wait = idle < 20 ? 1000000u : 20000000u;
+        struct timespec until;
+        clock_gettime(CLOCK_MONOTONIC, &until);
+        until.tv_nsec += (long)wait;
+        until.tv_sec += until.tv_nsec / 1000000000L;
+        until.tv_nsec %= 1000000000L;
+        pthread_mutex_lock(&g_wake_lock);
+        while (!__atomic_load_n(&g_kicked, __ATOMIC_RELAXED) &&
+               pthread_cond_timedwait(&g_wake_cond, &g_wake_lock, &until) == 0) {
+        }
+        __atomic_store_n(&g_kicked, 0, __ATOMIC_RELAXED);
+        pthread_mutex_unlock(&g_wake_lock);
+    }
+}
+
+void ca_drain_start(const ca_fmt_ctx *c)
+{
+    g_ctx = c;
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&g_wake_cond, &ca);
+    pthread_condattr_destroy(&ca);
+    /* All signals stay with the program's threads. */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    pthread_attr_t attr;
+    pthread_t t;
+    int ok = pthread_attr_init(&attr) == 0 &&
+             pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED) == 0 &&
+             pthread_create(&t, &attr, drain_main, NULL) == 0;
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (ok) /* without it, the writers format when the ring is full (ca_drain_full) */
+        pthread_setname_np(t, "cacheshim-fmt");
+}
+
+void ca_drain_kick(void)
+{
+    if (__atomic_exchange_n(&g_kicked, 1, __ATOMIC_RELAXED))
+        return;
+    pthread_mutex_lock(&g_wake_lock);
+    pthread_cond_signal(&g_wake_cond);
+    pthread_mutex_unlock(&g_wake_lock);
+}
+
+void ca_drain_full(const ca_rec *r, long tid)
+{
+    uint64_t start = now_ns();
+    do {
+        /* Not a blocking lock: this thread may hold it already (a signal handler that makes
+         * driver calls, run while this thread formatted). */
+        if (pthread_mutex_trylock(&g_lock) == 0) {
+            drain_locked(0);
+            pthread_mutex_unlock(&g_lock);
+        } else {
+            struct timespec pause = {0, 100000};
+            nanosleep(&pause, NULL);
+        }
+        if (ca_ring_put(r, tid) != 0)
+            return;
+    } while (now_ns() - start < 200000000u);
+    if (__atomic_fetch_add(&g_dropped, 1, __ATOMIC_RELAXED) == 0)
+        ca_out_say("cacheshim: the trace's ring of unformatted calls stayed full for 200 ms "
+                   "(its formatter stopped?); calls are dropped while it is full");
+}
+
+int ca_drain_finish(void)
+{
+    int locked = 0;
+    for (int i = 0; i < 1000 && !(locked = pthread_mutex_trylock(&g_lock) == 0); i++)
+        usleep(100);
+    if (!locked)
+        return 0;
+    drain_locked(1);
+    g_stopped = 1;
+    int empty = ca_ring_used() == 0;
+    pthread_mutex_unlock(&g_lock);
+    return empty;
+}
+
+void ca_drain_fork_prepare(void)
+{
+    pthread_mutex_lock(&g_lock);
+    if (g_ctx)
+        drain_locked(0);
+    pthread_mutex_lock(&g_wake_lock);
+}
+
+void ca_drain_fork_parent(void)
+{
+    pthread_mutex_unlock(&g_wake_lock);
+    pthread_mutex_unlock(&g_lock);
+}
+
+/* The thread is not in the child; the child starts its own ring and thread when it traces. */
+void ca_drain_fork_child(void)
+{
+    pthread_mutex_init(&g_lock, NULL);
+    pthread_mutex_init(&g_wake_lock, NULL);
+    g_kicked = 0;
+    g_stuck_since = 0;
+    g_ids.len = 0;
+}

@@ -1,0 +1,308 @@
+/* Records not yet formatted: the ring in TRACE.pending (see ca_ring.h). Writers reserve a
+ * record's bytes with one compare-and-swap on the position put so far, copy the values, and
+ * seal the record; the one consumer (the formatter, under its lock) reads whole records in
+ * position order and hands their room back once their text is in the trace file. */
+#include "ca_ring.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23 /* Linux 5.14 */
+#endif
+
+static int g_fd = -1;
+static char g_path[4200];
+static ca_ring_head *g_head;   /* the header page */
+static unsigned char *g_ring;  /* the ring, mapped twice in a row */
+static size_t g_size;
+/* Each on a cache line of its own: the writers' (put), the consumer's (read, read_end), and
+ * the one the consumer writes once a batch for the writers to read (taken). */
+static struct {
+    _Alignas(64) uint64_t put;   /* atomic: bytes reserved since the start */
+    _Alignas(64) uint64_t read;  /* the consumer's cursor: records read up to it */
+    uint64_t read_end;           /* the consumer's: put as it last read it */
+    _Alignas(64) uint64_t taken; /* atomic: bytes whose text is in the trace file: room again */
+    _Alignas(64) char end;
+} g_pos;
+
+static size_t raw_len(unsigned nargs, unsigned nout, unsigned nstack, unsigned nstr)
+{
+    size_t n = sizeof(ca_raw_head) + 8u * (nargs + nout + nstack) + nstr + 1;
+    return (n + 7) & ~(size_t)7;
+}
+
+/* ---- the writing process ----------------------------------------------------------------- */
+
+/* The file at the largest of the sizes that fits (a file size limit, a nearly full disk:
+ * a smaller ring, formatted more often); its ring's size, or 0 and *err. Past
+ * RLIMIT_FSIZE the kernel also sends SIGXFSZ, whose default action would kill the program:
+ * it is blocked here and taken back. */
+static size_t allocate(int fd, int *err)
+{
+    static const size_t sizes[] = {CA_RING_SIZE, CA_RING_SIZE / 8, CA_RING_SIZE / 64};
+    sigset_t xfsz, old, pending;
+    sigemptyset(&xfsz);
+    sigaddset(&xfsz, SIGXFSZ);
+    pthread_sigmask(SIG_BLOCK, &xfsz, &old);
+    int was_pending = sigpending(&pending) == 0 && sigismember(&pending, SIGXFSZ);
+    size_t got = 0;
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0] && !got; i++) {
+        *err = posix_fallocate(fd, 0, (off_t)(CA_RING_HEAD_SIZE + sizes[i]));
+        if (*err == 0)
+            got = sizes[i];
+        else if (*err != EFBIG && *err != ENOSPC)
+            break;
+    }
+    if (!was_pending && sigpending(&pending) == 0 && sigismember(&pending, SIGXFSZ)) {
+        struct timespec zero = {0, 0};
+        sigtimedwait(&xfsz, NULL, &zero);
+    }
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    return got;
+}
+
+int ca_ring_create(const char *path, int format, int pid, uint64_t t_origin)
+{
+    size_t size = 0;
+    if (strlen(path) >= sizeof g_path)
+        return ENAMETOOLONG;
+    int fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return errno;
+    int err = 0;
+    unsigned char *ring = MAP_FAILED;
+    void *head = MAP_FAILED;
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0)
+        err = errno;
+    if (!err)
+        size = allocate(fd, &err);
+    if (!err) {
+        head = mmap(NULL, CA_RING_HEAD_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        ring = mmap(NULL, 2 * size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (head == MAP_FAILED || ring == MAP_FAILED)
+            err = errno;
+    }
+    for (int i = 0; i < 2 && !err; i++)
+        if (mmap(ring + i * size, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd,
+                 CA_RING_HEAD_SIZE) == MAP_FAILED)
+            err = errno;
+    /* The pages now, writable, not at the first record on each (Linux 5.14; older kernels
+     * fault them in as records reach them). */
+    for (size_t at = 0; !err && at < size; at += (size_t)64 << 10)
+        (void)madvise(ring + at, (size_t)64 << 10 < size - at ? (size_t)64 << 10 : size - at,
+                      MADV_POPULATE_WRITE);
+    if (err) {
+        if (ring != MAP_FAILED && size)
+            munmap(ring, 2 * size);
+        if (head != MAP_FAILED)
+            munmap(head, CA_RING_HEAD_SIZE);
+        unlink(path);
+        close(fd);
+        return err;
+    }
+    ca_ring_head *h = head;
+    memcpy(h->magic, CA_RING_MAGIC, sizeof CA_RING_MAGIC - 1);
+    h->head_size = CA_RING_HEAD_SIZE;
+    h->fn_count = CA_FN_COUNT;
+    h->ring_size = size;
+    h->format = format;
+    h->pid = pid;
+    h->t_origin = t_origin;
+    strcpy(g_path, path);
+    g_fd = fd;
+    g_head = h;
+    g_size = size;
+    g_pos.put = g_pos.read = g_pos.read_end = g_pos.taken = 0;
+    __atomic_store_n(&g_ring, ring, __ATOMIC_RELEASE);
+    return 0;
+}
+
+void ca_ring_prefetch(unsigned fn)
+{
+    unsigned char *ring = __atomic_load_n(&g_ring, __ATOMIC_RELAXED);
+    if (!ring)
+        return;
+    const unsigned char *at = ring + __atomic_load_n(&g_pos.put, __ATOMIC_RELAXED) % g_size;
+    __builtin_prefetch(at, 1);
+    __builtin_prefetch(at + 64, 1);
+    __builtin_prefetch(at + 128, 1);
+    __builtin_prefetch(&g_pos.taken, 0);
+    __builtin_prefetch(ca_desc(fn), 0);
+}
+
+size_t ca_ring_put(const ca_rec *r, long tid)
+{
+    unsigned nargs = ca_desc(r->fn)->nparams;
+    unsigned nstr = r->str[0] ? (unsigned)strnlen(r->str, CA_STR_MAX) : 0;
+    size_t len = raw_len(nargs, r->nout, r->nstack, nstr), used;
+    uint64_t pos = __atomic_load_n(&g_pos.put, __ATOMIC_RELAXED);
+    do {
+        used = (size_t)(pos + len - __atomic_load_n(&g_pos.taken, __ATOMIC_ACQUIRE));
+        if (used > g_size)
+            return 0;
+    } while (!__atomic_compare_exchange_n(&g_pos.put, &pos, pos + len, 1, __ATOMIC_RELAXED,
+                                          __ATOMIC_RELAXED));
+    ca_raw_head *h = (ca_raw_head *)(g_ring + pos % g_size);
+    /* The length first, so that a reader can pass over a record whose thread never sealed
+     * it; then the values; the seal last. */
+    __atomic_store_n(&h->len, (uint32_t)len, __ATOMIC_RELAXED);
+    h->tid = (uint32_t)tid;
+    h->t0 = r->t0;
+    h->t1 = r->t1;
+    h->bytes = r->bytes;
+    h->result = r->result;
+    h->fn = r->fn;
+    h->lib = r->lib;
+    h->from = r->from;
+    h->nout = r->nout;
+    h->nstack = r->nstack;
+    h->nargs = (uint8_t)nargs;
+    h->nstr = (uint8_t)nstr;
+    memcpy(h->out_idx, r->out_idx, sizeof h->out_idx);
+    uint64_t *v = (uint64_t *)(h + 1);
+    memcpy(v, r->arg, 8u * nargs);
+    v += nargs;
+    memcpy(v, r->out, 8u * r->nout);
+    v += r->nout;
+    memcpy(v, r->stack, 8u * r->nstack);
+    v += r->nstack;
+    memcpy(v, r->str, nstr);
+    ((char *)v)[nstr] = '\0';
+    __atomic_store_n(&h->seal, ~pos, __ATOMIC_RELEASE);
+    return used;
+}
+
+uint64_t ca_ring_cursor(void)
+{
+    return g_pos.read;
+}
+
+size_t ca_ring_size(void)
+{
+    return g_size;
+}
+
+size_t ca_ring_used(void)
+{
+    return (size_t)(__atomic_load_n(&g_pos.put, __ATOMIC_RELAXED) -
+                    __atomic_load_n(&g_pos.taken, __ATOMIC_RELAXED));
+}
+
+int ca_ring_take(ca_rec *r, long *tid, int skip, unsigned *skipped)
+{
+    uint64_t pos = g_pos.read;
+    /* put read again only when the records seen before are taken: its line is the
+     * writers'. */
+    if (pos == g_pos.read_end)
+        g_pos.read_end = __atomic_load_n(&g_pos.put, __ATOMIC_ACQUIRE);
+    if (pos == g_pos.read_end || !ca_ring_read(g_ring, g_size, &pos, skip, r, tid, skipped))
+        return 0;
+    g_pos.read = pos; /* its room stays taken until its text is in the file (ca_ring_consumed) */
+    return 1;
+}
+
+void ca_ring_consumed(uint64_t text_end, uint64_t lost, const char *error)
+{
+    ca_ring_head *h = g_head;
+    if (!h)
+        return;
+    uint64_t gen = h->done_gen;
+    ca_ring_done *d = &h->done[(gen + 1) & 1];
+    d->raw_done = g_pos.read;
+    d->text_end = text_end;
+    d->lost = lost;
+    if (error && error[0] && !h->error[0])
+        strncpy(h->error, error, sizeof h->error - 1);
+    /* The other slot whole before it becomes the current one; the room of the records it
+     * covers back to the writers after that: a process killed now leaves either pair whole,
+     * each with its records still in the ring. */
+    __atomic_store_n(&h->done_gen, gen + 1, __ATOMIC_RELEASE);
+    __atomic_store_n(&g_pos.taken, g_pos.read, __ATOMIC_RELEASE);
+}
+
+void ca_ring_remove(void)
+{
+    if (g_fd < 0)
+        return;
+    unlink(g_path);
+    close(g_fd); /* the lock with it; the mappings stay (another thread may still read) */
+    g_fd = -1;
+}
+
+void ca_ring_fork_child(void)
+{
+    unsigned char *ring = g_ring;
+    __atomic_store_n(&g_ring, NULL, __ATOMIC_RELEASE);
+    if (ring)
+        munmap(ring, 2 * g_size);
+    if (g_head)
+        munmap(g_head, CA_RING_HEAD_SIZE);
+    g_head = NULL;
+    /* The child's reference to the open file goes: the parent alone holds its lock. */
+    if (g_fd >= 0)
+        close(g_fd);
+    g_fd = -1;
+    g_pos.put = g_pos.read = g_pos.read_end = g_pos.taken = 0;
+}
+
+/* ---- reading ------------------------------------------------------------------------------ */
+
+static int whole(const unsigned char *ring, size_t size, uint64_t pos)
+{
+    const ca_raw_head *h = (const ca_raw_head *)(ring + pos % size);
+    return __atomic_load_n(&h->seal, __ATOMIC_ACQUIRE) == ~pos;
+}
+
+int ca_ring_read(const unsigned char *ring, size_t size, uint64_t *pos, int skip, ca_rec *r,
+                 long *tid, unsigned *skipped)
+{
+    uint64_t p = *pos;
+    const ca_raw_head *h = (const ca_raw_head *)(ring + p % size);
+    if (!whole(ring, size, p)) {
+        uint32_t len = __atomic_load_n(&h->len, __ATOMIC_RELAXED);
+        if (!skip || len < sizeof *h || len > CA_RAW_MAX || len > size || len % 8 ||
+            !whole(ring, size, p + len))
+            return 0;
+        p += len;
+        h = (const ca_raw_head *)(ring + p % size);
+        ++*skipped;
+    }
+    /* What the writer wrote is checked again here: a file a process left may hold anything. */
+    if (h->fn >= CA_FN_COUNT || h->nargs != ca_desc(h->fn)->nparams || h->nout > CA_MAX_OUTS ||
+        h->nstack > CA_STACK_MAX || h->nstr > CA_STR_MAX || h->len > size ||
+        h->len != raw_len(h->nargs, h->nout, h->nstack, h->nstr))
+        return 0;
+    r->fn = h->fn;
+    r->lib = h->lib;
+    r->from = h->from;
+    r->nout = h->nout;
+    r->nstack = h->nstack;
+    memcpy(r->out_idx, h->out_idx, sizeof r->out_idx);
+    for (unsigned i = 0; i < r->nout; i++)
+        if (r->out_idx[i] >= h->nargs)
+            return 0;
+    r->result = h->result;
+    r->t0 = h->t0;
+    r->t1 = h->t1;
+    r->bytes = h->bytes;
+    const uint64_t *v = (const uint64_t *)(h + 1);
+    memcpy(r->arg, v, 8u * h->nargs);
+    v += h->nargs;
+    memcpy(r->out, v, 8u * h->nout);
+    v += h->nout;
+    memcpy(r->stack, v, 8u * h->nstack);
+    v += h->nstack;
+    memcpy(r->str, v, h->nstr);
+    r->str[h->nstr] = '\0';
+    *tid = (long)h->tid;
+    *pos = p + h->len;
+    return 1;
+}

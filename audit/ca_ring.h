@@ -1,0 +1,112 @@
+/* Records not yet formatted (layer 3, under ca_trace.c and ca_drain.c; see ca_desc.h): a
+ * ring of raw records in a file of its own beside the trace, TRACE.pending, mapped shared.
+ *
+ * The traced thread only copies its record's values into the ring (ca_ring_put); the
+ * formatter (ca_drain.c) turns them into the trace's text later, off the program's threads.
+ * The ring's pages are the file's page cache, so what a thread put survives the process,
+ * SIGKILL included: the tools format what a killed program left (ca_recover.c). A process
+ * that ends otherwise formats the rest itself and removes the file.
+ *
+ * The file: one page of header (ca_ring_head), then the ring, mapped twice in a row so that
+ * a record that wraps is still one range of memory. A record is a ca_raw_head and its
+ * values, a multiple of 8 bytes; it is whole once its seal holds ~(its position), positions
+ * counting bytes put since the start (never wrapped), so a record of an earlier lap never
+ * passes for one of this lap. */
+#ifndef CA_RING_H
+#define CA_RING_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ca_rec.h"
+
+#define CA_RING_MAGIC "cacheshim-pending-1\n"
+#define CA_RING_HEAD_SIZE 4096
+/* The ring's size (an eighth or a sixty-fourth of it where the file cannot be that large):
+ * about 80,000 records, a fifth of a second of a PyTorch training loop
+ * that calls the driver 400,000 times a second. */
+#ifndef CA_RING_SIZE /* the fuzzer's build makes it small */
+#define CA_RING_SIZE ((size_t)8 << 20)
+#endif
+/* The longest record: the head, every value, the string with its 0 byte, rounded up. */
+#define CA_RAW_MAX \
+    (sizeof(ca_raw_head) + 8 * (CA_MAX_PARAMS + CA_MAX_OUTS + CA_STACK_MAX) + CA_STR_MAX + 8)
+/* Suffix of the pending file's name. */
+#define CA_RING_SUFFIX ".pending"
+
+/* What the formatter has written so far: the ring position it has formatted up to, the
+ * trace file's length after that text, and the calls lost to write errors. Kept in two
+ * slots; done_gen's parity names the current one, so that a process killed while the
+ * formatter updates it leaves the previous pair whole. */
+typedef struct {
+    uint64_t raw_done;
+    uint64_t text_end;
+    uint64_t lost;
+} ca_ring_done;
+
+typedef struct {
+    char magic[24];        /* CA_RING_MAGIC, NUL-padded */
+    uint32_t head_size;    /* CA_RING_HEAD_SIZE */
+    uint32_t fn_count;     /* CA_FN_COUNT: the function tables the records index */
+    uint64_t ring_size;
+    int32_t format;        /* CS_TRACE_* */
+    int32_t pid;
+    uint64_t t_origin;     /* ns: the times printed are relative to it */
+    uint64_t done_gen;
+    ca_ring_done done[2];
+    char error[160];       /* the write error the lost calls met ("" while none) */
+} ca_ring_head;
+
+typedef struct {
+    uint64_t seal;         /* ~position once whole */
+    uint32_t len;          /* bytes of the whole record, a multiple of 8 */
+    uint32_t tid;
+    uint64_t t0, t1;
+    int64_t bytes;
+    int32_t result;
+    uint16_t fn;
+    uint8_t lib, from, nout, nstack, nargs, nstr; /* nstr: bytes of str, its 0 excluded */
+    uint8_t out_idx[CA_MAX_OUTS];
+    /* then: arg[nargs], out[nout], stack[nstack] (uint64_t each), str and its 0 byte */
+} ca_raw_head;
+
+/* ---- the writing process -------------------------------------------------------------- */
+
+/* Creates PATH (O_EXCL, mode 0600) with its header, at full size (so a full disk is an
+ * error now, not a SIGBUS later), mapped; holds an exclusive flock on it while the process
+ * lives, which tells the tools that its owner still writes. 0, or an errno. */
+int ca_ring_create(const char *path, int format, int pid, uint64_t t_origin);
+/* A hint while a call of fn runs: what ca_ring_put will write and read, fetched into the
+ * cache (the memory a record goes to was last read by the formatter's thread, on another
+ * core). */
+void ca_ring_prefetch(unsigned fn);
+/* r (of thread tid) into the ring: the bytes in use with it, or 0 when the ring has no room
+ * for it now. Any thread, no lock; async-signal-safe. */
+size_t ca_ring_put(const ca_rec *r, long tid);
+/* The ring's size; bytes put whose text is not yet in the file; the consumer's cursor (its
+ * position). */
+size_t ca_ring_size(void);
+size_t ca_ring_used(void);
+uint64_t ca_ring_cursor(void);
+/* The consumer (one at a time, under the formatter's lock): the next whole record, decoded
+ * into *r (*tid its thread); 1, or 0 when there is none yet. skip: see ca_ring_read. */
+int ca_ring_take(ca_rec *r, long *tid, int skip, unsigned *skipped);
+/* The records taken so far are in the file, whose text now ends at text_end: noted in the
+ * header, and their room given back. */
+void ca_ring_consumed(uint64_t text_end, uint64_t lost, const char *error);
+/* Everything put is formatted: the file is removed (the process ends). */
+void ca_ring_remove(void);
+/* The child of fork: the parent's ring is the parent's (unmapped here, its lock released). */
+void ca_ring_fork_child(void);
+
+/* ---- reading a file a process left (ca_recover.c) ------------------------------------- */
+
+/* The record at position *pos of a ring of size bytes whose memory holds it twice in a
+ * row (mapped twice, or read twice), decoded into *r and *tid: 1, and *pos moved past it;
+ * 0 when no whole record of that position is there. skip: a record never sealed (its thread
+ * stopped in the middle of its put, or killed) is passed over, and counted in *skipped,
+ * when its length is plausible and the record after it is whole. */
+int ca_ring_read(const unsigned char *ring, size_t size, uint64_t *pos, int skip, ca_rec *r,
+                 long *tid, unsigned *skipped);
+
+#endif
