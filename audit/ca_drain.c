@@ -106,7 +106,7 @@ static void *drain_main(void *arg)
         int stopped = g_stopped;
         pthread_mutex_unlock(&g_lock);
         if (stopped)
-            return NULL;
+            break;
         idle = n ? 0 : idle + 1;
         /* 1 ms while records come, 20 ms once none came for 20 rounds. */
         uint64_t wait = idle < 20 ? 1000000u : 20000000u;
@@ -122,6 +122,12 @@ static void *drain_main(void *arg)
         __atomic_store_n(&g_kicked, 0, __ATOMIC_RELAXED);
         pthread_mutex_unlock(&g_wake_lock);
     }
+    /* Stopped: the process is ending. The thread waits for it without returning: a thread
+     * of the tracer's namespace that exits frees its stack's TLS through ld.so, whose free is
+     * the program's malloc, which a sanitizer's runtime serves only on threads it knows. */
+    for (;;)
+        pause();
+    return NULL;
 }
 
 void ca_drain_start(const ca_fmt_ctx *c)

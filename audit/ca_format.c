@@ -775,11 +775,12 @@ size_t ca_format_entry(const ca_fmt_ctx *c, const ca_rec *r, long tid, ca_fmt_id
 size_t ca_format_note(int format, const uint64_t *lost, const char *error, char *buf, size_t cap,
                       size_t *count)
 {
+    static const char pf_pre[] = "{\"name\":\"cacheshim: calls not written\",\"ph\":\"i\","
+                                 "\"s\":\"g\",\"ts\":0,\"pid\":0,\"tid\":0,\"args\":{\"lost\":";
     static const char *const pre[] = {
         [CS_TRACE_TEXT] = "[cacheshim] ",
         [CS_TRACE_JSONL] = "{\"cacheshim_lost\":",
-        [CS_TRACE_PERFETTO] = "{\"name\":\"cacheshim: calls not written\",\"ph\":\"i\",\"s\":\"g\","
-                              "\"ts\":0,\"pid\":0,\"tid\":0,\"args\":{\"lost\":",
+        [CS_TRACE_PERFETTO] = pf_pre,
     };
     static const char *const post[] = {
         [CS_TRACE_TEXT] = " calls not written: %s\n",

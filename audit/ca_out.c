@@ -76,6 +76,7 @@ static pthread_mutex_t g_grow_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t g_grow_cond = PTHREAD_COND_INITIALIZER;
 static size_t g_kick = SIZE_MAX;
 static int g_helper, g_helper_wanted;
+static int g_single; /* atomic: one appending thread, no helper (ca_out_single_writer) */
 
 /* One write() per record; the Chrome trace's commas go between records, under the lock. */
 static pthread_mutex_t g_stream_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -423,8 +424,9 @@ static void helper_start(void)
 static void kick(size_t mark)
 {
     if (!__atomic_compare_exchange_n(&g_kick, &mark, SIZE_MAX, 0, __ATOMIC_RELAXED,
-                                     __ATOMIC_RELAXED))
-        return; /* another thread did */
+                                     __ATOMIC_RELAXED) ||
+        __atomic_load_n(&g_single, __ATOMIC_RELAXED))
+        return; /* another thread did, or no helper */
     pthread_mutex_lock(&g_grow_lock);
     if (g_helper == 0)
         helper_start();
@@ -503,6 +505,11 @@ void ca_out_append(const char *p, size_t n, size_t records)
         if (off + n >= mark)
             kick(mark);
     }
+}
+
+void ca_out_single_writer(void)
+{
+    __atomic_store_n(&g_single, 1, __ATOMIC_RELAXED);
 }
 
 const char *ca_out_mapped_path(void)
@@ -607,6 +614,7 @@ void ca_out_fork_child(void)
     pthread_mutex_init(&g_grow_lock, NULL);
     pthread_cond_init(&g_grow_cond, NULL);
     g_helper = g_helper_wanted = 0; /* not in the child; started again when needed */
+    g_single = 0;
     g_kick = SIZE_MAX;
     pthread_mutex_init(&g_stream_lock, NULL);
     if (g_base)

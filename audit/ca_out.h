@@ -21,6 +21,11 @@ void ca_out_append(const char *p, size_t n, size_t records);
 /* The file's name when records go to a mapping of it (the formatter then writes alone,
  * ca_drain.c), else NULL (stderr, a pipe). Opens a pending file (a child's) first. */
 const char *ca_out_mapped_path(void);
+/* From now on one thread at a time appends (the formatter, ca_drain.c): no helper thread
+ * grows the file ahead; the appending thread grows it. (A thread that the program did not
+ * create must not create threads: ld.so allocates a new thread's TLS with the program's
+ * malloc, which a sanitizer's runtime serves only on threads it knows.) */
+void ca_out_single_writer(void);
 /* Bytes of text appended so far (a mapping); calls lost to write errors so far, and the
  * error (*error: "" while none). */
 size_t ca_out_end(void);

@@ -119,15 +119,14 @@ int ca_ring_create(const char *path, int format, int pid, uint64_t t_origin)
     strcpy(g_path, path);
     g_fd = fd;
     g_head = h;
-    g_size = size;
-    g_pos.put = g_pos.read = g_pos.read_end = g_pos.taken = 0;
+    g_size = size; /* the positions are 0: at the start, and after fork (ca_ring_fork_child) */
     __atomic_store_n(&g_ring, ring, __ATOMIC_RELEASE);
     return 0;
 }
 
 void ca_ring_prefetch(unsigned fn)
 {
-    unsigned char *ring = __atomic_load_n(&g_ring, __ATOMIC_RELAXED);
+    unsigned char *ring = __atomic_load_n(&g_ring, __ATOMIC_ACQUIRE);
     if (!ring)
         return;
     const unsigned char *at = ring + __atomic_load_n(&g_pos.put, __ATOMIC_RELAXED) % g_size;
@@ -167,14 +166,17 @@ size_t ca_ring_put(const ca_rec *r, long tid)
     h->nargs = (uint8_t)nargs;
     h->nstr = (uint8_t)nstr;
     memcpy(h->out_idx, r->out_idx, sizeof h->out_idx);
+    /* Loops, not memcpy: the compiler would make a copy of unknown length a rep movs, slow
+     * to start for the few words here. */
     uint64_t *v = (uint64_t *)(h + 1);
-    memcpy(v, r->arg, 8u * nargs);
-    v += nargs;
-    memcpy(v, r->out, 8u * r->nout);
-    v += r->nout;
-    memcpy(v, r->stack, 8u * r->nstack);
-    v += r->nstack;
-    memcpy(v, r->str, nstr);
+    for (unsigned i = 0; i < nargs; i++)
+        *v++ = r->arg[i];
+    for (unsigned i = 0; i < r->nout; i++)
+        *v++ = r->out[i];
+    for (unsigned i = 0; i < r->nstack; i++)
+        *v++ = r->stack[i];
+    if (nstr)
+        memcpy(v, r->str, nstr);
     ((char *)v)[nstr] = '\0';
     __atomic_store_n(&h->seal, ~pos, __ATOMIC_RELEASE);
     return used;
@@ -265,6 +267,8 @@ int ca_ring_read(const unsigned char *ring, size_t size, uint64_t *pos, int skip
                  long *tid, unsigned *skipped)
 {
     uint64_t p = *pos;
+    if (p % 8) /* records are whole multiples of 8 bytes: a header that says otherwise lies */
+        return 0;
     const ca_raw_head *h = (const ca_raw_head *)(ring + p % size);
     if (!whole(ring, size, p)) {
         uint32_t len = __atomic_load_n(&h->len, __ATOMIC_RELAXED);
@@ -286,8 +290,9 @@ int ca_ring_read(const unsigned char *ring, size_t size, uint64_t *pos, int skip
     r->nout = h->nout;
     r->nstack = h->nstack;
     memcpy(r->out_idx, h->out_idx, sizeof r->out_idx);
-    for (unsigned i = 0; i < r->nout; i++)
-        if (r->out_idx[i] >= h->nargs)
+    const ca_param *params = ca_desc(h->fn)->params;
+    for (unsigned i = 0; i < r->nout; i++) /* the formatter prints only out-parameters */
+        if (r->out_idx[i] >= h->nargs || !params[r->out_idx[i]].out_kind)
             return 0;
     r->result = h->result;
     r->t0 = h->t0;

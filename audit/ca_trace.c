@@ -246,7 +246,9 @@ __attribute__((noinline, cold)) static int start_ring(void)
     int state = __atomic_load_n(&g_ring, __ATOMIC_RELAXED);
     if (state == 0) {
         const char *path = ca_out_mapped_path(); /* "" for ca_trace_init_fd's file */
-        char pending[sizeof g_ring_path];
+        /* Static, under g_ring_lock: this runs on whichever thread records first, whose
+         * stack may have little room left (a sanitized program's, under a large static TLS). */
+        static char pending[sizeof g_ring_path], line[sizeof pending + 160];
         state = -1;
         if (path && g_ring_path[0])
             snprintf(pending, sizeof pending, "%s", g_ring_path);
@@ -257,10 +259,10 @@ __attribute__((noinline, cold)) static int start_ring(void)
         if (pending[0]) {
             int err = ca_ring_create(pending, g_ctx.format, g_ctx.pid, g_ctx.t_origin);
             if (err == 0) {
+                ca_out_single_writer();
                 ca_drain_start(&g_ctx);
                 state = 1;
             } else {
-                char line[sizeof pending + 160];
                 snprintf(line, sizeof line, "cacheshim: cannot create '%s': %s; each call is "
                                             "formatted on its own thread instead (slower)",
                          pending, strerror(err));
