@@ -64,12 +64,6 @@ static pthread_mutex_t g_ring_lock = PTHREAD_MUTEX_INITIALIZER;
 /* The ring's file: "" for TRACE.pending beside the trace file (ca_trace_init_fd: its own). */
 static char g_ring_path[CS_TRACE_TEXT_MAX + 64];
 
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
 
 static void report_line(const char *line, void *arg)
 {
@@ -155,7 +149,7 @@ static void catch_fatal_signals(void)
 static void init_common(int format, const char *filter)
 {
     g_ctx.format = format;
-    g_ctx.t_origin = now_ns();
+    g_ctx.t_origin = ca_now_ns();
     g_ctx.pid = (int)getpid();
     set_filter(filter);
     ca_mem_init(format == CS_TRACE_PERFETTO);
@@ -235,8 +229,6 @@ ca_rec *ca_begin(unsigned fn, int lib, int from)
     return r;
 }
 
-void ca_started(ca_rec *r) { r->t0 = now_ns(); }
-void ca_stopped(ca_rec *r) { r->t1 = now_ns(); }
 
 /* The ring, at the first record (the file is opened then: a child's at its first record),
  * and the formatter's thread with it; -1 where there is none. */
