@@ -79,10 +79,13 @@ static size_t drain_locked(int final)
             flush(&n, &batch);
     }
     flush(&n, &batch);
-    if (count || skipped) {
+    /* Not once the file is finished (the end gave up waiting for this lock): the text may
+     * not be in it, so the records stay in the ring for ca_recover. */
+    size_t end = ca_out_end();
+    if ((count || skipped) && end != SIZE_MAX) {
         const char *error;
         uint64_t lost = ca_out_lost(&error);
-        ca_ring_consumed(ca_out_end(), lost, error);
+        ca_ring_consumed(end, lost, error);
     }
     /* Whole records behind one that is not: remember where and since when. */
     if (ca_ring_used() > 0) {

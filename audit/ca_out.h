@@ -21,8 +21,9 @@ void ca_out_append(const char *p, size_t n, size_t records);
 /* The file's name when records go to a mapping of it (the formatter then writes alone,
  * ca_drain.c), else NULL (stderr, a pipe). Opens a pending file (a child's) first. */
 const char *ca_out_mapped_path(void);
-/* Bytes of text appended so far (a mapping); calls lost to write errors so far, and the
- * error (*error: "" while none). */
+/* Bytes of text appended so far (a mapping), or SIZE_MAX once the file is finished (what
+ * was appended since may not be in it); calls lost to write errors so far, and the error
+ * (*error: "" while none). */
 size_t ca_out_end(void);
 uint64_t ca_out_lost(const char **error);
 /* The end: the file trimmed to what was written and completed (Chrome trace: "]}"), the
