@@ -523,7 +523,8 @@ size_t ca_out_end(void)
     /* g_finished after g_off: a record not written because the end had begun is seen here */
     if (off >= OFF_CLOSED || __atomic_load_n(&g_finished, __ATOMIC_ACQUIRE))
         return SIZE_MAX;
-    return off > g_mapped ? g_mapped : off;
+    size_t mapped = __atomic_load_n(&g_mapped, __ATOMIC_RELAXED); /* the helper grows it */
+    return off > mapped ? mapped : off;
 }
 
 uint64_t ca_out_lost(const char **error)

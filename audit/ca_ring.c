@@ -127,7 +127,9 @@ int ca_ring_create(const char *path, int format, int pid, uint64_t t_origin)
 
 void ca_ring_prefetch(unsigned fn)
 {
-    unsigned char *ring = __atomic_load_n(&g_ring, __ATOMIC_RELAXED);
+    /* Acquire: g_size, written before the ring is published, is read below (a plain load
+     * that may otherwise come first, and find 0). */
+    unsigned char *ring = __atomic_load_n(&g_ring, __ATOMIC_ACQUIRE);
     if (!ring)
         return;
     const unsigned char *at = ring + __atomic_load_n(&g_pos.put, __ATOMIC_RELAXED) % g_size;
