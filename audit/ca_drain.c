@@ -34,6 +34,7 @@ static const ca_fmt_ctx *g_ctx;
 static ca_fmt_ids g_ids;
 static char g_text[BATCH_TEXT + 2 * CA_REC_TEXT_MAX + 256];
 static int g_stopped;          /* under g_lock: the process ends, nothing more is formatted */
+static int g_ending;           /* atomic: the end wants g_lock: its holder lets go of it */
 static uint64_t g_stuck_at;    /* the cursor where no whole record was, and since when */
 static uint64_t g_stuck_since;
 static uint64_t g_dropped;     /* atomic: records with no room (ca_drain_full) */
@@ -69,7 +70,8 @@ static size_t drain_locked(int final)
     if (!final && ca_ring_used() > 0 && g_stuck_since &&
         g_stuck_at == ca_ring_cursor() && now_ns() - g_stuck_since > STUCK_NS)
         skip = 1;
-    while (!g_stopped && ca_ring_take(&r, &tid, skip, &skipped)) {
+    while (!g_stopped && (final || !__atomic_load_n(&g_ending, __ATOMIC_RELAXED)) &&
+           ca_ring_take(&r, &tid, skip, &skipped)) {
         if (r.nstack)
             n += ca_stack_objects(g_ctx->pid, &r, g_text + n, CA_REC_TEXT_MAX);
         n += ca_format_entry(g_ctx, &r, tid, &g_ids, g_text + n);
@@ -106,7 +108,7 @@ static void *drain_main(void *arg)
     for (;;) {
         pthread_mutex_lock(&g_lock);
         size_t n = drain_locked(0);
-        int stopped = g_stopped;
+        int stopped = g_stopped || __atomic_load_n(&g_ending, __ATOMIC_RELAXED);
         pthread_mutex_unlock(&g_lock);
         if (stopped)
             return NULL;
@@ -181,6 +183,10 @@ void ca_drain_full(const ca_rec *r, long tid)
 
 int ca_drain_finish(void)
 {
+    /* The formatter (or a writer whose ring is full) may be in the middle of a long batch:
+     * it stops at its next record, so the lock is had at once unless its holder is stopped
+     * for good. */
+    __atomic_store_n(&g_ending, 1, __ATOMIC_RELAXED);
     int locked = 0;
     for (int i = 0; i < 1000 && !(locked = pthread_mutex_trylock(&g_lock) == 0); i++)
         usleep(100);
