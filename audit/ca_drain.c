@@ -1,6 +1,6 @@
 /* The formatter: raw records from the ring (ca_ring.c) into the trace's text (ca_format.c;
- * the objects of call sites, ca_stack.c) appended to the file (ca_out.c), in the order the
- * calls returned.
+ * the lines of the objects of call sites come as text, put by the calling thread) appended
+ * to the file (ca_out.c), in the order the calls returned.
  *
  * A thread of its own ("cacheshim-fmt") takes what the ring holds every millisecond while
  * records come (every 20 ms when none came for a while, or at once when a writer finds the
@@ -15,12 +15,12 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
+#include <string.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "ca_out.h"
 #include "ca_ring.h"
-#include "ca_stack.h"
 #include "cs_options.h"
 
 /* Text appended to the file at a time. */
@@ -64,6 +64,7 @@ static size_t drain_locked(int final)
 {
     ca_rec r;
     long tid;
+    const char *text;
     unsigned skipped = 0;
     size_t count = 0, n = 0, batch = 0;
     int skip = final;
@@ -71,11 +72,14 @@ static size_t drain_locked(int final)
         g_stuck_at == ca_ring_cursor() && now_ns() - g_stuck_since > STUCK_NS)
         skip = 1;
     while (!g_stopped && (final || !__atomic_load_n(&g_ending, __ATOMIC_RELAXED)) &&
-           ca_ring_take(&r, &tid, skip, &skipped)) {
-        if (r.nstack)
-            n += ca_stack_objects(g_ctx->pid, &r, g_text + n, CA_REC_TEXT_MAX);
-        n += ca_format_entry(g_ctx, &r, tid, &g_ids, g_text + n);
-        batch++;
+           ca_ring_take(&r, &tid, &text, skip, &skipped)) {
+        if (r.fn == CA_RAW_TEXT) { /* the objects of a call site, put by its thread */
+            memcpy(g_text + n, text, (size_t)r.bytes);
+            n += (size_t)r.bytes;
+        } else {
+            n += ca_format_entry(g_ctx, &r, tid, &g_ids, g_text + n);
+            batch++;
+        }
         count++;
         if (n >= BATCH_TEXT)
             flush(&n, &batch);
@@ -160,7 +164,7 @@ void ca_drain_kick(void)
     pthread_mutex_unlock(&g_wake_lock);
 }
 
-void ca_drain_full(const ca_rec *r, long tid)
+void ca_drain_full(const ca_rec *r, const char *text, size_t n, long tid)
 {
     uint64_t start = now_ns();
     do {
@@ -173,7 +177,7 @@ void ca_drain_full(const ca_rec *r, long tid)
             struct timespec pause = {0, 100000};
             nanosleep(&pause, NULL);
         }
-        if (ca_ring_put(r, tid) != 0)
+        if ((text ? ca_ring_put_text(text, n, tid) : ca_ring_put(r, tid)) != 0)
             return;
     } while (now_ns() - start < 200000000u);
     if (__atomic_fetch_add(&g_dropped, 1, __ATOMIC_RELAXED) == 0)

@@ -85,10 +85,15 @@ static size_t format_rest(const ca_ring_head *h, const ca_ring_done *done,
     static char text[CA_REC_TEXT_MAX + 256];
     ca_rec r;
     long tid;
+    const char *lines;
     size_t count = 0;
     uint64_t pos = done->raw_done;
     while (pos - done->raw_done < h->ring_size &&
-           ca_ring_read(ring, h->ring_size, &pos, 1, &r, &tid, skipped)) {
+           ca_ring_read(ring, h->ring_size, &pos, 1, &r, &tid, &lines, skipped)) {
+        if (r.fn == CA_RAW_TEXT) { /* the objects of a call site */
+            put(o, lines, (size_t)r.bytes);
+            continue;
+        }
         if (!ca_format_ready(r.fn))
             break;
         put(o, text, ca_format_entry(&ctx, &r, tid, &ids, text));

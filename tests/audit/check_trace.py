@@ -475,6 +475,26 @@ def case_stack_threads():
     check(not any("stack" in e for e in ev if e["name"] != "cuMemAlloc_v2"), "a free's stack")
 
 
+def case_stack_kill():
+    # A program killed by SIGKILL right after its allocations, before the formatter ran:
+    # once `cacheshim finish` has formatted its calls, every address of their stacks lies in
+    # an object the file describes, as when the program ends normally.
+    path = trace_file("kill.jsonl")
+    run("die", DEATHS["kill"], args=("kill", str(N_DIE)), CACHESHIM_TRACE_FORMAT="jsonl",
+        CACHESHIM_TRACE_FILE=path, CACHESHIM_TRACE_STACK="4")
+    with open(path, "rb") as f:
+        raw = f.read()
+    objects, ev = objects_and_records(jsonl(finish_killed("jsonl", path, raw).decode()))
+    allocs = [e for e in ev if e["name"] == "cuMemAlloc_v2"]
+    check(len(allocs) == N_DIE, f"{len(allocs)} allocations, expected {N_DIE}")
+    prog = [o for o in objects if o["object"].endswith("/audit_prog")]
+    check(len(prog) == 1, f"audit_prog not among {[o['object'] for o in objects]}")
+    lo = int(prog[0]["base"], 16) if prog else 0
+    hi = lo + os.path.getsize(PROG)
+    check(all(any(lo <= int(pc, 16) < hi for pc in e.get("stack", [])) for e in allocs),
+          f"an allocation whose stack does not reach the program: {allocs[:1]}")
+
+
 def case_stack_bind():
     # The cache as the first audit module, the tracer the second (what `cacheshim trace --cache`
     # sets): ld.so's table of objects does not know the second audit namespace (glibc 2.36),
