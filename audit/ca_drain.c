@@ -114,8 +114,11 @@ static void *drain_main(void *arg)
         size_t n = drain_locked(0);
         int stopped = g_stopped || __atomic_load_n(&g_ending, __ATOMIC_RELAXED);
         pthread_mutex_unlock(&g_lock);
-        if (stopped)
-            return NULL;
+        /* Stopped, the thread stays (the process ends): a thread the tracer made does not
+         * exit, as its stack's release calls ld.so's free, which a sanitizer's runtime
+         * replaces and which does not know the thread (it crashes). */
+        while (stopped)
+            pause(); /* every signal blocked: never returns */
         idle = n ? 0 : idle + 1;
         /* 1 ms while records come, 20 ms once none came for 20 rounds. */
         uint64_t wait = idle < 20 ? 1000000u : 20000000u;
@@ -131,6 +134,7 @@ static void *drain_main(void *arg)
         __atomic_store_n(&g_kicked, 0, __ATOMIC_RELAXED);
         pthread_mutex_unlock(&g_wake_lock);
     }
+    return NULL;
 }
 
 void ca_drain_start(const ca_fmt_ctx *c)

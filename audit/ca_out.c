@@ -418,6 +418,14 @@ static void helper_start(void)
         pthread_setname_np(t, "cacheshim-trace");
 }
 
+void ca_out_start_helper(void)
+{
+    pthread_mutex_lock(&g_grow_lock);
+    if (g_helper == 0 && g_mode == OUT_MAP)
+        helper_start();
+    pthread_mutex_unlock(&g_grow_lock);
+}
+
 /* The records passed the mark: wake the helper (started here, at the first time: not while
  * ld.so loads the program). Once per step of growth. */
 static void kick(size_t mark)

@@ -21,6 +21,11 @@ void ca_out_append(const char *p, size_t n, size_t records);
 /* The file's name when records go to a mapping of it (the formatter then writes alone,
  * ca_drain.c), else NULL (stderr, a pipe). Opens a pending file (a child's) first. */
 const char *ca_out_mapped_path(void);
+/* The thread that grows the file ahead, started now (else at the first growth): from a
+ * program's thread, before the formatter's thread appends. A thread the tracer made must not
+ * make threads: a sanitizer's runtime, whose calloc ld.so's TLS setup calls, does not know
+ * it. */
+void ca_out_start_helper(void);
 /* Bytes of text appended so far (a mapping), or SIZE_MAX once the file is finished (what
  * was appended since may not be in it); calls lost to write errors so far, and the error
  * (*error: "" while none). */

@@ -257,6 +257,7 @@ __attribute__((noinline, cold)) static int start_ring(void)
         if (pending[0]) {
             int err = ca_ring_create(pending, g_ctx.format, g_ctx.pid, g_ctx.t_origin);
             if (err == 0) {
+                ca_out_start_helper();
                 ca_drain_start(&g_ctx);
                 state = 1;
             } else {
