@@ -72,8 +72,18 @@ static size_t allocate(int fd, int *err)
 int ca_ring_create(const char *path, int format, int pid, uint64_t t_origin)
 {
     size_t size = 0;
-    if (strlen(path) >= sizeof g_path)
+    /* Kept absolute, for ca_ring_remove: the program may change its working directory
+     * before it ends (and another program's file of that name may be in the new one). */
+    size_t dir = 0;
+    if (path[0] != '/') {
+        if (!getcwd(g_path, sizeof g_path))
+            return errno;
+        dir = strlen(g_path);
+        g_path[dir++] = '/';
+    }
+    if (dir + strlen(path) >= sizeof g_path)
         return ENAMETOOLONG;
+    strcpy(g_path + dir, path);
     int fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (fd < 0)
         return errno;
@@ -116,7 +126,6 @@ int ca_ring_create(const char *path, int format, int pid, uint64_t t_origin)
     h->format = format;
     h->pid = pid;
     h->t_origin = t_origin;
-    strcpy(g_path, path);
     g_fd = fd;
     g_head = h;
     g_size = size;

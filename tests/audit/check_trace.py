@@ -539,6 +539,23 @@ def case_fork_perfetto():
     check(n == [6, 6], f"events per file {n}")
 
 
+def case_chdir():
+    # A relative CACHESHIM_TRACE_FILE, and a program that changes its working directory after
+    # its first traced call: at its end the file of its unformatted calls goes from where it
+    # was made, and a file of that name in the new directory (another program's) stays.
+    sub = os.path.join(WORK, "sub")
+    os.mkdir(sub)
+    with open(os.path.join(sub, "run.jsonl.pending"), "w") as f:
+        f.write("another program's")
+    run("chdir", args=(sub,), CACHESHIM_TRACE_FORMAT="jsonl", CACHESHIM_TRACE_FILE="run.jsonl")
+    check(not os.path.exists(os.path.join(WORK, "run.jsonl.pending")),
+          "run.jsonl.pending left where it was made")
+    check(os.path.exists(os.path.join(sub, "run.jsonl.pending")),
+          "the new directory's run.jsonl.pending removed")
+    ev = jsonl(read(os.path.join(WORK, "run.jsonl")))
+    check(count(ev, name="cuMemAlloc_v2") == 2, "2 allocations")
+
+
 def case_exit_thread():
     path = trace_file("trace.json")
     run("exit-thread", CACHESHIM_TRACE_FORMAT="perfetto", CACHESHIM_TRACE_FILE=path)
