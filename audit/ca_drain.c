@@ -1,6 +1,6 @@
 /* The formatter: raw records from the ring (ca_ring.c) into the trace's text (ca_format.c;
- * the objects of call sites, ca_stack.c) appended to the file (ca_out.c), in the order the
- * calls returned.
+ * the lines of the objects of call sites come as text, put by the calling thread) appended
+ * to the file (ca_out.c), in the order the calls returned.
  *
  * A thread of its own ("cacheshim-fmt") takes what the ring holds every millisecond while
  * records come (every 20 ms when none came for a while, or at once when a writer finds the
@@ -15,12 +15,12 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
+#include <string.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "ca_out.h"
 #include "ca_ring.h"
-#include "ca_stack.h"
 #include "cs_options.h"
 
 /* Text appended to the file at a time. */
@@ -34,6 +34,7 @@ static const ca_fmt_ctx *g_ctx;
 static ca_fmt_ids g_ids;
 static char g_text[BATCH_TEXT + 2 * CA_REC_TEXT_MAX + 256];
 static int g_stopped;          /* under g_lock: the process ends, nothing more is formatted */
+static int g_ending;           /* atomic: the end wants g_lock: its holder lets go of it */
 static uint64_t g_stuck_at;    /* the cursor where no whole record was, and since when */
 static uint64_t g_stuck_since;
 static uint64_t g_dropped;     /* atomic: records with no room (ca_drain_full) */
@@ -63,26 +64,34 @@ static size_t drain_locked(int final)
 {
     ca_rec r;
     long tid;
+    const char *text;
     unsigned skipped = 0;
     size_t count = 0, n = 0, batch = 0;
     int skip = final;
     if (!final && ca_ring_used() > 0 && g_stuck_since &&
         g_stuck_at == ca_ring_cursor() && now_ns() - g_stuck_since > STUCK_NS)
         skip = 1;
-    while (!g_stopped && ca_ring_take(&r, &tid, skip, &skipped)) {
-        if (r.nstack)
-            n += ca_stack_objects(g_ctx->pid, &r, g_text + n, CA_REC_TEXT_MAX);
-        n += ca_format_entry(g_ctx, &r, tid, &g_ids, g_text + n);
-        batch++;
+    while (!g_stopped && (final || !__atomic_load_n(&g_ending, __ATOMIC_RELAXED)) &&
+           ca_ring_take(&r, &tid, &text, skip, &skipped)) {
+        if (r.fn == CA_RAW_TEXT) { /* the objects of a call site, put by its thread */
+            memcpy(g_text + n, text, (size_t)r.bytes);
+            n += (size_t)r.bytes;
+        } else {
+            n += ca_format_entry(g_ctx, &r, tid, &g_ids, g_text + n);
+            batch++;
+        }
         count++;
         if (n >= BATCH_TEXT)
             flush(&n, &batch);
     }
     flush(&n, &batch);
-    if (count || skipped) {
+    /* Not once the file is finished (the end gave up waiting for this lock): the text may
+     * not be in it, so the records stay in the ring for ca_recover. */
+    size_t end = ca_out_end();
+    if ((count || skipped) && end != SIZE_MAX) {
         const char *error;
         uint64_t lost = ca_out_lost(&error);
-        ca_ring_consumed(ca_out_end(), lost, error);
+        ca_ring_consumed(end, lost, error);
     }
     /* Whole records behind one that is not: remember where and since when. */
     if (ca_ring_used() > 0) {
@@ -103,7 +112,7 @@ static void *drain_main(void *arg)
     for (;;) {
         pthread_mutex_lock(&g_lock);
         size_t n = drain_locked(0);
-        int stopped = g_stopped;
+        int stopped = g_stopped || __atomic_load_n(&g_ending, __ATOMIC_RELAXED);
         pthread_mutex_unlock(&g_lock);
         if (stopped)
             break;
@@ -161,7 +170,7 @@ void ca_drain_kick(void)
     pthread_mutex_unlock(&g_wake_lock);
 }
 
-void ca_drain_full(const ca_rec *r, long tid)
+void ca_drain_full(const ca_rec *r, const char *text, size_t n, long tid)
 {
     uint64_t start = now_ns();
     do {
@@ -174,7 +183,7 @@ void ca_drain_full(const ca_rec *r, long tid)
             struct timespec pause = {0, 100000};
             nanosleep(&pause, NULL);
         }
-        if (ca_ring_put(r, tid) != 0)
+        if ((text ? ca_ring_put_text(text, n, tid) : ca_ring_put(r, tid)) != 0)
             return;
     } while (now_ns() - start < 200000000u);
     if (__atomic_fetch_add(&g_dropped, 1, __ATOMIC_RELAXED) == 0)
@@ -184,6 +193,10 @@ void ca_drain_full(const ca_rec *r, long tid)
 
 int ca_drain_finish(void)
 {
+    /* The formatter (or a writer whose ring is full) may be in the middle of a long batch:
+     * it stops at its next record, so the lock is had at once unless its holder is stopped
+     * for good. */
+    __atomic_store_n(&g_ending, 1, __ATOMIC_RELAXED);
     int locked = 0;
     for (int i = 0; i < 1000 && !(locked = pthread_mutex_trylock(&g_lock) == 0); i++)
         usleep(100);

@@ -520,10 +520,18 @@ const char *ca_out_mapped_path(void)
     return mode == OUT_MAP ? g_path : NULL;
 }
 
+/* What g_off becomes at the end: no reservation succeeds after it (no record is copied past
+ * the end of the cut file, which would be a SIGBUS), and off + n cannot overflow. */
+#define OFF_CLOSED (SIZE_MAX / 2)
+
 size_t ca_out_end(void)
 {
     size_t off = __atomic_load_n(&g_off, __ATOMIC_ACQUIRE);
-    return off > g_mapped ? g_mapped : off;
+    /* g_finished after g_off: a record not written because the end had begun is seen here */
+    if (off >= OFF_CLOSED || __atomic_load_n(&g_finished, __ATOMIC_ACQUIRE))
+        return SIZE_MAX;
+    size_t mapped = __atomic_load_n(&g_mapped, __ATOMIC_RELAXED); /* the helper grows it */
+    return off > mapped ? mapped : off;
 }
 
 uint64_t ca_out_lost(const char **error)
@@ -533,10 +541,6 @@ uint64_t ca_out_lost(const char **error)
 }
 
 /* ---- the end ---------------------------------------------------------------------------------- */
-
-/* What g_off becomes at the end: no reservation succeeds after it (no record is copied past
- * the end of the cut file, which would be a SIGBUS), and off + n cannot overflow. */
-#define OFF_CLOSED (SIZE_MAX / 2)
 
 void ca_out_finish(void)
 {

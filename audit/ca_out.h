@@ -26,8 +26,9 @@ const char *ca_out_mapped_path(void);
  * create must not create threads: ld.so allocates a new thread's TLS with the program's
  * malloc, which a sanitizer's runtime serves only on threads it knows.) */
 void ca_out_single_writer(void);
-/* Bytes of text appended so far (a mapping); calls lost to write errors so far, and the
- * error (*error: "" while none). */
+/* Bytes of text appended so far (a mapping), or SIZE_MAX once the file is finished (what
+ * was appended since may not be in it); calls lost to write errors so far, and the error
+ * (*error: "" while none). */
 size_t ca_out_end(void);
 uint64_t ca_out_lost(const char **error);
 /* The end: the file trimmed to what was written and completed (Chrome trace: "]}"), the

@@ -50,11 +50,16 @@ static int fail(char *msg, size_t cap, const char *pending, const char *what, in
     return CA_RECOVER_ERROR;
 }
 
-/* The header, checked: this version's, with a ring of a size it makes. */
+/* The header, checked: this version's, with a ring of a size it makes; its error text ended
+ * and made fit for a JSON string (it goes into the note as it is). */
 static int read_head(int fd, ca_ring_head *h)
 {
     if (pread(fd, h, sizeof *h, 0) != (ssize_t)sizeof *h)
         return 0;
+    h->error[sizeof h->error - 1] = '\0';
+    for (char *c = h->error; *c; c++)
+        if (*c < 0x20 || *c > 0x7e || *c == '"' || *c == '\\')
+            *c = '?';
     int size_ok = 0;
     for (size_t s = CA_RING_SIZE; s >= CA_RING_SIZE / 64; s /= 8)
         size_ok |= h->ring_size == s;
@@ -85,10 +90,15 @@ static size_t format_rest(const ca_ring_head *h, const ca_ring_done *done,
     static char text[CA_REC_TEXT_MAX + 256];
     ca_rec r;
     long tid;
+    const char *lines;
     size_t count = 0;
     uint64_t pos = done->raw_done;
     while (pos - done->raw_done < h->ring_size &&
-           ca_ring_read(ring, h->ring_size, &pos, 1, &r, &tid, skipped)) {
+           ca_ring_read(ring, h->ring_size, &pos, 1, &r, &tid, &lines, skipped)) {
+        if (r.fn == CA_RAW_TEXT) { /* the objects of a call site */
+            put(o, lines, (size_t)r.bytes);
+            continue;
+        }
         if (!ca_format_ready(r.fn))
             break;
         put(o, text, ca_format_entry(&ctx, &r, tid, &ids, text));

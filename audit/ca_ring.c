@@ -72,8 +72,18 @@ static size_t allocate(int fd, int *err)
 int ca_ring_create(const char *path, int format, int pid, uint64_t t_origin)
 {
     size_t size = 0;
-    if (strlen(path) >= sizeof g_path)
+    /* Kept absolute, for ca_ring_remove: the program may change its working directory
+     * before it ends (and another program's file of that name may be in the new one). */
+    size_t dir = 0;
+    if (path[0] != '/') {
+        if (!getcwd(g_path, sizeof g_path))
+            return errno;
+        dir = strlen(g_path);
+        g_path[dir++] = '/';
+    }
+    if (dir + strlen(path) >= sizeof g_path)
         return ENAMETOOLONG;
+    strcpy(g_path + dir, path);
     int fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (fd < 0)
         return errno;
@@ -116,7 +126,6 @@ int ca_ring_create(const char *path, int format, int pid, uint64_t t_origin)
     h->format = format;
     h->pid = pid;
     h->t_origin = t_origin;
-    strcpy(g_path, path);
     g_fd = fd;
     g_head = h;
     g_size = size; /* the positions are 0: at the start, and after fork (ca_ring_fork_child) */
@@ -126,6 +135,8 @@ int ca_ring_create(const char *path, int format, int pid, uint64_t t_origin)
 
 void ca_ring_prefetch(unsigned fn)
 {
+    /* Acquire: g_size, written before the ring is published, is read below (a plain load
+     * that may otherwise come first, and find 0). */
     unsigned char *ring = __atomic_load_n(&g_ring, __ATOMIC_ACQUIRE);
     if (!ring)
         return;
@@ -137,22 +148,50 @@ void ca_ring_prefetch(unsigned fn)
     __builtin_prefetch(ca_desc(fn), 0);
 }
 
+/* len bytes of the ring for the caller alone: its head with the length set (so that a
+ * reader can pass over a record whose thread never sealed it), or NULL when there is no
+ * room now; *pos its position, *used the bytes in use with it. */
+static ca_raw_head *reserve(size_t len, uint64_t *pos, size_t *used)
+{
+    uint64_t p = __atomic_load_n(&g_pos.put, __ATOMIC_RELAXED);
+    do {
+        *used = (size_t)(p + len - __atomic_load_n(&g_pos.taken, __ATOMIC_ACQUIRE));
+        if (*used > g_size)
+            return NULL;
+    } while (!__atomic_compare_exchange_n(&g_pos.put, &p, p + len, 1, __ATOMIC_RELAXED,
+                                          __ATOMIC_RELAXED));
+    ca_raw_head *h = (ca_raw_head *)(g_ring + p % g_size);
+    __atomic_store_n(&h->len, (uint32_t)len, __ATOMIC_RELAXED);
+    *pos = p;
+    return h;
+}
+
+size_t ca_ring_put_text(const char *text, size_t n, long tid)
+{
+    uint64_t pos;
+    size_t used;
+    ca_raw_head *h = reserve(raw_len(0, 0, 0, (unsigned)n), &pos, &used);
+    if (!h)
+        return 0;
+    h->tid = (uint32_t)tid;
+    h->fn = CA_RAW_TEXT;
+    h->bytes = (int64_t)n;
+    memcpy(h + 1, text, n);
+    ((char *)(h + 1))[n] = '\0';
+    __atomic_store_n(&h->seal, ~pos, __ATOMIC_RELEASE);
+    return used;
+}
+
 size_t ca_ring_put(const ca_rec *r, long tid)
 {
     unsigned nargs = ca_desc(r->fn)->nparams;
     unsigned nstr = r->str[0] ? (unsigned)strnlen(r->str, CA_STR_MAX) : 0;
-    size_t len = raw_len(nargs, r->nout, r->nstack, nstr), used;
-    uint64_t pos = __atomic_load_n(&g_pos.put, __ATOMIC_RELAXED);
-    do {
-        used = (size_t)(pos + len - __atomic_load_n(&g_pos.taken, __ATOMIC_ACQUIRE));
-        if (used > g_size)
-            return 0;
-    } while (!__atomic_compare_exchange_n(&g_pos.put, &pos, pos + len, 1, __ATOMIC_RELAXED,
-                                          __ATOMIC_RELAXED));
-    ca_raw_head *h = (ca_raw_head *)(g_ring + pos % g_size);
-    /* The length first, so that a reader can pass over a record whose thread never sealed
-     * it; then the values; the seal last. */
-    __atomic_store_n(&h->len, (uint32_t)len, __ATOMIC_RELAXED);
+    uint64_t pos;
+    size_t used;
+    ca_raw_head *h = reserve(raw_len(nargs, r->nout, r->nstack, nstr), &pos, &used);
+    if (!h)
+        return 0;
+    /* The values, then the seal. */
     h->tid = (uint32_t)tid;
     h->t0 = r->t0;
     h->t1 = r->t1;
@@ -198,14 +237,14 @@ size_t ca_ring_used(void)
                     __atomic_load_n(&g_pos.taken, __ATOMIC_RELAXED));
 }
 
-int ca_ring_take(ca_rec *r, long *tid, int skip, unsigned *skipped)
+int ca_ring_take(ca_rec *r, long *tid, const char **text, int skip, unsigned *skipped)
 {
     uint64_t pos = g_pos.read;
     /* put read again only when the records seen before are taken: its line is the
      * writers'. */
     if (pos == g_pos.read_end)
         g_pos.read_end = __atomic_load_n(&g_pos.put, __ATOMIC_ACQUIRE);
-    if (pos == g_pos.read_end || !ca_ring_read(g_ring, g_size, &pos, skip, r, tid, skipped))
+    if (pos == g_pos.read_end || !ca_ring_read(g_ring, g_size, &pos, skip, r, tid, text, skipped))
         return 0;
     g_pos.read = pos; /* its room stays taken until its text is in the file (ca_ring_consumed) */
     return 1;
@@ -264,7 +303,7 @@ static int whole(const unsigned char *ring, size_t size, uint64_t pos)
 }
 
 int ca_ring_read(const unsigned char *ring, size_t size, uint64_t *pos, int skip, ca_rec *r,
-                 long *tid, unsigned *skipped)
+                 long *tid, const char **text, unsigned *skipped)
 {
     uint64_t p = *pos;
     if (p % 8) /* records are whole multiples of 8 bytes: a header that says otherwise lies */
@@ -280,6 +319,17 @@ int ca_ring_read(const unsigned char *ring, size_t size, uint64_t *pos, int skip
         ++*skipped;
     }
     /* What the writer wrote is checked again here: a file a process left may hold anything. */
+    if (h->fn == CA_RAW_TEXT) {
+        if (h->bytes <= 0 || h->bytes > CA_RAW_TEXT_MAX ||
+            h->len != raw_len(0, 0, 0, (unsigned)h->bytes))
+            return 0;
+        r->fn = CA_RAW_TEXT;
+        r->bytes = h->bytes;
+        *text = (const char *)(h + 1);
+        *tid = (long)h->tid;
+        *pos = p + h->len;
+        return 1;
+    }
     if (h->fn >= CA_FN_COUNT || h->nargs != ca_desc(h->fn)->nparams || h->nout > CA_MAX_OUTS ||
         h->nstack > CA_STACK_MAX || h->nstr > CA_STR_MAX || h->len > size ||
         h->len != raw_len(h->nargs, h->nout, h->nstack, h->nstr))

@@ -28,9 +28,17 @@
 #ifndef CA_RING_SIZE /* the fuzzer's build makes it small */
 #define CA_RING_SIZE ((size_t)8 << 20)
 #endif
-/* The longest record: the head, every value, the string with its 0 byte, rounded up. */
+/* A record of text (fn CA_RAW_TEXT, bytes its length, at most CA_RAW_TEXT_MAX): lines the
+ * formatter copies as they are. JSON Lines with call sites: the lines describing the objects
+ * of a call's stack met for the first time, put by the calling thread just before the call's
+ * record, so that what a killed process leaves in the ring describes them too. */
+#define CA_RAW_TEXT 0xffffu
+#define CA_RAW_TEXT_MAX 4096
+/* The longest record: the head, every value, the string with its 0 byte, rounded up; or a
+ * text's. */
 #define CA_RAW_MAX \
-    (sizeof(ca_raw_head) + 8 * (CA_MAX_PARAMS + CA_MAX_OUTS + CA_STACK_MAX) + CA_STR_MAX + 8)
+    (sizeof(ca_raw_head) + 8 * (CA_MAX_PARAMS + CA_MAX_OUTS + CA_STACK_MAX) + CA_STR_MAX + 8 + \
+     CA_RAW_TEXT_MAX)
 /* Suffix of the pending file's name. */
 #define CA_RING_SUFFIX ".pending"
 
@@ -83,14 +91,17 @@ void ca_ring_prefetch(unsigned fn);
 /* r (of thread tid) into the ring: the bytes in use with it, or 0 when the ring has no room
  * for it now. Any thread, no lock; async-signal-safe. */
 size_t ca_ring_put(const ca_rec *r, long tid);
+/* The same for n bytes of text (n at most CA_RAW_TEXT_MAX). */
+size_t ca_ring_put_text(const char *text, size_t n, long tid);
 /* The ring's size; bytes put whose text is not yet in the file; the consumer's cursor (its
  * position). */
 size_t ca_ring_size(void);
 size_t ca_ring_used(void);
 uint64_t ca_ring_cursor(void);
 /* The consumer (one at a time, under the formatter's lock): the next whole record, decoded
- * into *r (*tid its thread); 1, or 0 when there is none yet. skip: see ca_ring_read. */
-int ca_ring_take(ca_rec *r, long *tid, int skip, unsigned *skipped);
+ * into *r (*tid its thread, *text a text's bytes); 1, or 0 when there is none yet. skip: see
+ * ca_ring_read. */
+int ca_ring_take(ca_rec *r, long *tid, const char **text, int skip, unsigned *skipped);
 /* The records taken so far are in the file, whose text now ends at text_end: noted in the
  * header, and their room given back. */
 void ca_ring_consumed(uint64_t text_end, uint64_t lost, const char *error);
@@ -102,11 +113,12 @@ void ca_ring_fork_child(void);
 /* ---- reading a file a process left (ca_recover.c) ------------------------------------- */
 
 /* The record at position *pos of a ring of size bytes whose memory holds it twice in a
- * row (mapped twice, or read twice), decoded into *r and *tid: 1, and *pos moved past it;
+ * row (mapped twice, or read twice), decoded into *r and *tid: 1, and *pos moved past it
+ * (a record of text: r->fn CA_RAW_TEXT, r->bytes its length, *text its bytes in ring);
  * 0 when no whole record of that position is there. skip: a record never sealed (its thread
  * stopped in the middle of its put, or killed) is passed over, and counted in *skipped,
  * when its length is plausible and the record after it is whole. */
 int ca_ring_read(const unsigned char *ring, size_t size, uint64_t *pos, int skip, ca_rec *r,
-                 long *tid, unsigned *skipped);
+                 long *tid, const char **text, unsigned *skipped);
 
 #endif

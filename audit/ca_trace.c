@@ -277,6 +277,16 @@ __attribute__((noinline)) static void write_here(ca_thread *t, const ca_rec *r)
         ca_out_append(t->text, n, 1);
 }
 
+/* JSON Lines: the lines of the objects of r's call site not yet described in this file,
+ * into the ring ahead of r, from this thread: a process killed before its formatter ran
+ * leaves them in the ring with r (ca_recover.c). */
+__attribute__((noinline)) static void put_objects(ca_thread *t, const ca_rec *r)
+{
+    size_t n = ca_stack_objects(g_ctx.pid, r, t->text, CA_RAW_TEXT_MAX);
+    if (n > 0 && ca_ring_put_text(t->text, n, t->tid) == 0)
+        ca_drain_full(NULL, t->text, n, t->tid);
+}
+
 void ca_end(ca_rec *r, int result)
 {
     ca_thread *t = t_self;
@@ -292,10 +302,12 @@ void ca_end(ca_rec *r, int result)
         if (__builtin_expect(ring == 0, 0))
             ring = start_ring();
         size_t used;
+        if (ring > 0 && r->nstack)
+            put_objects(t, r);
         if (ring < 0)
             write_here(t, r);
         else if (__builtin_expect((used = ca_ring_put(r, t->tid)) == 0, 0))
-            ca_drain_full(r, t->tid);
+            ca_drain_full(r, NULL, 0, t->tid);
         else if (used > ca_ring_size() / 4)
             ca_drain_kick();
     }

@@ -75,6 +75,14 @@ static void direct(void)
     CHECK(cuMemFree((CUdeviceptr)0x1234) != CUDA_SUCCESS); /* not ours: an error */
 }
 
+/* chdir DIR: a pair, the working directory changed to DIR, a pair. */
+static void pairs_around_chdir(const char *dir)
+{
+    pair(4096);
+    CHECK(chdir(dir) == 0);
+    pair(4096);
+}
+
 /* dlsym: 2 + 2 through dlsym on a dlopened libcuda. */
 static void via_dlsym(void)
 {
@@ -452,6 +460,8 @@ int main(int argc, char **argv)
         direct();
     else if (strcmp(s, "dlsym") == 0)
         via_dlsym();
+    else if (strcmp(s, "chdir") == 0 && argc > 2)
+        pairs_around_chdir(argv[2]);
     else if (strcmp(s, "procaddr") == 0)
         via_procaddr();
     else if (strcmp(s, "runtime") == 0)

@@ -12,10 +12,14 @@ Usage: check_cut.py REPORT REPLAY AUDIT_LIB PROG FAKE_DIR CUDART_DIR
 - busy: a program killed by SIGKILL while 8 threads are in the middle of driver calls: its
   trace is whole lines and zero bytes, the rest of its calls in TRACE.pending; cacheshim-report
   formats them into the file first (and says so), then both tools count every record of it.
+- pending: a killed program's TRACE.pending damaged (cut short, a header of another kind,
+  positions and lengths out of range, an error text without its end): cacheshim-report says
+  one line about it, never crashes, and reads the trace; what it formats is valid JSON.
 """
 import json
 import os
 import re
+import struct
 import subprocess
 import sys
 import tempfile
@@ -110,8 +114,56 @@ def part_busy():
     check("at least 200 pairs a thread", whole >= 8 * 200, True)
 
 
+# Offsets in the header of TRACE.pending (audit/ca_ring.h, ca_ring_head).
+GEN, DONE, ERROR = 56, 64, 112
+
+
+def part_pending():
+    path = os.path.join(WORK, "pending.jsonl")
+    trace = record("die-busy", "kill", rc=-9, path=path)
+    with open(path + ".pending", "rb") as f:
+        pending = f.read()
+    slot = DONE + 24 * (struct.unpack_from("<Q", pending, GEN)[0] & 1)
+
+    def patched(at, fmt, value):
+        p = bytearray(pending)
+        struct.pack_into(fmt, p, at, value)
+        return bytes(p)
+
+    unended = bytearray(patched(slot + 16, "<Q", 3))  # 3 calls lost, and an error text
+    unended[ERROR:ERROR + 160] = b"A" * 160           # without its 0 byte
+    cases = {"empty": b"", "cut in its header": pending[:100],
+             "cut in its ring": pending[:5000], "another magic": b"X" + pending[1:],
+             "raw_done out of range": patched(slot, "<Q", 2**64 - 8),
+             "text_end past the trace": patched(slot + 8, "<Q", 2**62),
+             "an error without its end": bytes(unended)}
+    for what, data in cases.items():
+        with open(path, "wb") as f:
+            f.write(trace)
+        with open(path + ".pending", "wb") as f:
+            f.write(data)
+        rep = subprocess.run([REPORT, path], capture_output=True, timeout=60)
+        err = rep.stderr.decode("utf-8", "replace")
+        said = [l for l in err.splitlines() if "formatted into it" in l or "cannot finish" in l]
+        check(f"{what}: report's exit status ({err[-300:]!r})", rep.returncode, 0)
+        check(f"{what}: one line about the pending file ({err[-300:]!r})", len(said), 1)
+        with open(path, "rb") as f:
+            text = f.read().rstrip(b"\0")
+        for line in text.splitlines():
+            try:
+                json.loads(line)
+            except ValueError:
+                check(f"{what}: a line of the trace that is not JSON", line[-200:], None)
+                break
+    try:
+        note = json.loads(text.splitlines()[-1])
+    except ValueError:
+        note = text.splitlines()[-1][-80:]
+    check("the note of an error without its end", note, {"cacheshim_lost": 3, "error": "A" * 159})
+
+
 if __name__ == "__main__":
-    {"cut": part_cut, "busy": part_busy}[sys.argv[7]]()
+    {"cut": part_cut, "busy": part_busy, "pending": part_pending}[sys.argv[7]]()
     for f in failures[:20]:
         print("FAIL", f, file=sys.stderr)
     print(f"{sys.argv[7]}: {len(failures)} failures")

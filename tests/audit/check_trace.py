@@ -475,6 +475,26 @@ def case_stack_threads():
     check(not any("stack" in e for e in ev if e["name"] != "cuMemAlloc_v2"), "a free's stack")
 
 
+def case_stack_kill():
+    # A program killed by SIGKILL right after its allocations, before the formatter ran:
+    # once `cacheshim finish` has formatted its calls, every address of their stacks lies in
+    # an object the file describes, as when the program ends normally.
+    path = trace_file("kill.jsonl")
+    run("die", DEATHS["kill"], args=("kill", str(N_DIE)), CACHESHIM_TRACE_FORMAT="jsonl",
+        CACHESHIM_TRACE_FILE=path, CACHESHIM_TRACE_STACK="4")
+    with open(path, "rb") as f:
+        raw = f.read()
+    objects, ev = objects_and_records(jsonl(finish_killed("jsonl", path, raw).decode()))
+    allocs = [e for e in ev if e["name"] == "cuMemAlloc_v2"]
+    check(len(allocs) == N_DIE, f"{len(allocs)} allocations, expected {N_DIE}")
+    prog = [o for o in objects if o["object"].endswith("/audit_prog")]
+    check(len(prog) == 1, f"audit_prog not among {[o['object'] for o in objects]}")
+    lo = int(prog[0]["base"], 16) if prog else 0
+    hi = lo + os.path.getsize(PROG)
+    check(all(any(lo <= int(pc, 16) < hi for pc in e.get("stack", [])) for e in allocs),
+          f"an allocation whose stack does not reach the program: {allocs[:1]}")
+
+
 def case_stack_bind():
     # The cache as the first audit module, the tracer the second (what `cacheshim trace --cache`
     # sets): ld.so's table of objects does not know the second audit namespace (glibc 2.36),
@@ -517,6 +537,23 @@ def case_fork_perfetto():
     n = sorted(sum(e["ph"] == "X" for e in json.loads(read(os.path.join(WORK, f)))["traceEvents"])
                for f in files)
     check(n == [6, 6], f"events per file {n}")
+
+
+def case_chdir():
+    # A relative CACHESHIM_TRACE_FILE, and a program that changes its working directory after
+    # its first traced call: at its end the file of its unformatted calls goes from where it
+    # was made, and a file of that name in the new directory (another program's) stays.
+    sub = os.path.join(WORK, "sub")
+    os.mkdir(sub)
+    with open(os.path.join(sub, "run.jsonl.pending"), "w") as f:
+        f.write("another program's")
+    run("chdir", args=(sub,), CACHESHIM_TRACE_FORMAT="jsonl", CACHESHIM_TRACE_FILE="run.jsonl")
+    check(not os.path.exists(os.path.join(WORK, "run.jsonl.pending")),
+          "run.jsonl.pending left where it was made")
+    check(os.path.exists(os.path.join(sub, "run.jsonl.pending")),
+          "the new directory's run.jsonl.pending removed")
+    ev = jsonl(read(os.path.join(WORK, "run.jsonl")))
+    check(count(ev, name="cuMemAlloc_v2") == 2, "2 allocations")
 
 
 def case_exit_thread():

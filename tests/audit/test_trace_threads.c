@@ -11,14 +11,23 @@
  *                                    the threads meet the objects of their stacks at once
  *                                    (here libc's, as the test program is the tracer's own
  *                                    code): each object's line is in the file exactly once,
- *                                    every record has its stack */
+ *                                    every record has its stack
+ *   test_audit_trace_threads stall   the process ends while a thread forks (ca_fork_prepare
+ *                                    to ca_fork_parent, 300 ms as for a large process): the
+ *                                    formatter's lock is held for longer than the end waits
+ *                                    for it, so the end leaves the ring's file; what the trace
+ *                                    file and the ring hold then make every call exactly once
+ *                                    (ca_recover) */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "ca_format.h"
+#include "ca_ring.h"
+#include "ca_recover.h"
 #include "ca_stack.h"
 #include "ca_trace.h"
 #include "cs_options.h"
@@ -26,7 +35,7 @@
 #define THREADS 8
 #define CALLS 3000
 
-static int done, stop, end_early;
+static int done, stop, end_early, forking;
 
 static void record(int i)
 {
@@ -52,8 +61,71 @@ static void *worker(void *arg)
     return NULL;
 }
 
+static void *slow_fork(void *arg)
+{
+    (void)arg;
+    ca_fork_prepare();
+    __atomic_store_n(&forking, 1, __ATOMIC_RELEASE);
+    usleep(300000);
+    ca_fork_parent();
+    return NULL;
+}
+
+/* stall: in a child, the calls made on its main thread while another thread forks, then the
+ * end; the child gone (its lock on the ring's file with it), what it left recovered. */
+static int stall(void)
+{
+    char dir[] = "/tmp/ca-ring-XXXXXX", trace[64], ring[80];
+    if (!mkdtemp(dir))
+        return 1;
+    snprintf(trace, sizeof trace, "%s/trace", dir);
+    snprintf(ring, sizeof ring, "%s" CA_RING_SUFFIX, trace);
+    FILE *f = fopen(trace, "w+");
+    if (!f)
+        return 1;
+    pid_t pid = fork();
+    if (pid == 0) {
+        ca_trace_init_fd(dup(fileno(f)), CS_TRACE_JSONL, "memory", ring);
+        record(CALLS); /* the ring made */
+        pthread_t t;
+        pthread_create(&t, NULL, slow_fork, NULL);
+        while (!__atomic_load_n(&forking, __ATOMIC_ACQUIRE))
+            usleep(100);
+        for (int i = 0; i < CALLS; i++)
+            record(i);
+        ca_trace_exit();
+        pthread_join(t, NULL);
+        usleep(100000); /* the formatter's turn */
+        _exit(0);
+    }
+    int status;
+    if (pid < 0 || waitpid(pid, &status, 0) != pid || status != 0)
+        return 1;
+    char msg[9000];
+    int rc = ca_recover(trace, msg, sizeof msg);
+    printf("ca_recover: %d %s\n", rc, rc == CA_RECOVER_NONE ? "" : msg);
+    int ring_left = access(ring, F_OK) == 0;
+    long lines = 0, sum = 0;
+    static char line[CA_REC_TEXT_MAX + 2];
+    rewind(f);
+    while (fgets(line, sizeof line, f)) {
+        const char *b = strstr(line, "\"bytesize\":");
+        lines++;
+        sum += b ? atol(b + 11) : 0;
+    }
+    unlink(ring);
+    unlink(trace);
+    rmdir(dir);
+    long want_sum = (long)CALLS * (CALLS - 1) / 2 + CALLS;
+    printf("%ld lines (expected %d), size sum %ld (expected %ld)%s\n", lines, CALLS + 1, sum,
+           want_sum, ring_left ? ", the ring's file left" : "");
+    return lines == CALLS + 1 && sum == want_sum && !ring_left ? 0 : 1;
+}
+
 int main(int argc, char **argv)
 {
+    if (argc > 1 && strcmp(argv[1], "stall") == 0)
+        return stall();
     end_early = argc > 1 && strcmp(argv[1], "end") == 0;
     int stacks = argc > 1 && strcmp(argv[1], "stack") == 0;
     int with_ring = !(argc > 2 && strcmp(argv[2], "inline") == 0);
