@@ -25,9 +25,6 @@
 
 /* Text appended to the file at a time. */
 #define BATCH_TEXT ((size_t)64 << 10)
-/* A record left unsealed this long at the cursor, with whole ones after it, is passed over:
- * its thread stopped in the middle of its put (a signal handler that never returned). */
-#define STUCK_NS 100000000ull
 
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER; /* the consumer's */
 static const ca_fmt_ctx *g_ctx;
@@ -35,8 +32,6 @@ static ca_fmt_ids g_ids;
 static char g_text[BATCH_TEXT + 2 * CA_REC_TEXT_MAX + 256];
 static int g_stopped;          /* under g_lock: the process ends, nothing more is formatted */
 static int g_ending;           /* atomic: the end wants g_lock: its holder lets go of it */
-static uint64_t g_stuck_at;    /* the cursor where no whole record was, and since when */
-static uint64_t g_stuck_since;
 static uint64_t g_dropped;     /* atomic: records with no room (ca_drain_full) */
 
 /* Waking the thread. */
@@ -67,10 +62,11 @@ static size_t drain_locked(int final)
     const char *text;
     unsigned skipped = 0;
     size_t count = 0, n = 0, batch = 0;
+    /* A record not sealed yet stops the formatting until its thread seals it (a thread
+     * paused in the middle of its put, by a signal handler or a debugger, holds it up; its
+     * room must not be given back while it may still write there). Only at the end, once
+     * the writers are done, is one that stays unsealed passed over. */
     int skip = final;
-    if (!final && ca_ring_used() > 0 && g_stuck_since &&
-        g_stuck_at == ca_ring_cursor() && now_ns() - g_stuck_since > STUCK_NS)
-        skip = 1;
     while (!g_stopped && (final || !__atomic_load_n(&g_ending, __ATOMIC_RELAXED)) &&
            ca_ring_take(&r, &tid, &text, skip, &skipped)) {
         if (r.fn == CA_RAW_TEXT) { /* the objects of a call site, put by its thread */
@@ -92,15 +88,6 @@ static size_t drain_locked(int final)
         const char *error;
         uint64_t lost = ca_out_lost(&error);
         ca_ring_consumed(end, lost, error);
-    }
-    /* Whole records behind one that is not: remember where and since when. */
-    if (ca_ring_used() > 0) {
-        if (g_stuck_at != ca_ring_cursor() || !g_stuck_since) {
-            g_stuck_at = ca_ring_cursor();
-            g_stuck_since = now_ns();
-        }
-    } else {
-        g_stuck_since = 0;
     }
     return count;
 }
@@ -229,6 +216,5 @@ void ca_drain_fork_child(void)
     pthread_mutex_init(&g_lock, NULL);
     pthread_mutex_init(&g_wake_lock, NULL);
     g_kicked = 0;
-    g_stuck_since = 0;
     g_ids.len = 0;
 }

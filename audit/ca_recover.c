@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -127,6 +128,25 @@ static void finish(const ca_ring_head *h, const ca_ring_done *done, out_file *o)
     }
 }
 
+/* The pending file's lock: 1 taken, 0 held by its process, still alive (h->pid; 0 when the
+ * header cannot be read), -1 an error. A lock held while its process is gone is another
+ * tool's, finishing the same trace: waited for, up to 10 s. */
+static int take_lock(int fd, ca_ring_head *h)
+{
+    for (int i = 0; i < 1000; i++) {
+        if (flock(fd, LOCK_EX | LOCK_NB) == 0)
+            return 1;
+        if (errno != EWOULDBLOCK)
+            return -1;
+        int pid = read_head(fd, h) ? h->pid : 0;
+        h->pid = pid;
+        if (pid <= 0 || kill(pid, 0) == 0 || errno == EPERM)
+            return 0;
+        usleep(10000);
+    }
+    return 0;
+}
+
 int ca_recover(const char *trace, char *msg, size_t cap)
 {
     char pending[4200];
@@ -136,15 +156,22 @@ int ca_recover(const char *trace, char *msg, size_t cap)
     if (pfd < 0)
         return errno == ENOENT ? CA_RECOVER_NONE : fail(msg, cap, pending, "open", errno);
     ca_ring_head h;
-    if (flock(pfd, LOCK_EX | LOCK_NB) != 0) {
-        int busy = errno == EWOULDBLOCK;
-        int pid = read_head(pfd, &h) ? h.pid : 0;
+    int locked = take_lock(pfd, &h);
+    if (locked < 0) {
+        int err = errno;
         close(pfd);
-        if (!busy)
-            return fail(msg, cap, pending, "flock", errno);
+        return fail(msg, cap, pending, "flock", err);
+    }
+    if (!locked) {
+        close(pfd);
         snprintf(msg, cap, "'%s' is still being written by process %d: read as far as it is",
-                 trace, pid);
+                 trace, h.pid);
         return CA_RECOVER_BUSY;
+    }
+    struct stat pst;
+    if (fstat(pfd, &pst) == 0 && pst.st_nlink == 0) { /* another tool finished it meanwhile */
+        close(pfd);
+        return CA_RECOVER_NONE;
     }
     int rc = CA_RECOVER_ERROR;
     unsigned char *ring = NULL;

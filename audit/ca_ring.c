@@ -221,11 +221,6 @@ size_t ca_ring_put(const ca_rec *r, long tid)
     return used;
 }
 
-uint64_t ca_ring_cursor(void)
-{
-    return g_pos.read;
-}
-
 size_t ca_ring_size(void)
 {
     return g_size;
@@ -310,11 +305,23 @@ int ca_ring_read(const unsigned char *ring, size_t size, uint64_t *pos, int skip
         return 0;
     const ca_raw_head *h = (const ca_raw_head *)(ring + p % size);
     if (!whole(ring, size, p)) {
+        /* Passed over: to the record its length says comes next, or, where the length was
+         * not written yet either (its thread killed right after taking its room), to the
+         * first whole record within the longest a record can be (a seal holds its own
+         * position: what a record of an earlier lap left there cannot pass for one). */
         uint32_t len = __atomic_load_n(&h->len, __ATOMIC_RELAXED);
-        if (!skip || len < sizeof *h || len > CA_RAW_MAX || len > size || len % 8 ||
-            !whole(ring, size, p + len))
+        uint64_t next = 0;
+        if (!skip)
             return 0;
-        p += len;
+        if (len >= sizeof *h && len <= CA_RAW_MAX && len <= size && len % 8 == 0 &&
+            whole(ring, size, p + len))
+            next = p + len;
+        for (uint64_t q = p + 8; !next && q <= p + CA_RAW_MAX && q - p < size; q += 8)
+            if (whole(ring, size, q))
+                next = q;
+        if (!next)
+            return 0;
+        p = next;
         h = (const ca_raw_head *)(ring + p % size);
         ++*skipped;
     }

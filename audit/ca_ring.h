@@ -93,11 +93,9 @@ void ca_ring_prefetch(unsigned fn);
 size_t ca_ring_put(const ca_rec *r, long tid);
 /* The same for n bytes of text (n at most CA_RAW_TEXT_MAX). */
 size_t ca_ring_put_text(const char *text, size_t n, long tid);
-/* The ring's size; bytes put whose text is not yet in the file; the consumer's cursor (its
- * position). */
+/* The ring's size; bytes put whose text is not yet in the file. */
 size_t ca_ring_size(void);
 size_t ca_ring_used(void);
-uint64_t ca_ring_cursor(void);
 /* The consumer (one at a time, under the formatter's lock): the next whole record, decoded
  * into *r (*tid its thread, *text a text's bytes); 1, or 0 when there is none yet. skip: see
  * ca_ring_read. */
@@ -116,8 +114,8 @@ void ca_ring_fork_child(void);
  * row (mapped twice, or read twice), decoded into *r and *tid: 1, and *pos moved past it
  * (a record of text: r->fn CA_RAW_TEXT, r->bytes its length, *text its bytes in ring);
  * 0 when no whole record of that position is there. skip: a record never sealed (its thread
- * stopped in the middle of its put, or killed) is passed over, and counted in *skipped,
- * when its length is plausible and the record after it is whole. */
+ * stopped in the middle of its put, or killed) is passed over, and counted in *skipped, when
+ * a whole record follows it (where its length says, or within CA_RAW_MAX bytes). */
 int ca_ring_read(const unsigned char *ring, size_t size, uint64_t *pos, int skip, ca_rec *r,
                  long *tid, const char **text, unsigned *skipped);
 

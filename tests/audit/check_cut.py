@@ -12,17 +12,24 @@ Usage: check_cut.py REPORT REPLAY AUDIT_LIB PROG FAKE_DIR CUDART_DIR
 - busy: a program killed by SIGKILL while 8 threads are in the middle of driver calls: its
   trace is whole lines and zero bytes, the rest of its calls in TRACE.pending; cacheshim-report
   formats them into the file first (and says so), then both tools count every record of it.
+- unsealed: a record whose thread was killed before it wrote even its length, in the ring of
+  a killed program: passed over, the records after it formatted.
+- finishers: two tools finish the same killed program's trace at once: the second waits for
+  the first, then reads the finished trace.
 - pending: a killed program's TRACE.pending damaged (cut short, a header of another kind,
   positions and lengths out of range, an error text without its end): cacheshim-report says
   one line about it, never crashes, and reads the trace; what it formats is valid JSON.
 """
+import fcntl
 import json
 import os
 import re
+import shutil
 import struct
 import subprocess
 import sys
 import tempfile
+import time
 
 REPORT, REPLAY, AUDIT, PROG, FAKE_DIR, CUDART_DIR = sys.argv[1:7]
 WORK = tempfile.mkdtemp(prefix="cacheaudit-cut-")
@@ -162,8 +169,65 @@ def part_pending():
     check("the note of an error without its end", note, {"cacheshim_lost": 3, "error": "A" * 159})
 
 
+def part_unsealed():
+    """A thread killed right after taking its record's room, before it wrote even the
+    record's length: the record is passed over, and the records after it are formatted."""
+    path = os.path.join(WORK, "unsealed.jsonl")
+    record("die", "kill", str(N), rc=-9, path=path)
+    with open(path + ".pending", "rb") as f:
+        p = bytearray(f.read())
+    size = struct.unpack_from("<Q", p, 32)[0]
+    pos = struct.unpack_from("<Q", p, DONE + 24 * (struct.unpack_from("<Q", p, GEN)[0] & 1))[0]
+    ring = 4096
+    # The records: seal (~position), length, then the values; arg[1] of an allocation is its
+    # size (audit/ca_ring.h, ca_raw_head: 56 bytes, then the arguments).
+    for _ in range(1000):
+        at = ring + pos % size
+        if struct.unpack_from("<Q", p, at)[0] != (~pos & (2**64 - 1)):
+            break
+        length = struct.unpack_from("<I", p, at + 8)[0]
+        if struct.unpack_from("<Q", p, at + 56 + 8)[0] == 1 << 20:
+            p[at:at + 12] = bytes(12)  # neither seal nor length
+            break
+        pos += length
+    else:
+        check("an allocation's record in the ring", None, "found")
+    with open(path + ".pending", "wb") as f:
+        f.write(bytes(p))
+    rep = subprocess.run([REPORT, path], capture_output=True, text=True, timeout=60)
+    check(f"report says it passed one over ({rep.stderr.strip()!r})",
+          "(some cut off in the middle)" in rep.stderr, True)
+    with open(path, "rb") as f:
+        whole, other = whole_records(f.read())
+    check("the allocations after the record never sealed", (whole, other), (N - 1, 0))
+
+
+def part_finishers():
+    """Two tools finish the same trace at once: the second waits for the first (whose lock
+    it finds held while the traced process is gone), then reads the finished trace."""
+    path = os.path.join(WORK, "twice.jsonl")
+    record("die", "kill", str(N), rc=-9, path=path)
+    copy = os.path.join(WORK, "twice-copy.jsonl")
+    shutil.copy(path, copy)
+    shutil.copy(path + ".pending", copy + ".pending")
+    subprocess.run([REPLAY, copy], capture_output=True, timeout=60)  # the finished text
+    with open(path + ".pending", "rb") as pending:
+        fcntl.flock(pending, fcntl.LOCK_EX)  # the first tool, finishing
+        second = subprocess.Popen([REPORT, path], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)
+        time.sleep(0.3)
+        shutil.copy(copy, path)
+        os.unlink(path + ".pending")
+    out, err = second.communicate(timeout=60)
+    check(f"the second tool's exit status ({err.strip()!r})", second.returncode, 0)
+    check("the second tool says nothing of the pending file", "pending" in err, False)
+    m = re.search(r"^  cuMemAlloc_v2 +driver +(\d+) ", out, re.M)
+    check("the second tool's allocations", int(m.group(1)) if m else None, N)
+
+
 if __name__ == "__main__":
-    {"cut": part_cut, "busy": part_busy, "pending": part_pending}[sys.argv[7]]()
+    {"cut": part_cut, "busy": part_busy, "pending": part_pending,
+     "unsealed": part_unsealed, "finishers": part_finishers}[sys.argv[7]]()
     for f in failures[:20]:
         print("FAIL", f, file=sys.stderr)
     print(f"{sys.argv[7]}: {len(failures)} failures")
