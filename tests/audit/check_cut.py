@@ -87,11 +87,13 @@ def part_cut():
 
 
 def whole_records(data):
-    """cuMemAlloc_v2 records in whole JSON lines, and whether anything else is there."""
+    """cuMemAlloc_v2 records in whole JSON lines, and how many other lines are there. A line
+    with zero bytes is a record cut off where a killed program stopped copying text into its
+    file (the readers skip it): neither."""
     text = data.rstrip(b"\0").decode("utf-8", "replace")
     whole, other = 0, 0
     for line in text.split("\n"):
-        if not line:
+        if not line or "\0" in line:
             continue
         try:
             whole += json.loads(line)["name"] == "cuMemAlloc_v2"
@@ -103,7 +105,7 @@ def whole_records(data):
 def part_busy():
     path = os.path.join(WORK, "busy.jsonl")
     before, other = whole_records(record("die-busy", "kill", rc=-9, path=path))
-    check("a killed program's file: whole lines, then zero bytes", other, 0)
+    check("a killed program's file: whole lines, records cut off and zero bytes", other, 0)
     check("its TRACE.pending", os.path.exists(path + ".pending"), True)
     rep = subprocess.run([REPORT, path], capture_output=True, text=True, timeout=60)
     check("report on a killed program's trace", rep.returncode, 0)
@@ -156,7 +158,13 @@ def part_pending():
         check(f"{what}: one line about the pending file ({err[-300:]!r})", len(said), 1)
         with open(path, "rb") as f:
             text = f.read().rstrip(b"\0")
+        # Where the pending file could not be used the trace is as the killed program left
+        # it: a batch of text being copied into the file when it died can be there in part
+        # (zero bytes, then the rest of a record), which the readers skip and count. Every
+        # other line must be JSON: what the tools wrote, the note included.
         for line in text.splitlines():
+            if b"\0" in line:
+                continue
             try:
                 json.loads(line)
             except ValueError:
