@@ -7,6 +7,7 @@
 #include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "ca_recover.h"
 #include "launch.h"
@@ -48,6 +49,13 @@ static int finish_main(int argc, char **argv)
     int rc = 0;
     for (int i = 1; i < argc; i++) {
         char msg[9000];
+        if (access(argv[i], F_OK) != 0) {
+            char shown[CS_VALUE_SHOWN_LEN];
+            cs_value_show(argv[i], shown, sizeof shown);
+            fprintf(stderr, LAUNCH_NAME ": '%s': %s\n", shown, strerror(errno));
+            rc = 1;
+            continue;
+        }
         int got = ca_recover(argv[i], msg, sizeof msg);
         if (got == CA_RECOVER_NONE)
             printf("%s: nothing to finish\n", argv[i]);

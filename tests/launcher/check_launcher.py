@@ -151,6 +151,22 @@ def case_usage():
         check(out == "", f"{args}: the program ran: {out!r}")
 
 
+def case_finish():
+    _, err = launch("finish", rc=2)
+    check(err.startswith("usage: cacheshim finish TRACE..."), f"no trace: {err!r}")
+    out, _ = launch("finish", "--help")
+    check(out.startswith("usage: cacheshim finish TRACE..."), f"--help: {out!r}")
+    with tempfile.TemporaryDirectory() as d:
+        done = os.path.join(d, "done.jsonl")
+        with open(done, "w") as f:
+            f.write("{}\n")
+        missing = os.path.join(d, "missing.jsonl")
+        out, err = launch("finish", done, missing, rc=1)
+        check(out == f"{done}: nothing to finish\n", f"a finished trace: {out!r}")
+        check(err == f"cacheshim: '{missing}': No such file or directory\n",
+              f"a trace that is not there: {err!r}")
+
+
 # ---------------------------------------------------------------- run
 
 def case_exit_status():
