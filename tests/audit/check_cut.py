@@ -14,6 +14,8 @@ Usage: check_cut.py REPORT REPLAY AUDIT_LIB PROG FAKE_DIR CUDART_DIR
   formats them into the file first (and says so), then both tools count every record of it.
 - unsealed: a record whose thread was killed before it wrote even its length, in the ring of
   a killed program: passed over, the records after it formatted.
+- live: a tool reads the trace of a program still running: its pending file left alone,
+  said once; the program then ends by SIGTERM and finishes its trace itself.
 - finishers: two tools finish the same killed program's trace at once: the second waits for
   the first, then reads the finished trace.
 - pending: a killed program's TRACE.pending damaged (cut short, a header of another kind,
@@ -25,6 +27,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import struct
 import subprocess
 import sys
@@ -233,8 +236,42 @@ def part_finishers():
     check("the second tool's allocations", int(m.group(1)) if m else None, N)
 
 
+def part_live():
+    """A tool reads the trace of a program still running: the pending file is left alone
+    (its process holds its lock), said once, and the trace read as far as it is; the
+    program, ended by SIGTERM, then finishes its trace itself."""
+    path = os.path.join(WORK, "live.jsonl")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CACHESHIM_")}
+    env.update(LD_AUDIT=AUDIT, LD_LIBRARY_PATH=FAKE_DIR + ":" + CUDART_DIR,
+               CACHESHIM_TRACE_FORMAT="jsonl", CACHESHIM_TRACE_FILE=path,
+               CACHESHIM_TRACE_FILTER="all")
+    env.setdefault("GLIBC_TUNABLES", "glibc.rtld.optional_static_tls=16777216")
+    prog = subprocess.Popen([PROG, "bench", "launch", "100000000", "cold"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not os.path.exists(path + ".pending"):
+        time.sleep(0.01)
+    # The report reads while the program writes (it reads on as the file grows), and the
+    # program is ended while it reads.
+    rep = subprocess.Popen([REPORT, path], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True)
+    time.sleep(0.3)
+    prog.send_signal(signal.SIGTERM)
+    prog.communicate(timeout=60)
+    _, err = rep.communicate(timeout=120)
+    said = f"is still being written by process {prog.pid}: read as far as it is"
+    check(f"report on a live trace ({err.strip()[-300:]!r})", said in err, True)
+    check("report's exit status on a live trace", rep.returncode, 0)
+    check("the program's exit status", prog.returncode, -signal.SIGTERM)
+    check("TRACE.pending after the program finished its trace",
+          os.path.exists(path + ".pending"), False)
+    with open(path, "rb") as f:
+        data = f.read()
+    check("the finished trace: no zero bytes", b"\0" in data, False)
+
+
 if __name__ == "__main__":
-    {"cut": part_cut, "busy": part_busy, "pending": part_pending,
+    {"cut": part_cut, "busy": part_busy, "pending": part_pending, "live": part_live,
      "unsealed": part_unsealed, "finishers": part_finishers}[sys.argv[7]]()
     for f in failures[:20]:
         print("FAIL", f, file=sys.stderr)
