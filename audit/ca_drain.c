@@ -39,13 +39,6 @@ static pthread_mutex_t g_wake_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t g_wake_cond;
 static int g_kicked; /* atomic */
 
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 static void flush(size_t *n, size_t *records)
 {
     if (*n)
@@ -159,8 +152,11 @@ void ca_drain_kick(void)
 
 void ca_drain_full(const ca_rec *r, const char *text, size_t n, long tid)
 {
-    uint64_t start = now_ns();
+    uint64_t start = ca_now_ns();
     do {
+        /* The process is ending: as for any call in progress then, nothing is written. */
+        if (__atomic_load_n(&g_ending, __ATOMIC_RELAXED))
+            return;
         /* Not a blocking lock: this thread may hold it already (a signal handler that makes
          * driver calls, run while this thread formatted). */
         if (pthread_mutex_trylock(&g_lock) == 0) {
@@ -172,7 +168,7 @@ void ca_drain_full(const ca_rec *r, const char *text, size_t n, long tid)
         }
         if ((text ? ca_ring_put_text(text, n, tid) : ca_ring_put(r, tid)) != 0)
             return;
-    } while (now_ns() - start < 200000000u);
+    } while (ca_now_ns() - start < 200000000u);
     if (__atomic_fetch_add(&g_dropped, 1, __ATOMIC_RELAXED) == 0)
         ca_out_say("cacheshim: the trace's ring of unformatted calls stayed full for 200 ms "
                    "(its formatter stopped?); calls are dropped while it is full");

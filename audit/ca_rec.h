@@ -4,6 +4,7 @@
 #define CA_REC_H
 
 #include <string.h>
+#include <time.h>
 
 #include "ca_desc.h"
 
@@ -27,6 +28,14 @@ typedef struct {
     uint8_t nstack;               /* call site: return addresses recorded in stack */
     uint64_t stack[CA_STACK_MAX];
 } ca_rec;
+
+/* CLOCK_MONOTONIC in ns: the times of a record. */
+static inline uint64_t ca_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
 
 static inline uint64_t ca_raw(const void *v, size_t n, int kind)
 {

@@ -4,8 +4,6 @@
 #ifndef CA_TRACE_H
 #define CA_TRACE_H
 
-#include <time.h>
-
 #include "ca_rec.h"
 
 /* Is fn traced (the filter)? Filled by ca_trace_init. */
@@ -14,14 +12,8 @@ extern unsigned char ca_traced[CA_FN_COUNT];
 /* A record to fill for a call of fn into lib made by from (CA_FROM_*), or NULL when this
  * call is not traced (filtered out, tracing finished, too deeply nested, out of memory). */
 ca_rec *ca_begin(unsigned fn, int lib, int from);
-/* The call's start and end (CLOCK_MONOTONIC ns), inline in each wrapper: on the hot path a
- * call less each. */
-static inline uint64_t ca_now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
+/* The call's start and end (ca_now_ns), inline in each wrapper: on the hot path a call
+ * less each. */
 static inline void ca_started(ca_rec *r) { r->t0 = ca_now_ns(); }
 static inline void ca_stopped(ca_rec *r) { r->t1 = ca_now_ns(); }
 /* The call returned result: the record is written. */

@@ -91,12 +91,13 @@ def part_cut():
 
 def whole_records(data):
     """cuMemAlloc_v2 records in whole JSON lines, and how many other lines are there. A line
-    with zero bytes is a record cut off where a killed program stopped copying text into its
-    file (the readers skip it): neither."""
+    with zero bytes, or a last line without its newline, is a record cut off where a killed
+    program stopped copying text into its file (the readers skip it): neither."""
     text = data.rstrip(b"\0").decode("utf-8", "replace")
     whole, other = 0, 0
-    for line in text.split("\n"):
-        if not line or "\0" in line:
+    lines = text.split("\n")
+    for i, line in enumerate(lines):
+        if not line or "\0" in line or (i == len(lines) - 1 and not text.endswith("\n")):
             continue
         try:
             whole += json.loads(line)["name"] == "cuMemAlloc_v2"
