@@ -22,6 +22,7 @@
  *                     (TRACE.pending), mapped shared, so that they survive the process
  *      ca_out.c       the trace file: text appended to a shared mapping of it; errors;
  *                     finishing the file
+ *      ca_sys.c       file space without SIGXFSZ, pages brought in, a lock within a time
  *   4. ca_desc.c      this layer
  *
  * ca_recover.c is not in the library: the tools' (cacheshim finish, report, replay) way to

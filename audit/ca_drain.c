@@ -21,6 +21,7 @@
 
 #include "ca_out.h"
 #include "ca_ring.h"
+#include "ca_sys.h"
 #include "cs_options.h"
 
 /* Text appended to the file at a time. */
@@ -180,10 +181,7 @@ int ca_drain_finish(void)
      * it stops at its next record, so the lock is had at once unless its holder is stopped
      * for good. */
     __atomic_store_n(&g_ending, 1, __ATOMIC_RELAXED);
-    int locked = 0;
-    for (int i = 0; i < 1000 && !(locked = pthread_mutex_trylock(&g_lock) == 0); i++)
-        usleep(100);
-    if (!locked)
+    if (!ca_sys_lock_within(&g_lock, 100))
         return 0;
     drain_locked(1);
     g_stopped = 1;

@@ -34,6 +34,7 @@
 #include <unistd.h>
 
 #include "ca_format.h"
+#include "ca_sys.h"
 #include "cs_options.h"
 
 /* How much the file grows at a time: what a killed process leaves as a zero tail. */
@@ -45,12 +46,6 @@
  * call. */
 #define CA_OUT_AHEAD (4 * CA_OUT_STEP)
 
-/* The most of it brought in by one system call (see grow_locked). */
-#define CA_OUT_POPULATE ((size_t)64 << 10)
-
-#ifndef MADV_POPULATE_WRITE
-#define MADV_POPULATE_WRITE 23 /* Linux 5.14 */
-#endif
 
 enum { OUT_NONE, OUT_PENDING, OUT_MAP, OUT_STREAM };
 
@@ -89,7 +84,7 @@ static size_t g_note_at, g_note_len, g_note_count; /* map: the note and its coun
 static char g_error[160];
 static int g_finished;
 
-static const char g_head[] = "{\"displayTimeUnit\":\"ns\",\"traceEvents\":[\n";
+static const char g_head[] = CA_PERFETTO_HEAD;
 
 /* ---- raw output ---------------------------------------------------------------------------- */
 
@@ -315,24 +310,6 @@ void ca_out_open_fd(int fd, int format)
 
 /* ---- growing the mapping ------------------------------------------------------------------------ */
 
-/* Blocks [off, off + len) of the file, or the errno. Past RLIMIT_FSIZE the kernel also sends
- * SIGXFSZ, whose default action would kill the program: it is blocked here and taken back. */
-static int extend_file(size_t off, size_t len)
-{
-    sigset_t xfsz, old, pending;
-    sigemptyset(&xfsz);
-    sigaddset(&xfsz, SIGXFSZ);
-    pthread_sigmask(SIG_BLOCK, &xfsz, &old);
-    int was_pending = sigpending(&pending) == 0 && sigismember(&pending, SIGXFSZ);
-    int err = posix_fallocate(g_fd, (off_t)off, (off_t)len);
-    if (err && !was_pending && sigpending(&pending) == 0 && sigismember(&pending, SIGXFSZ)) {
-        struct timespec zero = {0, 0};
-        sigtimedwait(&xfsz, NULL, &zero);
-    }
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
-    return err;
-}
-
 /* Under g_grow_lock: map at least up to need + NOTE_MAX; 0 after a failure (said once). */
 static int grow_locked(size_t need)
 {
@@ -354,7 +331,8 @@ static int grow_locked(size_t need)
         size_t want = need + NOTE_MAX > g_mapped + CA_OUT_STEP ? need + NOTE_MAX
                                                                : g_mapped + CA_OUT_STEP;
         want = (want + CA_OUT_STEP - 1) / CA_OUT_STEP * CA_OUT_STEP;
-        err = want > g_reserved ? EFBIG : extend_file(g_mapped, want - g_mapped);
+        err = want > g_reserved ? EFBIG
+                                : ca_sys_allocate(g_fd, (off_t)g_mapped, (off_t)(want - g_mapped));
         if (err == 0 && mmap(g_base + g_mapped, want - g_mapped, PROT_READ | PROT_WRITE,
                              MAP_SHARED | MAP_FIXED, g_fd, (off_t)g_mapped) == MAP_FAILED)
             err = errno;
@@ -366,12 +344,7 @@ static int grow_locked(size_t need)
         }
         if (g_mapped == 0 && g_array)
             memcpy(g_base, g_head, sizeof g_head - 1);
-        /* The pages now, writable, not at the first record on each (Linux 5.14; older kernels
-         * fault them in as records reach them). 64 KiB at a time: the kernel holds the
-         * process's memory-map lock while it fills them, and the program's own mmap and
-         * munmap calls (a memory allocator's), and its page faults behind those, wait for it. */
-        for (size_t at = g_mapped; at < want; at += CA_OUT_POPULATE)
-            (void)madvise(g_base + at, CA_OUT_POPULATE, MADV_POPULATE_WRITE);
+        ca_sys_populate(g_base + g_mapped, want - g_mapped); /* the pages now */
         __atomic_store_n(&g_mapped, want, __ATOMIC_RELAXED);
         __atomic_store_n(&g_limit, want - NOTE_MAX, __ATOMIC_RELEASE);
         __atomic_store_n(&g_kick, want > CA_OUT_AHEAD ? want - CA_OUT_AHEAD : 0,
@@ -528,10 +501,7 @@ size_t ca_out_end(void)
 {
     size_t off = __atomic_load_n(&g_off, __ATOMIC_ACQUIRE);
     /* g_finished after g_off: a record not written because the end had begun is seen here */
-    if (off >= OFF_CLOSED || __atomic_load_n(&g_finished, __ATOMIC_ACQUIRE))
-        return SIZE_MAX;
-    size_t mapped = __atomic_load_n(&g_mapped, __ATOMIC_RELAXED); /* the helper grows it */
-    return off > mapped ? mapped : off;
+    return off >= OFF_CLOSED || __atomic_load_n(&g_finished, __ATOMIC_ACQUIRE) ? SIZE_MAX : off;
 }
 
 uint64_t ca_out_lost(const char **error)
@@ -551,23 +521,19 @@ void ca_out_finish(void)
     __atomic_store_n(&g_limit, 0, __ATOMIC_RELEASE);
     /* Up to 100 ms for a growth under way, so that the file does not grow after it is cut;
      * a thread stopped while holding the lock does not stop the end. */
-    int locked = 0;
-    for (int i = 0; i < 1000 && !(locked = pthread_mutex_trylock(&g_grow_lock) == 0); i++)
-        usleep(100);
+    int locked = ca_sys_lock_within(&g_grow_lock, 100);
     if (g_mode == OUT_MAP && g_mapped > 0) {
         if (g_note_len) { /* the note moves to the end of what was written */
             put_count(g_base + g_note_at + g_note_count, __atomic_load_n(&g_lost, __ATOMIC_RELAXED));
             memmove(g_base + end, g_base + g_note_at, g_note_len);
             end += g_note_len;
         }
-        if (g_array) {
-            if (end >= 2 && g_base[end - 2] == ',') { /* the last record's comma */
-                memcpy(g_base + end - 2, "\n]}\n", 4);
-                end += 2;
-            } else {
-                memcpy(g_base + end, "]}\n", 3);
-                end += 3;
-            }
+        if (g_array) { /* over the last record's comma */
+            size_t back;
+            const char *close = ca_format_array_end(end >= 2 ? g_base + end - 2 : NULL, &back);
+            end -= back;
+            memcpy(g_base + end, close, strlen(close));
+            end += strlen(close);
         }
         (void)ftruncate(g_fd, (off_t)end);
     } else if (g_mode == OUT_MAP && g_array) { /* no record: the header and its end */

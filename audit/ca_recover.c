@@ -20,7 +20,7 @@
 #include "ca_ring.h"
 #include "cs_options.h"
 
-static const char g_perfetto_head[] = "{\"displayTimeUnit\":\"ns\",\"traceEvents\":[\n";
+static const char g_perfetto_head[] = CA_PERFETTO_HEAD;
 
 typedef struct {
     int fd;
@@ -118,14 +118,13 @@ static void finish(const ca_ring_head *h, const ca_ring_done *done, out_file *o)
     }
     if (h->format != CS_TRACE_PERFETTO)
         return;
-    char last[2] = {0, 0};
-    if (o->off >= sizeof g_perfetto_head + 1 &&
-        pread(o->fd, last, 2, (off_t)(o->off - 2)) == 2 && last[0] == ',' && last[1] == '\n') {
-        o->off -= 2;
-        put(o, "\n]}\n", 4);
-    } else {
-        put(o, "]}\n", 3);
-    }
+    char last[2];
+    int have = o->off >= sizeof g_perfetto_head + 1 &&
+               pread(o->fd, last, 2, (off_t)(o->off - 2)) == 2;
+    size_t back;
+    const char *close = ca_format_array_end(have ? last : NULL, &back);
+    o->off -= back;
+    put(o, close, strlen(close));
 }
 
 /* The pending file's lock: 1 taken, 0 held by its process, still alive (h->pid; 0 when the

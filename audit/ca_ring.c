@@ -6,17 +6,12 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <pthread.h>
-#include <signal.h>
 #include <string.h>
 #include <sys/file.h>
 #include <sys/mman.h>
-#include <time.h>
 #include <unistd.h>
 
-#ifndef MADV_POPULATE_WRITE
-#define MADV_POPULATE_WRITE 23 /* Linux 5.14 */
-#endif
+#include "ca_sys.h"
 
 static int g_fd = -1;
 static char g_path[4200];
@@ -42,31 +37,18 @@ static size_t raw_len(unsigned nargs, unsigned nout, unsigned nstack, unsigned n
 /* ---- the writing process ----------------------------------------------------------------- */
 
 /* The file at the largest of the sizes that fits (a file size limit, a nearly full disk:
- * a smaller ring, formatted more often); its ring's size, or 0 and *err. Past
- * RLIMIT_FSIZE the kernel also sends SIGXFSZ, whose default action would kill the program:
- * it is blocked here and taken back. */
+ * a smaller ring, formatted more often); its ring's size, or 0 and *err. */
 static size_t allocate(int fd, int *err)
 {
     static const size_t sizes[] = {CA_RING_SIZE, CA_RING_SIZE / 8, CA_RING_SIZE / 64};
-    sigset_t xfsz, old, pending;
-    sigemptyset(&xfsz);
-    sigaddset(&xfsz, SIGXFSZ);
-    pthread_sigmask(SIG_BLOCK, &xfsz, &old);
-    int was_pending = sigpending(&pending) == 0 && sigismember(&pending, SIGXFSZ);
-    size_t got = 0;
-    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0] && !got; i++) {
-        *err = posix_fallocate(fd, 0, (off_t)(CA_RING_HEAD_SIZE + sizes[i]));
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        *err = ca_sys_allocate(fd, 0, (off_t)(CA_RING_HEAD_SIZE + sizes[i]));
         if (*err == 0)
-            got = sizes[i];
-        else if (*err != EFBIG && *err != ENOSPC)
+            return sizes[i];
+        if (*err != EFBIG && *err != ENOSPC)
             break;
     }
-    if (!was_pending && sigpending(&pending) == 0 && sigismember(&pending, SIGXFSZ)) {
-        struct timespec zero = {0, 0};
-        sigtimedwait(&xfsz, NULL, &zero);
-    }
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
-    return got;
+    return 0;
 }
 
 int ca_ring_create(const char *path, int format, int pid, uint64_t t_origin)
@@ -104,11 +86,8 @@ int ca_ring_create(const char *path, int format, int pid, uint64_t t_origin)
         if (mmap(ring + i * size, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd,
                  CA_RING_HEAD_SIZE) == MAP_FAILED)
             err = errno;
-    /* The pages now, writable, not at the first record on each (Linux 5.14; older kernels
-     * fault them in as records reach them). */
-    for (size_t at = 0; !err && at < size; at += (size_t)64 << 10)
-        (void)madvise(ring + at, (size_t)64 << 10 < size - at ? (size_t)64 << 10 : size - at,
-                      MADV_POPULATE_WRITE);
+    if (!err)
+        ca_sys_populate(ring, size); /* the pages now, not at the first record on each */
     if (err) {
         if (ring != MAP_FAILED && size)
             munmap(ring, 2 * size);
