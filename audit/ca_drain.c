@@ -34,6 +34,7 @@ static char g_text[BATCH_TEXT + 2 * CA_REC_TEXT_MAX + 256];
 static int g_stopped;          /* under g_lock: the process ends, nothing more is formatted */
 static int g_ending;           /* atomic: the end wants g_lock: its holder lets go of it */
 static uint64_t g_dropped;     /* atomic: records with no room (ca_drain_full) */
+static int g_stuck;            /* atomic: the ring stayed full: no more waiting for room */
 
 /* Waking the thread. */
 static pthread_mutex_t g_wake_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -153,6 +154,9 @@ void ca_drain_kick(void)
 
 void ca_drain_full(const ca_rec *r, const char *text, size_t n, long tid)
 {
+    /* Once a wait has failed, the ring counts as stuck: each call tries once and goes on,
+     * so that a formatter stopped for good costs the program no more than that. */
+    int stuck = __atomic_load_n(&g_stuck, __ATOMIC_RELAXED);
     uint64_t start = ca_now_ns();
     do {
         /* The process is ending: as for any call in progress then, nothing is written. */
@@ -163,13 +167,17 @@ void ca_drain_full(const ca_rec *r, const char *text, size_t n, long tid)
         if (pthread_mutex_trylock(&g_lock) == 0) {
             drain_locked(0);
             pthread_mutex_unlock(&g_lock);
-        } else {
+        } else if (!stuck) {
             struct timespec pause = {0, 100000};
             nanosleep(&pause, NULL);
         }
-        if ((text ? ca_ring_put_text(text, n, tid) : ca_ring_put(r, tid)) != 0)
+        if ((text ? ca_ring_put_text(text, n, tid) : ca_ring_put(r, tid)) != 0) {
+            if (stuck)
+                __atomic_store_n(&g_stuck, 0, __ATOMIC_RELAXED);
             return;
-    } while (ca_now_ns() - start < 200000000u);
+        }
+    } while (!stuck && ca_now_ns() - start < 200000000u);
+    __atomic_store_n(&g_stuck, 1, __ATOMIC_RELAXED);
     if (__atomic_fetch_add(&g_dropped, 1, __ATOMIC_RELAXED) == 0)
         ca_out_say("cacheshim: the trace's ring of unformatted calls stayed full for 200 ms "
                    "(its formatter stopped?); calls are dropped while it is full");
@@ -195,12 +203,12 @@ void ca_drain_fork_prepare(void)
     pthread_mutex_lock(&g_lock);
     if (g_ctx)
         drain_locked(0);
-    pthread_mutex_lock(&g_wake_lock);
 }
 
+/* g_wake_lock is not held across fork (a writer that wakes the formatter meanwhile would
+ * wait for the fork): the child makes it, and the condition, anew. */
 void ca_drain_fork_parent(void)
 {
-    pthread_mutex_unlock(&g_wake_lock);
     pthread_mutex_unlock(&g_lock);
 }
 
@@ -210,5 +218,6 @@ void ca_drain_fork_child(void)
     pthread_mutex_init(&g_lock, NULL);
     pthread_mutex_init(&g_wake_lock, NULL);
     g_kicked = 0;
+    g_stuck = 0;
     g_ids.len = 0;
 }

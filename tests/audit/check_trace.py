@@ -374,6 +374,21 @@ def case_file_exists():
     check(sorted(os.listdir(WORK)) == ["existing", f"existing.{m.group(1)}"], "other files")
 
 
+def case_pending_taken():
+    """The ring's file cannot be made (a file of that name already there): one line says so,
+    the file there is left alone, and every call is formatted on its own thread: the same
+    trace, finished."""
+    path = trace_file("taken.jsonl")
+    with open(path + ".pending", "w") as f:
+        f.write("someone else's\n")
+    p = run("direct", CACHESHIM_TRACE_FORMAT="jsonl", CACHESHIM_TRACE_FILE=path)
+    said = [l for l in p.stderr.splitlines() if l.startswith("cacheshim: ")]
+    check(said == [f"cacheshim: cannot create '{path}.pending': File exists; each call is "
+                   f"formatted on its own thread instead (slower)"], f"the message: {said}")
+    check(read(path + ".pending") == "someone else's\n", "the file there was changed")
+    check(len(jsonl(read(path))) == 8, "the trace, formatted on the calling thread")
+
+
 def case_spawn():
     """Programs the traced program starts inherit the variables: one with driver calls gets
     PATH.PID, a shell without any leaves no file and prints nothing."""

@@ -17,7 +17,12 @@
  *                                    formatter's lock is held for longer than the end waits
  *                                    for it, so the end leaves the ring's file; what the trace
  *                                    file and the ring hold then make every call exactly once
- *                                    (ca_recover) */
+ *                                    (ca_recover)
+ *   test_audit_trace_threads full    the formatter held up for 2 s (a thread in the middle
+ *                                    of a fork) while a thread makes FULL_CALLS calls, more
+ *                                    than the ring holds: the calls go on (one 200 ms wait,
+ *                                    then those with no room are dropped at once), one line
+ *                                    on stderr says so, and the trace is whole */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -122,10 +127,77 @@ static int stall(void)
     return lines == CALLS + 1 && sum == want_sum && !ring_left ? 0 : 1;
 }
 
+#define FULL_CALLS 300000
+
+static void *held_fork(void *arg)
+{
+    (void)arg;
+    ca_fork_prepare();
+    __atomic_store_n(&forking, 1, __ATOMIC_RELEASE);
+    usleep(2000000);
+    __atomic_store_n(&forking, 2, __ATOMIC_RELEASE);
+    ca_fork_parent();
+    return NULL;
+}
+
+/* full: in a child whose stderr is a file: the calls made while the formatter is held up. */
+static int full(void)
+{
+    FILE *f = tmpfile(), *err = tmpfile();
+    char dir[] = "/tmp/ca-ring-XXXXXX", ring[64];
+    if (!f || !err || !mkdtemp(dir))
+        return 1;
+    snprintf(ring, sizeof ring, "%s/ring", dir);
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(fileno(err), 2);
+        ca_trace_init_fd(dup(fileno(f)), CS_TRACE_JSONL, "memory", ring);
+        record(0); /* the ring made */
+        pthread_t t;
+        pthread_create(&t, NULL, held_fork, NULL);
+        while (!__atomic_load_n(&forking, __ATOMIC_ACQUIRE))
+            usleep(100);
+        for (int i = 0; i < FULL_CALLS; i++)
+            record(i);
+        /* 1: all made while the formatter was held up */
+        int in_time = __atomic_load_n(&forking, __ATOMIC_ACQUIRE) == 1;
+        pthread_join(t, NULL);
+        ca_trace_exit();
+        _exit(in_time ? 0 : 2);
+    }
+    int status;
+    if (pid < 0 || waitpid(pid, &status, 0) != pid || !WIFEXITED(status))
+        return 1;
+    static char line[CA_REC_TEXT_MAX + 2];
+    long lines = 0, whole = 0, said = 0;
+    rewind(f);
+    while (fgets(line, sizeof line, f)) {
+        size_t n = strlen(line);
+        lines++;
+        whole += n > 2 && line[0] == '{' && line[n - 2] == '}' && line[n - 1] == '\n';
+    }
+    rewind(err);
+    while (fgets(line, sizeof line, err))
+        said += strstr(line, "cacheshim: the trace's ring of unformatted calls stayed full") != NULL;
+    int ring_left = access(ring, F_OK) == 0;
+    unlink(ring);
+    rmdir(dir);
+    printf("calls made while the formatter was held up: %s; %ld records in the trace, %ld "
+           "whole, of %d calls; said %ld times%s\n",
+           WEXITSTATUS(status) == 0 ? "all" : "not all", lines, whole, FULL_CALLS + 1, said,
+           ring_left ? "; the ring's file left" : "");
+    return WEXITSTATUS(status) == 0 && whole == lines && lines > 1 && lines <= FULL_CALLS &&
+                   said == 1 && !ring_left
+               ? 0
+               : 1;
+}
+
 int main(int argc, char **argv)
 {
     if (argc > 1 && strcmp(argv[1], "stall") == 0)
         return stall();
+    if (argc > 1 && strcmp(argv[1], "full") == 0)
+        return full();
     end_early = argc > 1 && strcmp(argv[1], "end") == 0;
     int stacks = argc > 1 && strcmp(argv[1], "stack") == 0;
     int with_ring = !(argc > 2 && strcmp(argv[2], "inline") == 0);
