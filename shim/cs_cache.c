@@ -275,15 +275,16 @@ static uint64_t backend_free(cs_heap *h, cs_block *b, bool keep, bool *waited)
     }
     if (h->dead)
         return b->size;  /* the context took its memory with it */
-    /* Unmapping does not wait for the GPU: the fence first. */
+    /* Unmapping does not wait for the GPU: the fence first. A large block that stays in the
+     * pool joins its free memory at once, with its fence (cs_pool.h): nobody waits. */
     bool done = cs_epoch_ready(h, b->epoch);
-    if (!done) {
+    if (!done && !(keep && b->size > h->slab_max)) {
         done = h->ops->wait(h->dev, b->epoch) == 0;
         if (waited)
             *waited = true;
     }
     uint64_t released = 0;
-    cs_pool_free(h->pool, b->addr, keep, done, &released, &raw);
+    cs_pool_free(h->pool, b->addr, keep, done, b->epoch, &released, &raw);
     return released;
 }
 
@@ -400,6 +401,12 @@ static uint64_t release_idle_to(cs_cache *c, int device, bool ready_only, uint64
 
 /* ---------------------------------------------------------------- heaps */
 
+/* The pool's question (cs_pool_ready_fn): has the heap's work up to epoch completed? */
+static bool heap_epoch_ready(void *heap, uint64_t epoch)
+{
+    return cs_epoch_ready(heap, epoch);
+}
+
 /* Zeroed memory on its own cache lines: what the fast paths read stays off lines that
  * something else writes. */
 static void *alloc_lines(size_t size)
@@ -491,7 +498,8 @@ cs_heap *cs_cache_add_heap(cs_cache *c, const void *key, int device, uint64_t de
         /* An arena of twice the device's memory: room to carve with little fragmentation. */
         uint64_t arena = device_total && device_total < (1ull << 40) ? 2 * device_total
                                                                       : 1ull << 38;
-        if (ops->vmm && !(h->pool = cs_pool_create(ops->vmm, dev, granularity, arena))) {
+        if (ops->vmm && !(h->pool = cs_pool_create(ops->vmm, dev, granularity, arena,
+                                                   heap_epoch_ready, h))) {
             free(h);
             pthread_mutex_unlock(&c->lock);
             return NULL;
@@ -733,6 +741,42 @@ static void fill_failure(cs_alloc_failure *f, cs_cache *c, int device, uint64_t 
     f->by_cap = by_cap;
 }
 
+/* May a pooled block take free memory whose work is still under way, its streams then made
+ * to wait for it? In ordered mode, while no capture runs. */
+static bool pool_ordered(const cs_cache *c, const cs_heap *h)
+{
+    return h->ordered && !(c->config.capturing && c->config.capturing());
+}
+
+/* A block from the heap's pool (see backend_take). *ordered_hit: it took free memory whose
+ * work is still under way, every stream's next work made to wait for that work. */
+static int pool_take(cs_cache *c, cs_heap *h, uint64_t bytes, uint64_t need, uint64_t *addr,
+                     uint64_t *created, uint64_t *released, bool *carved, bool *ordered_hit,
+                     int *raw)
+{
+    uint64_t epoch = 0;
+    int r = cs_pool_alloc(h->pool, bytes, need, pool_ordered(c, h), addr, created, released,
+                          carved, &epoch, raw);
+    *ordered_hit = false;
+    if (r != CS_BE_OK || !epoch || cs_epoch_ready(h, epoch))
+        return r;
+    if (h->ops->order_after(h->dev, epoch) == 0) {
+        *ordered_hit = true;
+        return r;
+    }
+    /* Nothing can be ordered after its work now (a fence lost, a capture began): as for a
+     * whole block, reuse does not wait on the host. The memory goes back, still pending, and
+     * the block is made of memory whose work is done, or new. */
+    uint64_t back, more = 0, gone = 0;
+    int ignored;
+    cs_pool_free(h->pool, *addr, true, false, epoch, &back, &ignored);
+    r = cs_pool_alloc(h->pool, bytes, need > *created ? need - *created : 0, false, addr, &more,
+                      &gone, carved, NULL, raw);
+    *created += more;
+    *released += gone;
+    return r;
+}
+
 /* A new block from the backend: a driver allocation, or the heap's pool, taking at most
  * `need` bytes of new memory (the reservation made under the cap); *carved (may be NULL): the
  * pool carved it out of free memory with no driver call. Called without the lock;
@@ -743,17 +787,18 @@ static int backend_take(cs_cache *c, cs_heap *h, uint64_t bytes, uint64_t need, 
 {
     uint64_t created = 0, released = 0;
     int r;
-    bool ignored, *no_call = carved ? carved : &ignored;
+    bool ignored, *no_call = carved ? carved : &ignored, ordered_hit = false;
     *no_call = false;
     if (!h->pool) {
         r = h->ops->alloc(h->dev, bytes, addr, raw);
         created = r == CS_BE_OK ? bytes : 0;
     } else {
-        r = cs_pool_alloc(h->pool, bytes, need, addr, &created, &released, no_call, raw);
+        r = pool_take(c, h, bytes, need, addr, &created, &released, no_call, &ordered_hit, raw);
     }
     pthread_mutex_lock(&c->lock);
     device_state *d = &c->devices[h->device];
     d->pending_bytes -= need;
+    d->st.ordered_hits += ordered_hit;
     if (created)
         d->st.driver_allocs++;
     if (released)
@@ -869,14 +914,31 @@ static cs_block *new_block(cs_cache *c, cs_heap *h, uint64_t addr, uint64_t byte
 static uint64_t move_for(cs_cache *c, cs_heap *h, uint64_t bytes)
 {
     device_state *d = &c->devices[h->device];
-    if (bytes > h->slab_max && !cs_pool_fits(h->pool, bytes) &&
+    bool ordered = pool_ordered(c, h);
+    uint64_t peak = cs_load(&d->peak_in_use);
+    uint64_t permille = c->config.pool_headroom_permille;
+    uint64_t budget = peak + peak / 1000 * permille + peak % 1000 * permille / 1000;
+    if (bytes > h->slab_max && !cs_pool_fits(h->pool, bytes, ordered) &&
         !(c->config.capturing && c->config.capturing())) {
         /* No free span takes it: every large idle block the GPU is done with goes back to
          * the pool first, where it joins the free spans beside it. That costs no driver
-         * call, and a block carved from free spans is as cheap as a hit. */
-        cs_tc_reclaim(c, h->device, true);
+         * call, and a block carved from free spans is as cheap as a hit. Ordered, the blocks
+         * the GPU still works on go too: a block carved from their memory makes every
+         * stream's next work wait for theirs. With one busy stream that is what the stream
+         * does anyway (PyTorch's allocator reuses a stream's memory at once); with several,
+         * the wait ties them together, so only when new memory would pass the headroom and
+         * two blocks of this size for each busy stream (the count changes from one call to
+         * the next; at most CS_ORDERED_DEPTH blocks), as whole blocks are kept one per busy
+         * stream before ordered reuse (cs_class_deep_enough): memory is bounded by the busy
+         * streams, never by how far the GPU lags behind. */
+        int busy = h->ops->busy_streams ? h->ops->busy_streams(h->dev) : 1;
+        int spare_blocks = busy <= 1 ? 0 : 2 * busy > CS_ORDERED_DEPTH ? CS_ORDERED_DEPTH - 1
+                                                                        : 2 * busy - 1;
+        bool pending = ordered && (spare_blocks == 0 ||
+                                   held(d) + bytes > budget + (uint64_t)spare_blocks * bytes);
+        cs_tc_reclaim(c, h->device, !pending);
         cs_block *list = NULL;
-        for (cs_block *b = h->lru_head; b && block_ready(h, b);) {
+        for (cs_block *b = h->lru_head; b && (pending || block_ready(h, b));) {
             cs_block *next = b->lru_next;
             if (b->size > h->slab_max)
                 defer_release(c, b, &list);
@@ -891,13 +953,10 @@ static uint64_t move_for(cs_cache *c, cs_heap *h, uint64_t bytes)
     /* Within the headroom over the program's own peak, new memory fills the pool's holes (it
      * stays, free, for blocks of other sizes later); beyond it, memory moves: free chunks
      * of the pool into the holes, then idle small blocks' memory. */
-    uint64_t peak = cs_load(&d->peak_in_use);
-    uint64_t permille = c->config.pool_headroom_permille;
-    uint64_t budget = peak + peak / 1000 * permille + peak % 1000 * permille / 1000;
-    uint64_t grow = cs_pool_need(h->pool, bytes, false);
+    uint64_t grow = cs_pool_need(h->pool, bytes, false, ordered);
     if (!grow || held(d) + grow <= budget || (c->config.capturing && c->config.capturing()))
         return grow;
-    uint64_t need = cs_pool_need(h->pool, bytes, true);
+    uint64_t need = cs_pool_need(h->pool, bytes, true, ordered);
     uint64_t after = held(d) + need;
     if (!need || after <= budget)
         return need;
@@ -922,7 +981,7 @@ static uint64_t move_for(cs_cache *c, cs_heap *h, uint64_t bytes)
     pthread_mutex_unlock(&c->lock);
     finish_releases(c, h->device, list, CS_RELEASE_MOVE);
     pthread_mutex_lock(&c->lock);
-    return cs_pool_need(h->pool, bytes, true);
+    return cs_pool_need(h->pool, bytes, true, ordered);
 }
 
 /* A miss: called with the lock held, returns with it released. */

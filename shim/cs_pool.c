@@ -31,6 +31,8 @@ struct range;
 
 typedef struct {
     uint64_t va, size;
+    uint64_t epoch;       /* a free span: the work last done on its memory completes at this
+                             epoch (0 or at most the pool's done: completed) */
     int kind;
     struct range *small;  /* a used span that is a small range: its slabs */
 } span;
@@ -90,6 +92,10 @@ struct cs_pool {
     slab_class *classes;       /* slot sizes met so far */
     size_t nclasses, cap_classes;
     uint64_t access_gen;       /* bumped when the allowed devices change */
+    cs_pool_ready_fn ready;    /* which epochs completed (NULL: none is left pending) */
+    void *ready_arg;
+    uint64_t done;             /* every epoch up to this one completed */
+    uint64_t pending_max;      /* the newest epoch a free span was given */
     bool dead;                 /* its context is gone (cs_pool_release_all): what a thread
                                   builds or frees meanwhile goes straight back */
     cs_pool_counts counts;
@@ -129,7 +135,7 @@ static bool grow(void **a, size_t *cap, size_t len, size_t n, size_t size)
 /* ---------------------------------------------------------------- lifetime */
 
 cs_pool *cs_pool_create(const cs_vmm_ops *ops, void *dev, uint64_t granularity,
-                        uint64_t arena_bytes)
+                        uint64_t arena_bytes, cs_pool_ready_fn ready, void *ready_arg)
 {
     if (granularity < 1024 || (granularity & (granularity - 1)))
         return NULL;
@@ -139,6 +145,8 @@ cs_pool *cs_pool_create(const cs_vmm_ops *ops, void *dev, uint64_t granularity,
     pthread_mutex_init(&p->lock, NULL);
     p->ops = ops;
     p->dev = dev;
+    p->ready = ready;
+    p->ready_arg = ready_arg;
     p->gran = granularity;
     p->page = granularity / PAGES;
     p->max_exp = 63 - __builtin_ctzll(granularity);
@@ -288,13 +296,16 @@ static void split_at(arena *a, uint64_t addr)
         return;
     memmove(&a->spans[i + 2], &a->spans[i + 1], (a->nspans - i - 1) * sizeof *a->spans);
     a->nspans++;
-    a->spans[i + 1] = (span){addr, span_end(s) - addr, s->kind, NULL};
+    a->spans[i + 1] = (span){addr, span_end(s) - addr, s->epoch, s->kind, NULL};
     s->size = addr - s->va;
 }
 
-/* Spans [i, j) become one span of `kind` (no small range). */
+/* Spans [i, j) become one span of `kind` (no small range), with the newest of their epochs. */
 static void join(arena *a, size_t i, size_t j, int kind)
 {
+    for (size_t k = i + 1; k < j; k++)
+        if (a->spans[k].epoch > a->spans[i].epoch)
+            a->spans[i].epoch = a->spans[k].epoch;
     a->spans[i].size = span_end(&a->spans[j - 1]) - a->spans[i].va;
     a->spans[i].kind = kind;
     a->spans[i].small = NULL;
@@ -303,11 +314,14 @@ static void join(arena *a, size_t i, size_t j, int kind)
 }
 
 /* Span i took kind `kind`: join it with its neighbours of the same kind when that kind is
- * free or a hole. Returns its index. */
+ * free or a hole (a hole has no epoch; free spans joined keep the newest). Returns its
+ * index. */
 static size_t settle(arena *a, size_t i, int kind)
 {
     a->spans[i].kind = kind;
     a->spans[i].small = NULL;
+    if (kind == SPAN_HOLE)
+        a->spans[i].epoch = 0;
     if (kind != SPAN_FREE && kind != SPAN_HOLE)
         return i;
     size_t j = i + 1;
@@ -333,6 +347,41 @@ static size_t cut(arena *a, uint64_t va, uint64_t size)
 static bool room_spans(arena *a, size_t n)
 {
     return grow((void **)&a->spans, &a->cap_spans, a->nspans, n, sizeof *a->spans);
+}
+
+/* ---------------------------------------------------------------- epochs (locked) */
+
+/* Has the work up to `epoch` completed? Asks the cache about an epoch not known complete yet
+ * (never blocks); epochs complete in order. */
+static bool epoch_done(cs_pool *p, uint64_t epoch)
+{
+    if (epoch <= p->done)
+        return true;
+    if (!p->ready || !p->ready(p->ready_arg, epoch))
+        return false;
+    p->done = epoch;
+    return true;
+}
+
+/* The newest epoch of the free memory a block may take: any when the caller orders the
+ * block's work after the block's epoch, else only what completed. */
+static uint64_t usable_epoch(cs_pool *p, bool ordered)
+{
+    if (ordered)
+        return UINT64_MAX;
+    epoch_done(p, p->pending_max);  /* most often all of it, in one question */
+    return p->done;
+}
+
+static bool span_usable(const span *s, uint64_t usable)
+{
+    return s->kind == SPAN_FREE && s->epoch <= usable;
+}
+
+/* A block's epoch for its caller: 0 when its memory's work is known complete. */
+static uint64_t epoch_out(const cs_pool *p, uint64_t epoch)
+{
+    return epoch > p->done ? epoch : 0;
 }
 
 /* The first mapping at or after addr. */
@@ -544,14 +593,16 @@ static bool slot_take(cs_pool *p, uint64_t slot, uint64_t *addr, bool *no_host_m
 
 /* ---------------------------------------------------------------- where a block goes */
 
-/* The smallest free span of at least `size` bytes (the lowest address among equals). */
-static bool best_fit(const cs_pool *p, uint64_t size, arena **out, size_t *index)
+/* The smallest free span of at least `size` bytes whose epoch is at most `usable` (the lowest
+ * address among equals). */
+static bool best_fit(const cs_pool *p, uint64_t size, uint64_t usable, arena **out,
+                     size_t *index)
 {
     uint64_t best = UINT64_MAX;
     for (size_t k = 0; k < p->narenas; k++) {
         arena *a = p->arenas[k];
         for (size_t i = 0; i < a->nspans; i++)
-            if (a->spans[i].kind == SPAN_FREE && a->spans[i].size >= size &&
+            if (span_usable(&a->spans[i], usable) && a->spans[i].size >= size &&
                 a->spans[i].size < best) {
                 best = a->spans[i].size;
                 *out = a;
@@ -575,14 +626,15 @@ static uint64_t holes_in(const arena *a, size_t i, uint64_t va, uint64_t size)
     return n;
 }
 
-/* Where a block of `size` bytes needs the least new mapping: a window of free spans and holes
- * that starts or ends where one of them does. False when no arena has room. */
+/* Where a block of `size` bytes needs the least new mapping: a window of free spans (of epochs
+ * at most `usable`) and holes that starts or ends where one of them does. False when no arena
+ * has room. */
 typedef struct {
     arena *a;
     uint64_t va, holes;
 } window;
 
-static bool best_window(const cs_pool *p, uint64_t size, window *w)
+static bool best_window(const cs_pool *p, uint64_t size, uint64_t usable, window *w)
 {
     bool found = false;
     for (size_t k = 0; k < p->narenas; k++) {
@@ -590,7 +642,8 @@ static bool best_window(const cs_pool *p, uint64_t size, window *w)
         for (size_t i = 0; i < a->nspans;) {
             /* A run of free spans and holes: spans [i, j). */
             size_t j = i;
-            while (j < a->nspans && a->spans[j].kind <= SPAN_FREE)
+            while (j < a->nspans &&
+                   (a->spans[j].kind == SPAN_HOLE || span_usable(&a->spans[j], usable)))
                 j++;
             if (j == i) {
                 i++;
@@ -690,13 +743,13 @@ static bool add_place(plan *pl, place pc)
     return true;
 }
 
-/* Is mapping m of the window's arena wholly free, and outside the window? */
-static bool movable_at(const arena *a, const plan *pl, size_t m)
+/* Is mapping m of the window's arena wholly free, its work done, and outside the window? */
+static bool movable_at(cs_pool *p, const arena *a, const plan *pl, size_t m)
 {
     const mapping *c = &a->maps[m];
     const span *s = &a->spans[span_at(a, c->va)];
     if (s->kind != SPAN_FREE || c->va + c->size > span_end(s) ||
-        (c->va < pl->va + pl->size && pl->va < c->va + c->size))
+        (c->va < pl->va + pl->size && pl->va < c->va + c->size) || !epoch_done(p, s->epoch))
         return false;
     for (size_t i = 0; i < pl->nplaces; i++)
         if (pl->places[i].from == FROM_FREE && pl->places[i].from_va == c->va)
@@ -706,12 +759,12 @@ static bool movable_at(const arena *a, const plan *pl, size_t m)
 
 /* The largest wholly free chunk of the window's arena outside the window of at most `bytes`:
  * its mapping index, or -1. */
-static long movable(const arena *a, const plan *pl, uint64_t bytes)
+static long movable(cs_pool *p, const arena *a, const plan *pl, uint64_t bytes)
 {
     long best = -1;
     for (size_t m = 0; m < a->nmaps; m++)
         if (a->maps[m].size <= bytes && (best < 0 || a->maps[m].size > a->maps[best].size) &&
-            movable_at(a, pl, m))
+            movable_at(p, a, pl, m))
             best = (long)m;
     return best;
 }
@@ -811,7 +864,7 @@ static int plan_make(cs_pool *p, const window *w, uint64_t size, uint64_t max_ne
     for (size_t i = 0; i < pl->npieces && left > max_new; i++) {
         uint64_t end = pl->pieces[i].va + pl->pieces[i].size;
         long m;
-        while (tail[i] && left > max_new && (m = movable(a, pl, tail[i])) >= 0) {
+        while (tail[i] && left > max_new && (m = movable(p, a, pl, tail[i])) >= 0) {
             mapping c = a->maps[m];
             if (!add_place(pl, (place){end - tail[i], c.va, {c.handle, c.size}, FROM_FREE,
                                        false, false})) {
@@ -826,10 +879,10 @@ static int plan_make(cs_pool *p, const window *w, uint64_t size, uint64_t max_ne
     }
     /* Still short: the smallest free chunk larger than the last tail, if its hole goes on. */
     if (left > max_new && tail[last] && ext) {
-        long m = movable(a, pl, tail[last] + ext);
+        long m = movable(p, a, pl, tail[last] + ext);
         for (size_t k = 0; m >= 0 && k < a->nmaps; k++)
             if (a->maps[k].size > tail[last] && a->maps[k].size < a->maps[m].size &&
-                movable_at(a, pl, k))
+                movable_at(p, a, pl, k))
                 m = (long)k;
         if (m >= 0 && a->maps[m].size > tail[last]) {
             mapping c = a->maps[m];
@@ -1092,7 +1145,7 @@ static int arena_add(cs_pool *p, uint64_t size, size_t seen, int *raw)
         arena_free(a);
         return rc;
     }
-    a->spans[a->nspans++] = (span){a->va, a->size, SPAN_HOLE, NULL};
+    a->spans[a->nspans++] = (span){a->va, a->size, 0, SPAN_HOLE, NULL};
     pthread_mutex_lock(&p->lock);
     p->counts.reserves++;
     if (p->narenas != seen && !p->dead) {
@@ -1124,11 +1177,14 @@ static int arena_add(cs_pool *p, uint64_t size, size_t seen, int *raw)
 /* ---------------------------------------------------------------- blocks */
 
 /* A used span of `size` bytes (whole granules), a small range when r is not NULL (it then
- * belongs to the span; on failure it stays the caller's). See cs_pool_alloc. */
-static int alloc_span(cs_pool *p, uint64_t size, range *r, uint64_t max_new, uint64_t *va,
-                      uint64_t *created, uint64_t *released, bool *carved, int *raw)
+ * belongs to the span; on failure it stays the caller's). See cs_pool_alloc; a small range
+ * is never ordered (its slots are handed out later, without an epoch). */
+static int alloc_span(cs_pool *p, uint64_t size, range *r, uint64_t max_new, bool ordered,
+                      uint64_t *va, uint64_t *created, uint64_t *released, bool *carved,
+                      uint64_t *epoch, int *raw)
 {
     *carved = false;
+    *epoch = 0;
     for (;;) {
         pthread_mutex_lock(&p->lock);
         if (p->dead) {
@@ -1139,7 +1195,8 @@ static int alloc_span(cs_pool *p, uint64_t size, range *r, uint64_t max_new, uin
         arena *a;
         size_t i;
         window w;
-        if (best_fit(p, size, &a, &i)) {
+        uint64_t usable = usable_epoch(p, ordered && !r);
+        if (best_fit(p, size, usable, &a, &i)) {
             /* Carved out of a free span: no driver call. */
             if (!room_spans(a, 1)) {
                 pthread_mutex_unlock(&p->lock);
@@ -1150,6 +1207,7 @@ static int alloc_span(cs_pool *p, uint64_t size, range *r, uint64_t max_new, uin
             a->spans[i].kind = SPAN_USED;
             a->spans[i].small = r;
             *va = a->spans[i].va;
+            *epoch = epoch_out(p, a->spans[i].epoch);
             p->counts.carves++;
             *carved = true;
             if (r) {
@@ -1160,7 +1218,7 @@ static int alloc_span(cs_pool *p, uint64_t size, range *r, uint64_t max_new, uin
             pthread_mutex_unlock(&p->lock);
             return CS_BE_OK;
         }
-        if (!best_window(p, size, &w)) {
+        if (!best_window(p, size, usable, &w)) {
             size_t seen = p->narenas;
             pthread_mutex_unlock(&p->lock);
             int rc = arena_add(p, size, seen, raw);
@@ -1215,8 +1273,10 @@ static int alloc_span(cs_pool *p, uint64_t size, range *r, uint64_t max_new, uin
         }
         i = span_at(a, pl.va);
         join(a, i, span_at(a, pl.va + size + pl.over - 1) + 1, SPAN_USED);
-        if (pl.over && room_spans(a, 1)) {  /* the last chunk's rest: free */
+        *epoch = epoch_out(p, a->spans[i].epoch);  /* the newest of its free pieces */
+        if (pl.over && room_spans(a, 1)) {  /* the last chunk's rest: free, and new */
             split_at(a, pl.va + size);
+            a->spans[i + 1].epoch = 0;
             settle(a, i + 1, SPAN_FREE);
         }  /* else (no host memory) the block's span keeps it, and frees it with the block */
         a->spans[i].small = r;
@@ -1245,14 +1305,17 @@ static int alloc_span(cs_pool *p, uint64_t size, range *r, uint64_t max_new, uin
     }
 }
 
-int cs_pool_alloc(cs_pool *p, uint64_t bytes, uint64_t max_new, uint64_t *addr,
-                  uint64_t *created, uint64_t *released, bool *carved, int *raw)
+int cs_pool_alloc(cs_pool *p, uint64_t bytes, uint64_t max_new, bool ordered, uint64_t *addr,
+                  uint64_t *created, uint64_t *released, bool *carved, uint64_t *epoch,
+                  int *raw)
 {
     *created = *released = 0;
     bool ignored, *no_call = carved ? carved : &ignored;
+    uint64_t none, *at = epoch ? epoch : &none;
+    *at = 0;
     if (bytes > cs_pool_slab_max(p->gran))
-        return alloc_span(p, round_up(bytes, CS_POOL_ALIGN), NULL, max_new, addr, created,
-                          released, no_call, raw);
+        return alloc_span(p, round_up(bytes, CS_POOL_ALIGN), NULL, max_new, ordered, addr,
+                          created, released, no_call, at, raw);
     /* A slot of a slab, else a new small range (one granule) for it. Other threads may take
      * the new range's pages before this one comes back for its slot: then another range,
      * within what is left of max_new. */
@@ -1276,8 +1339,8 @@ int cs_pool_alloc(cs_pool *p, uint64_t bytes, uint64_t max_new, uint64_t *addr,
         }
         r->free_pages = UINT32_MAX;
         uint64_t va, made = 0, gone = 0;
-        int rc = alloc_span(p, p->gran, r, max_new > *created ? max_new - *created : 0, &va,
-                            &made, &gone, no_call, raw);
+        int rc = alloc_span(p, p->gran, r, max_new > *created ? max_new - *created : 0, false,
+                            &va, &made, &gone, no_call, at, raw);
         *created += made;
         *released += gone;
         if (rc != CS_BE_OK) {
@@ -1287,10 +1350,11 @@ int cs_pool_alloc(cs_pool *p, uint64_t bytes, uint64_t max_new, uint64_t *addr,
     }
 }
 
-/* Under the lock: the chunks wholly inside free spans of [lo, hi) of arena a, up to `bytes`,
- * marked busy and out of the mapping list, into out (room for `most`). Returns how many. */
-static size_t take_free_chunks(arena *a, uint64_t lo, uint64_t hi, uint64_t bytes, mapping *out,
-                               size_t most)
+/* Under the lock: the chunks wholly inside free spans of [lo, hi) of arena a whose work is
+ * done, up to `bytes`, marked busy and out of the mapping list, into out (room for `most`).
+ * Returns how many. */
+static size_t take_free_chunks(cs_pool *p, arena *a, uint64_t lo, uint64_t hi, uint64_t bytes,
+                               mapping *out, size_t most)
 {
     size_t n = 0;
     uint64_t got = 0;
@@ -1299,8 +1363,8 @@ static size_t take_free_chunks(arena *a, uint64_t lo, uint64_t hi, uint64_t byte
         if (c.va + c.size > hi || !room_spans(a, 2))
             break;
         const span *s = &a->spans[span_at(a, c.va)];
-        if (s->kind != SPAN_FREE || c.va + c.size > span_end(s)) {
-            m++;  /* partly in a block (carved since the lock was last dropped) */
+        if (s->kind != SPAN_FREE || c.va + c.size > span_end(s) || !epoch_done(p, s->epoch)) {
+            m++;  /* partly in a block (carved since the lock was last dropped), or busy */
             continue;
         }
         map_remove(a, m);  /* m is the next one now */
@@ -1360,7 +1424,7 @@ static uint64_t release_free(cs_pool *p, arena *a, uint64_t lo, uint64_t hi, uin
     mapping m[64];
     uint64_t total = 0;
     for (;;) {
-        size_t n = take_free_chunks(a, lo, hi, bytes - total, m, 64);
+        size_t n = take_free_chunks(p, a, lo, hi, bytes - total, m, 64);
         uint64_t gen = p->access_gen;
         pthread_mutex_unlock(&p->lock);
         total += drop_chunks(p, a, m, n, gen);
@@ -1374,13 +1438,25 @@ static uint64_t release_free(cs_pool *p, arena *a, uint64_t lo, uint64_t hi, uin
     }
 }
 
-int cs_pool_free(cs_pool *p, uint64_t addr, bool keep, bool done, uint64_t *released, int *raw)
+/* Wait for all work on the device (without the lock): rc becomes CS_BE_ERROR if that fails. */
+static void wait_device(cs_pool *p, int *rc, int *raw)
+{
+    if (p->ops->sync(p->dev, raw) != CS_BE_OK)
+        *rc = CS_BE_ERROR;
+}
+
+int cs_pool_free(cs_pool *p, uint64_t addr, bool keep, bool done, uint64_t epoch,
+                 uint64_t *released, int *raw)
 {
     *released = 0;
     int rc = CS_BE_OK;
-    /* Free memory may be handed out, or unmapped, at once: its work must be done first. */
-    if (!done && p->ops->sync(p->dev, raw) != CS_BE_OK)
-        rc = CS_BE_ERROR;
+    /* Memory given back is unmapped at once: its work must be done first. So must a small
+     * block's (a slab's slots carry no epoch), and any block's when no ready function can
+     * tell when its epoch completes. A large block kept joins the free space with its epoch. */
+    if (!done && (!keep || !p->ready)) {
+        wait_device(p, &rc, raw);
+        done = true;
+    }
     pthread_mutex_lock(&p->lock);
     arena *a = arena_at(p, addr);
     size_t i = a ? span_at(a, addr) : 0;
@@ -1389,6 +1465,16 @@ int cs_pool_free(cs_pool *p, uint64_t addr, bool keep, bool done, uint64_t *rele
         pthread_mutex_unlock(&p->lock);
         *raw = INVALID_VALUE;
         return CS_BE_ERROR;
+    }
+    if (s->small && !done) {
+        /* The block is its caller's, and stays where it is meanwhile. */
+        pthread_mutex_unlock(&p->lock);
+        wait_device(p, &rc, raw);
+        done = true;
+        pthread_mutex_lock(&p->lock);
+        a = arena_at(p, addr);
+        i = span_at(a, addr);
+        s = &a->spans[i];
     }
     if (s->small) {
         range *r = s->small;
@@ -1419,6 +1505,9 @@ int cs_pool_free(cs_pool *p, uint64_t addr, bool keep, bool done, uint64_t *rele
         range_free(r);
         s->small = NULL;
     }
+    s->epoch = done ? 0 : epoch;
+    if (s->epoch > p->pending_max)
+        p->pending_max = s->epoch;
     const span *f = &a->spans[settle(a, i, SPAN_FREE)];
     if (keep) {
         pthread_mutex_unlock(&p->lock);
@@ -1434,21 +1523,23 @@ uint64_t cs_pool_most_new(const cs_pool *p, uint64_t bytes)
     return bytes <= cs_pool_slab_max(p->gran) ? p->gran : round_up(bytes, p->gran) + p->gran;
 }
 
-bool cs_pool_fits(cs_pool *p, uint64_t bytes)
+bool cs_pool_fits(cs_pool *p, uint64_t bytes, bool ordered)
 {
     arena *a;
     size_t i;
     pthread_mutex_lock(&p->lock);
-    bool fits = best_fit(p, round_up(bytes, CS_POOL_ALIGN), &a, &i);
+    bool fits = best_fit(p, round_up(bytes, CS_POOL_ALIGN), usable_epoch(p, ordered), &a, &i);
     pthread_mutex_unlock(&p->lock);
     return fits;
 }
 
-uint64_t cs_pool_need(cs_pool *p, uint64_t bytes, bool move)
+uint64_t cs_pool_need(cs_pool *p, uint64_t bytes, bool move, bool ordered)
 {
     pthread_mutex_lock(&p->lock);
     uint64_t size = round_up(bytes, CS_POOL_ALIGN);
-    if (bytes <= cs_pool_slab_max(p->gran)) {
+    bool small = bytes <= cs_pool_slab_max(p->gran);
+    uint64_t usable = usable_epoch(p, ordered && !small);
+    if (small) {
         slab_class *k = class_find(p, bytes);
         int first;
         size = (k && k->head) || small_with_run(p, slab_pages(p, bytes), &first) ? 0 : p->gran;
@@ -1457,10 +1548,10 @@ uint64_t cs_pool_need(cs_pool *p, uint64_t bytes, bool move)
     size_t i;
     window w, fresh;
     uint64_t need = 0;
-    if (size && !best_fit(p, size, &a, &i)) {
+    if (size && !best_fit(p, size, usable, &a, &i)) {
         /* What cs_pool_alloc would take with no more new memory than needed: the best
          * window's plan, else one where the largest hole starts (a new arena: all of it). */
-        bool found = best_window(p, size, &w);
+        bool found = best_window(p, size, usable, &w);
         need = found ? plan_least(p, &w, size, move) : round_up(size, p->gran);
         if (need && found && fresh_window(p, size, &fresh) && fresh.va != w.va) {
             uint64_t n = plan_least(p, &fresh, size, move);
@@ -1490,31 +1581,48 @@ uint64_t cs_pool_trim(cs_pool *p, uint64_t bytes)
         if (n < 64)
             break;
     }
-    /* Then the chunks of free spans, one span at a time. */
-    while (released < bytes) {
-        pthread_mutex_lock(&p->lock);
-        arena *a = NULL;
-        uint64_t lo = 0, hi = 0;
-        for (size_t k = 0; k < p->narenas && !a; k++)
-            for (size_t i = 0; i < p->arenas[k]->nspans && !a; i++) {
-                const arena *b = p->arenas[k];
-                const span *s = &b->spans[i];
-                size_t m = map_index(b, s->va);
-                if (s->kind == SPAN_FREE && m < b->nmaps &&
-                    b->maps[m].va + b->maps[m].size <= span_end(s)) {
-                    a = p->arenas[k];
-                    lo = s->va;
-                    hi = span_end(s);
-                }
-            }
-        if (!a) {
+    /* Then the chunks of free spans, one span at a time: those whose work is done; then, if
+     * that was not enough, the rest once the device has finished its work. */
+    for (int round = 0; round < 2 && released < bytes; round++) {
+        if (round == 1) {
+            pthread_mutex_lock(&p->lock);
+            uint64_t upto = p->pending_max;
+            bool busy = !epoch_done(p, upto);
             pthread_mutex_unlock(&p->lock);
-            break;
+            int rc = CS_BE_OK, raw;
+            if (!busy || (wait_device(p, &rc, &raw), rc != CS_BE_OK))
+                break;
+            pthread_mutex_lock(&p->lock);
+            if (upto > p->done)  /* all work issued before the wait: done */
+                p->done = upto;
+            pthread_mutex_unlock(&p->lock);
         }
-        uint64_t n = release_free(p, a, lo, hi, bytes - released);
-        if (!n)
-            break;
-        released += n;
+        while (released < bytes) {
+            pthread_mutex_lock(&p->lock);
+            arena *a = NULL;
+            uint64_t lo = 0, hi = 0;
+            for (size_t k = 0; k < p->narenas && !a; k++)
+                for (size_t i = 0; i < p->arenas[k]->nspans && !a; i++) {
+                    const arena *b = p->arenas[k];
+                    const span *s = &b->spans[i];
+                    size_t m = map_index(b, s->va);
+                    if (s->kind == SPAN_FREE && m < b->nmaps &&
+                        b->maps[m].va + b->maps[m].size <= span_end(s) &&
+                        epoch_done(p, s->epoch)) {
+                        a = p->arenas[k];
+                        lo = s->va;
+                        hi = span_end(s);
+                    }
+                }
+            if (!a) {
+                pthread_mutex_unlock(&p->lock);
+                break;
+            }
+            uint64_t n = release_free(p, a, lo, hi, bytes - released);
+            if (!n)
+                break;
+            released += n;
+        }
     }
     return released;
 }

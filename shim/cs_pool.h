@@ -11,14 +11,19 @@
  * eighth of it) cut into equal slots of one size class. A freed block's span turns free and
  * joins the free spans beside it, so memory freed at one size serves the next request of any
  * size without a driver call: a block is carved out of the smallest free span it fits
- * (best fit). Only when none fits does the pool map memory: into the place that needs the
+ * (best fit). A free span remembers the fence of the work last done on its memory (an epoch,
+ * as the cache counts them): memory freed while the GPU still works on it joins the free space
+ * at once, and a block carved out of it is handed out with that epoch, for the cache to order
+ * the block's next work after it (or, not ordered, is carved only once the epoch completed).
+ * Only when none fits does the pool map memory: into the place that needs the
  * least of it (a window of free spans and holes), filling its holes with spare chunks first,
  * then with new ones, and, when the cache allows no new memory, with chunks unmapped from
  * free spans elsewhere (a move). A chunk is one physical allocation of the granularity times
  * a power of two, mapped whole: new memory comes in the hole's size in binary, so a mapping
- * costs few handles. A chunk leaves its place only once every page of it is free, and pages
- * turn free only when the cache says the work on them is done: unmapping never waits for the
- * GPU. */
+ * costs few handles. A chunk leaves its place (moved or given back) only once every page of it
+ * is free and the epochs of its free spans completed: unmapping never waits for the GPU, and
+ * the pool waits for the device only to give back memory whose work is still under way (a
+ * trim, a release of the cache). */
 #ifndef CS_POOL_H
 #define CS_POOL_H
 
@@ -68,10 +73,15 @@ typedef struct cs_pool_counts {
     uint64_t slab_free;      /* bytes of free slots in slabs */
 } cs_pool_counts;
 
+/* Has all work up to `epoch` completed? Never blocks (false when it cannot be known). */
+typedef bool (*cs_pool_ready_fn)(void *arg, uint64_t epoch);
+
 /* arena_bytes: the virtual size of an arena (twice the device's memory is plenty; a block
- * larger than it gets an arena of its own size). */
+ * larger than it gets an arena of its own size). ready (may be NULL: every freed block is
+ * then waited for, cs_pool_free) tells which epochs completed; it is called under the pool's
+ * lock. */
 cs_pool *cs_pool_create(const cs_vmm_ops *ops, void *dev, uint64_t granularity,
-                        uint64_t arena_bytes);
+                        uint64_t arena_bytes, cs_pool_ready_fn ready, void *ready_arg);
 /* Frees the pool's bookkeeping only (the driver may be gone). */
 void cs_pool_destroy(cs_pool *p);
 
@@ -84,25 +94,34 @@ uint64_t cs_pool_slab_max(uint64_t granularity);
  * *created: bytes taken from the driver; *released: spare bytes given back to the driver to
  * make room (a block that needs new memory first trades spare chunks that fit nowhere).
  * *carved (may be NULL): the block was carved out of free memory (a free span, a slab's slot)
- * with no driver call at all. */
-int cs_pool_alloc(cs_pool *p, uint64_t bytes, uint64_t max_new, uint64_t *addr,
-                  uint64_t *created, uint64_t *released, bool *carved, int *raw);
+ * with no driver call at all. ordered: a large block may take free memory whose epoch has
+ * not completed; *epoch (may be NULL) is then the newest such epoch (0: none), and the caller
+ * must order every stream's next work after it before the block is used. Not ordered, and
+ * for small blocks always, only memory whose work completed is taken. */
+int cs_pool_alloc(cs_pool *p, uint64_t bytes, uint64_t max_new, bool ordered, uint64_t *addr,
+                  uint64_t *created, uint64_t *released, bool *carved, uint64_t *epoch,
+                  int *raw);
 /* A block leaves the cache. keep: its memory stays in the pool, free (a move); else the
  * chunks that are then wholly free go back to the driver. done: the work before its free is
- * known to have completed (else the pool waits for the device first). *released: bytes
- * given back. */
-int cs_pool_free(cs_pool *p, uint64_t addr, bool keep, bool done, uint64_t *released, int *raw);
+ * known to have completed; else that work completes at `epoch`: a large block kept (with a
+ * ready function) joins the free space at once, remembering it; otherwise the pool waits for
+ * the device first. *released: bytes given back. */
+int cs_pool_free(cs_pool *p, uint64_t addr, bool keep, bool done, uint64_t epoch,
+                 uint64_t *released, int *raw);
 /* The most new physical memory a block of `bytes` can ever take from the driver: a small block
  * may need a whole new small range (one granule). */
 uint64_t cs_pool_most_new(const cs_pool *p, uint64_t bytes);
-/* Does a free span take a large block of `bytes` as it is (no driver call)? */
-bool cs_pool_fits(cs_pool *p, uint64_t bytes);
+/* Does a free span take a large block of `bytes` as it is (no driver call)? ordered: as for
+ * cs_pool_alloc. */
+bool cs_pool_fits(cs_pool *p, uint64_t bytes, bool ordered);
 /* New physical bytes a block of `bytes` would take from the driver now: with `move`, at the
  * least (free chunks moving into its holes where they can), else what its holes lack after
- * the spare chunks. */
-uint64_t cs_pool_need(cs_pool *p, uint64_t bytes, bool move);
+ * the spare chunks. ordered: as for cs_pool_alloc. */
+uint64_t cs_pool_need(cs_pool *p, uint64_t bytes, bool move, bool ordered);
 /* Give memory outside blocks back to the driver (unmapped chunks first, then mapped chunks
- * every page of which is free) until `bytes` are released or none is left: bytes released. */
+ * every page of which is free) until `bytes` are released or none is left: bytes released.
+ * Free memory whose work is still under way goes last, after the pool waited for the
+ * device. */
 uint64_t cs_pool_trim(cs_pool *p, uint64_t bytes);
 /* The context the pool's memory was made in is gone, with its work, but virtual memory
  * belongs to no context: unmap everything, free every reservation and release every chunk,

@@ -925,16 +925,18 @@ static void test_moves_while_the_gpu_lags(void **state)
     assert_int_equal(races, 0);
     assert_true(after.hits + after.misses - before.hits - before.misses == MOVE_ITERS);
     /* The case is what it claims: the GPU far behind, blocks handed out again before their
-     * work was done (the streams made to wait for it), and, pooled, memory moved to new
-     * blocks, unmapped and mapped anew, while other work was pending. */
+     * work was done (the streams made to wait for it), and, pooled, memory of idle blocks
+     * moved to new blocks while other work was pending: ordered, carved out of memory the GPU
+     * still works on (no unmap needed: about 300 moves, 250 ordered hits, no unmap); else
+     * unmapped and mapped anew once its work is done (about 90 unmaps). */
     assert_true(m->max_pending >= 20);
     if (reuse_ordered())
-        assert_true(after.ordered_hits - before.ordered_hits >= 20);
+        assert_true(after.ordered_hits - before.ordered_hits >= 50);
     else
         assert_int_equal(after.ordered_hits - before.ordered_hits, 0);
     if (shim_pooled()) {
         assert_true(after.moves - before.moves >= 50);
-        assert_true(fake_calls("cuMemUnmap") >= 50);
+        assert_true(reuse_ordered() || fake_calls("cuMemUnmap") >= 50);
     } else {
         assert_int_equal(after.moves - before.moves, 0);
         assert_int_equal(fake_calls("cuMemUnmap"), 0);

@@ -31,7 +31,7 @@ static int setup(void **state)
 {
     fx *f = calloc(1, sizeof *f);
     sim_init(&f->sim, 1ull << 40);
-    f->p = cs_pool_create(&sim_vmm_ops, &f->sim, G, 256 * G);  /* arenas of 256 granules */
+    f->p = cs_pool_create(&sim_vmm_ops, &f->sim, G, 256 * G, NULL, NULL);  /* arenas of 256 granules */
     assert_non_null(f->p);
     *state = f;
     return 0;
@@ -51,7 +51,7 @@ static uint64_t take(fx *f, uint64_t bytes, uint64_t *created, uint64_t *release
 {
     uint64_t a = 0, c = 0, r = 0;
     int raw = 0;
-    assert_int_equal(cs_pool_alloc(f->p, bytes, UINT64_MAX, &a, &c, &r, NULL, &raw), CS_BE_OK);
+    assert_int_equal(cs_pool_alloc(f->p, bytes, UINT64_MAX, false, &a, &c, &r, NULL, NULL, &raw), CS_BE_OK);
     assert_true(a != 0);
     if (created)
         *created = c;
@@ -65,7 +65,7 @@ static uint64_t give(fx *f, uint64_t addr, bool keep)
 {
     uint64_t released = 0;
     int raw = 0;
-    assert_int_equal(cs_pool_free(f->p, addr, keep, true, &released, &raw), CS_BE_OK);
+    assert_int_equal(cs_pool_free(f->p, addr, keep, true, 1, &released, &raw), CS_BE_OK);
     return released;
 }
 
@@ -143,8 +143,8 @@ static void test_create(void **state)
     sim_init(&sim, 0);
     static const uint64_t bad[] = {0, 512, 1000, 3 * 1024, 3 * MiB};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
-        assert_null(cs_pool_create(&sim_vmm_ops, &sim, bad[i], 1ull << 30));
-    cs_pool *p = cs_pool_create(&sim_vmm_ops, &sim, 1024, 1ull << 30);
+        assert_null(cs_pool_create(&sim_vmm_ops, &sim, bad[i], 1ull << 30, NULL, NULL));
+    cs_pool *p = cs_pool_create(&sim_vmm_ops, &sim, 1024, 1ull << 30, NULL, NULL);
     assert_non_null(p);
     cs_pool_destroy(p);
     cs_pool_destroy(NULL);
@@ -166,7 +166,7 @@ static void test_create(void **state)
 static void test_large_new_chunks(void **state)
 {
     fx *f = *state;
-    assert_int_equal(cs_pool_need(f->p, 7 * G, true), 7 * G);
+    assert_int_equal(cs_pool_need(f->p, 7 * G, true, false), 7 * G);
     uint64_t created, released;
     uint64_t va = take(f, 7 * G, &created, &released);
     assert_int_equal(created, 7 * G);
@@ -225,8 +225,8 @@ static void test_carve_from_free_span(void **state)
     assert_int_equal(counts(f).free_mapped, 7 * G);
     assert_int_equal(counts(f).spare, 7 * G);
     assert_no_block(f, a);
-    assert_true(cs_pool_fits(f->p, 3 * G));
-    assert_int_equal(cs_pool_need(f->p, 3 * G, true), 0);
+    assert_true(cs_pool_fits(f->p, 3 * G, false));
+    assert_int_equal(cs_pool_need(f->p, 3 * G, true, false), 0);
     size_t mark = f->sim.nlog;
     uint64_t created, released;
     assert_int_equal(take(f, 3 * G, &created, &released), a);
@@ -242,7 +242,7 @@ static void test_carve_from_free_span(void **state)
     assert_int_equal(take(f, 4 * G, &created, NULL), a + 3 * G);
     assert_int_equal(created, 0);
     assert_string_equal(sim_log_from(&f->sim, mark), "");
-    assert_false(cs_pool_fits(f->p, 1 * G));
+    assert_false(cs_pool_fits(f->p, 1 * G, false));
     assert_int_equal(counts(f).carves, 2);
     assert_int_equal(counts(f).free_mapped, 0);
     /* A small range is carved out of a free span too. */
@@ -264,10 +264,10 @@ static void test_coalesce(void **state)
     assert_int_equal(c, b + 2 * G);
     give(f, a, true);
     give(f, c, true);
-    assert_false(cs_pool_fits(f->p, 3 * G));  /* two free spans of 2 granules */
+    assert_false(cs_pool_fits(f->p, 3 * G, false));  /* two free spans of 2 granules */
     give(f, b, true);
-    assert_true(cs_pool_fits(f->p, 6 * G));
-    assert_false(cs_pool_fits(f->p, 7 * G));  /* d is in use, the hole after it unmapped */
+    assert_true(cs_pool_fits(f->p, 6 * G, false));
+    assert_false(cs_pool_fits(f->p, 7 * G, false));  /* d is in use, the hole after it unmapped */
     size_t mark = f->sim.nlog;
     uint64_t created;
     assert_int_equal(take(f, 6 * G, &created, NULL), a);
@@ -315,8 +315,8 @@ static void test_window_mixes_free_and_holes(void **state)
              c = take(f, 2 * G, NULL, NULL);
     give(f, c, false);  /* a hole again, one with the arena's rest */
     give(f, b, true);   /* free, mapped (freed before c, it would have gone with c's chunks) */
-    assert_false(cs_pool_fits(f->p, 4 * G));
-    assert_int_equal(cs_pool_need(f->p, 4 * G, true), 3 * G);
+    assert_false(cs_pool_fits(f->p, 4 * G, false));
+    assert_int_equal(cs_pool_need(f->p, 4 * G, true, false), 3 * G);
     size_t mark = f->sim.nlog;
     int from = f->sim.naccess;
     uint64_t created;
@@ -367,11 +367,11 @@ static void test_move_free_chunks(void **state)
     fx *f = *state;
     uint64_t x, y, z;
     move_scene(f, &x, &y, &z);
-    assert_int_equal(cs_pool_need(f->p, 3 * G, true), 0);
+    assert_int_equal(cs_pool_need(f->p, 3 * G, true, false), 0);
     size_t mark = f->sim.nlog;
     uint64_t a = 0, created = 1, released = 1;
     int raw = 0;
-    assert_int_equal(cs_pool_alloc(f->p, 3 * G, 0, &a, &created, &released, NULL, &raw), CS_BE_OK);
+    assert_int_equal(cs_pool_alloc(f->p, 3 * G, 0, false, &a, &created, &released, NULL, NULL, &raw), CS_BE_OK);
     assert_int_equal(a, z);
     assert_int_equal(created, 0);
     assert_int_equal(released, 0);
@@ -381,7 +381,7 @@ static void test_move_free_chunks(void **state)
     assert_int_equal(sim_mapped_at(&f->sim, z + 1 * G), G);  /* ... and mapped here */
     assert_int_equal(sim_mapped_at(&f->sim, z + 2 * G), G);
     assert_no_block(f, x);
-    assert_false(cs_pool_fits(f->p, 1 * G));  /* x's span is a hole now, not free */
+    assert_false(cs_pool_fits(f->p, 1 * G, false));  /* x's span is a hole now, not free */
     cs_pool_counts c = counts(f);
     assert_int_equal(c.moves, 2);
     assert_int_equal(c.unmaps, 2);
@@ -410,11 +410,11 @@ static void test_move_never_partly_used(void **state)
     assert_int_equal(take(f, 1 * G, NULL, NULL), a);  /* the 32-granule chunk, partly used */
     assert_int_equal(counts(f).spare, 0);             /* nothing of it can go back */
     assert_int_equal(counts(f).free_mapped, 31 * G);
-    assert_int_equal(cs_pool_need(f->p, 40 * G, true), 9 * G);  /* the 31 free granules, and 9 */
+    assert_int_equal(cs_pool_need(f->p, 40 * G, true, false), 9 * G);  /* the 31 free granules, and 9 */
     size_t mark = f->sim.nlog;
     uint64_t v = 0, created = 1, released = 1;
     int raw = 0;
-    assert_int_equal(cs_pool_alloc(f->p, 40 * G, 0, &v, &created, &released, NULL, &raw), CS_BE_SHORT);
+    assert_int_equal(cs_pool_alloc(f->p, 40 * G, 0, false, &v, &created, &released, NULL, NULL, &raw), CS_BE_SHORT);
     assert_int_equal(created, 0);
     assert_string_equal(sim_log_from(&f->sim, mark), "");
     assert_int_equal(sim_mapped_at(&f->sim, a), 32 * G);
@@ -434,11 +434,11 @@ static void test_overhang(void **state)
 {
     fx *f = *state;
     uint64_t a, b, d = overhang_scene(f, &a, &b), e = d + 32 * G;
-    assert_false(cs_pool_fits(f->p, 34 * G));
+    assert_false(cs_pool_fits(f->p, 34 * G, false));
     size_t mark = f->sim.nlog;
     uint64_t v = 0, created = 1, released = 1;
     int raw = 0;
-    assert_int_equal(cs_pool_alloc(f->p, 34 * G, 0, &v, &created, &released, NULL, &raw), CS_BE_OK);
+    assert_int_equal(cs_pool_alloc(f->p, 34 * G, 0, false, &v, &created, &released, NULL, NULL, &raw), CS_BE_OK);
     assert_int_equal(v, d);
     assert_int_equal(created, 0);
     assert_string_equal(sim_log_from(&f->sim, mark), "UMA");
@@ -452,7 +452,7 @@ static void test_overhang(void **state)
     assert_int_equal(c.free_mapped, 31 * G);
     assert_int_equal(c.spare, 0);  /* the chunk is partly used */
     /* The free rest serves the next block with no driver call. */
-    assert_true(cs_pool_fits(f->p, 31 * G));
+    assert_true(cs_pool_fits(f->p, 31 * G, false));
     assert_int_equal(take(f, 31 * G, &created, NULL), d + 34 * G);
     assert_int_equal(created, 0);
     assert_string_equal(sim_log_from(&f->sim, mark), "UMA");
@@ -469,20 +469,20 @@ static void test_max_new(void **state)
     uint64_t a = 0, created = 1, released = 1;
     int raw = 0;
     size_t mark = f->sim.nlog;
-    assert_int_equal(cs_pool_alloc(f->p, 3 * G, 0, &a, &created, &released, NULL, &raw), CS_BE_SHORT);
-    assert_int_equal(cs_pool_alloc(f->p, 3 * G, 1 * G - 1, &a, &created, &released, NULL, &raw),
+    assert_int_equal(cs_pool_alloc(f->p, 3 * G, 0, false, &a, &created, &released, NULL, NULL, &raw), CS_BE_SHORT);
+    assert_int_equal(cs_pool_alloc(f->p, 3 * G, 1 * G - 1, false, &a, &created, &released, NULL, NULL, &raw),
                      CS_BE_SHORT);
     assert_int_equal(created, 0);
     assert_int_equal(released, 0);
     assert_string_equal(sim_log_from(&f->sim, mark), "");
     assert_int_equal(counts(f).free_mapped, 2 * G);
     /* Exactly what it needs: fine. A small range needs a granule, also limited. */
-    assert_int_equal(cs_pool_alloc(f->p, 3 * G, 1 * G, &a, &created, &released, NULL, &raw), CS_BE_OK);
+    assert_int_equal(cs_pool_alloc(f->p, 3 * G, 1 * G, false, &a, &created, &released, NULL, NULL, &raw), CS_BE_OK);
     assert_int_equal(created, 1 * G);
     uint64_t s = 0;
-    assert_int_equal(cs_pool_alloc(f->p, 4 * KiB, G - 1, &s, &created, &released, NULL, &raw),
+    assert_int_equal(cs_pool_alloc(f->p, 4 * KiB, G - 1, false, &s, &created, &released, NULL, NULL, &raw),
                      CS_BE_SHORT);
-    assert_int_equal(cs_pool_alloc(f->p, 4 * KiB, G, &s, &created, &released, NULL, &raw), CS_BE_OK);
+    assert_int_equal(cs_pool_alloc(f->p, 4 * KiB, G, false, &s, &created, &released, NULL, NULL, &raw), CS_BE_OK);
     assert_int_equal(created, G);
     give(f, a, false);
     give(f, s, false);
@@ -587,7 +587,7 @@ static void test_small_range_goes_when_all_free(void **state)
         assert_no_block(f, b);
     }
     /* The kept granule makes the next small range: no new memory, no driver call. */
-    assert_int_equal(cs_pool_need(f->p, 512, true), 0);
+    assert_int_equal(cs_pool_need(f->p, 512, true, false), 0);
     size_t mark = f->sim.nlog;
     uint64_t created;
     take(f, 512, &created, NULL);
@@ -625,15 +625,15 @@ static void test_keep_or_release(void **state)
      * to free. */
     uint64_t c = take(f, 1 * G, NULL, NULL), released = 7;
     int raw = 0;
-    assert_int_equal(cs_pool_free(f->p, c + 4096, false, true, &released, &raw), CS_BE_ERROR);
+    assert_int_equal(cs_pool_free(f->p, c + 4096, false, true, 1, &released, &raw), CS_BE_ERROR);
     assert_int_equal(raw, 1);  /* CUDA_ERROR_INVALID_VALUE */
     assert_int_equal(released, 0);
-    assert_int_equal(cs_pool_free(f->p, 0x1234000, false, true, &released, &raw), CS_BE_ERROR);
-    assert_int_equal(cs_pool_free(f->p, d + 8 * G, false, true, &released, &raw), CS_BE_ERROR);
+    assert_int_equal(cs_pool_free(f->p, 0x1234000, false, true, 1, &released, &raw), CS_BE_ERROR);
+    assert_int_equal(cs_pool_free(f->p, d + 8 * G, false, true, 1, &released, &raw), CS_BE_ERROR);
     give(f, z, true);
-    assert_int_equal(cs_pool_free(f->p, z, false, true, &released, &raw), CS_BE_ERROR);
+    assert_int_equal(cs_pool_free(f->p, z, false, true, 1, &released, &raw), CS_BE_ERROR);
     uint64_t s = take(f, 4 * KiB, NULL, NULL);
-    assert_int_equal(cs_pool_free(f->p, s + 512, false, true, &released, &raw), CS_BE_ERROR);
+    assert_int_equal(cs_pool_free(f->p, s + 512, false, true, 1, &released, &raw), CS_BE_ERROR);
     assert_found(f, c, c, G);  /* still there */
     give(f, c, false);
     give(f, s, false);
@@ -652,44 +652,44 @@ static void test_not_done_syncs_first(void **state)
     uint64_t a = take(f, 3 * G, NULL, NULL);
     sim_work(&f->sim, a + 5, 1);  /* work of epoch 1 on it, not done */
     size_t mark = f->sim.nlog;
-    assert_int_equal(cs_pool_free(f->p, a, true, false, &released, &raw), CS_BE_OK);
+    assert_int_equal(cs_pool_free(f->p, a, true, false, 1, &released, &raw), CS_BE_OK);
     assert_string_equal(sim_log_from(&f->sim, mark), "S");
     assert_int_equal(f->sim.completed, 1);
     /* Done: no sync. The block is carved out of a's free span, and its chunks go. */
     uint64_t b = take(f, 3 * G, NULL, NULL);
     assert_int_equal(b, a);
     mark = f->sim.nlog;
-    assert_int_equal(cs_pool_free(f->p, b, false, true, &released, &raw), CS_BE_OK);
+    assert_int_equal(cs_pool_free(f->p, b, false, true, 1, &released, &raw), CS_BE_OK);
     assert_string_equal(sim_log_from(&f->sim, mark), "UUURRR");
     /* Not done, not kept: the sync comes before the unmaps. */
     uint64_t d = take(f, 2 * G, NULL, NULL);
     sim_work(&f->sim, d + G, 2);
     mark = f->sim.nlog;
-    assert_int_equal(cs_pool_free(f->p, d, false, false, &released, &raw), CS_BE_OK);
+    assert_int_equal(cs_pool_free(f->p, d, false, false, 1, &released, &raw), CS_BE_OK);
     assert_string_equal(sim_log_from(&f->sim, mark), "SUURR");
     assert_int_equal(f->sim.unsafe_unmaps, 0);
     /* Slots: a sync and nothing else while the range stays; done, nothing at all. */
     uint64_t s1 = take(f, 4 * KiB, NULL, NULL), s2 = take(f, 4 * KiB, NULL, NULL);
     sim_work(&f->sim, s1, 3);
     mark = f->sim.nlog;
-    assert_int_equal(cs_pool_free(f->p, s1, false, false, &released, &raw), CS_BE_OK);
+    assert_int_equal(cs_pool_free(f->p, s1, false, false, 1, &released, &raw), CS_BE_OK);
     assert_string_equal(sim_log_from(&f->sim, mark), "S");
     assert_int_equal(f->sim.completed, 3);
     assert_int_equal(take(f, 4 * KiB, NULL, NULL), s1);  /* the slot, safe to reuse now */
     mark = f->sim.nlog;
-    assert_int_equal(cs_pool_free(f->p, s1, false, true, &released, &raw), CS_BE_OK);
+    assert_int_equal(cs_pool_free(f->p, s1, false, true, 1, &released, &raw), CS_BE_OK);
     assert_string_equal(sim_log_from(&f->sim, mark), "");
     /* The last slot, not done: one sync, then the range's chunk goes. */
     sim_work(&f->sim, s2, 4);
     mark = f->sim.nlog;
-    assert_int_equal(cs_pool_free(f->p, s2, false, false, &released, &raw), CS_BE_OK);
+    assert_int_equal(cs_pool_free(f->p, s2, false, false, 1, &released, &raw), CS_BE_OK);
     assert_string_equal(sim_log_from(&f->sim, mark), "SUR");
     assert_int_equal(released, G);
     assert_int_equal(f->sim.unsafe_unmaps, 0);
     /* A failed sync is reported, and the block leaves all the same (nothing better). */
     uint64_t c = take(f, 1 * G, NULL, NULL);
     sim_fail_in(&f->sim, SIM_SYNC, 1, CS_BE_ERROR);
-    assert_int_equal(cs_pool_free(f->p, c, false, false, &released, &raw), CS_BE_ERROR);
+    assert_int_equal(cs_pool_free(f->p, c, false, false, 1, &released, &raw), CS_BE_ERROR);
     assert_int_equal(released, G);
     assert_no_block(f, c);
     cs_pool_trim(f->p, UINT64_MAX);
@@ -742,26 +742,26 @@ static void test_need(void **state)
 {
     fx *f = *state;
     /* Nothing: a large block is its granules, a small one a granule. */
-    assert_int_equal(cs_pool_need(f->p, 3 * G, true), 3 * G);
-    assert_int_equal(cs_pool_need(f->p, 2 * G + 1, true), 3 * G);
-    assert_int_equal(cs_pool_need(f->p, 512, true), G);
-    assert_int_equal(cs_pool_need(f->p, 1 * MiB, true), G);
+    assert_int_equal(cs_pool_need(f->p, 3 * G, true, false), 3 * G);
+    assert_int_equal(cs_pool_need(f->p, 2 * G + 1, true, false), 3 * G);
+    assert_int_equal(cs_pool_need(f->p, 512, true, false), G);
+    assert_int_equal(cs_pool_need(f->p, 1 * MiB, true, false), G);
     uint64_t s = take(f, 512, NULL, NULL);
     /* A slab of that size with a free slot, or free pages for a new one: nothing. */
-    assert_int_equal(cs_pool_need(f->p, 512, true), 0);
-    assert_int_equal(cs_pool_need(f->p, 64 * KiB, true), 0);
-    assert_int_equal(cs_pool_need(f->p, 1 * MiB, true), 0);  /* 16 of the 31 free pages */
+    assert_int_equal(cs_pool_need(f->p, 512, true, false), 0);
+    assert_int_equal(cs_pool_need(f->p, 64 * KiB, true, false), 0);
+    assert_int_equal(cs_pool_need(f->p, 1 * MiB, true, false), 0);  /* 16 of the 31 free pages */
     uint64_t m = take(f, 1 * MiB, NULL, NULL);
-    assert_int_equal(cs_pool_need(f->p, 1 * MiB, true), G);  /* 15 pages left: a new range */
-    assert_int_equal(cs_pool_need(f->p, 512 * KiB, true), 0);
+    assert_int_equal(cs_pool_need(f->p, 1 * MiB, true, false), G);  /* 15 pages left: a new range */
+    assert_int_equal(cs_pool_need(f->p, 512 * KiB, true, false), 0);
     /* A free span of 3 granules: carved for what fits it (a small range too); a larger block
      * starts on it and creates only the hole's part of its window. */
     make_spare(f, 3 * G);
-    assert_int_equal(cs_pool_need(f->p, 1 * MiB, true), 0);
-    assert_int_equal(cs_pool_need(f->p, 1 * G, true), 0);
-    assert_int_equal(cs_pool_need(f->p, 2 * G, true), 0);
-    assert_int_equal(cs_pool_need(f->p, 4 * G, true), 1 * G);
-    assert_int_equal(cs_pool_need(f->p, 8 * G, true), 5 * G);
+    assert_int_equal(cs_pool_need(f->p, 1 * MiB, true, false), 0);
+    assert_int_equal(cs_pool_need(f->p, 1 * G, true, false), 0);
+    assert_int_equal(cs_pool_need(f->p, 2 * G, true, false), 0);
+    assert_int_equal(cs_pool_need(f->p, 4 * G, true, false), 1 * G);
+    assert_int_equal(cs_pool_need(f->p, 8 * G, true, false), 5 * G);
     /* What need says is what a build takes. */
     uint64_t created;
     take(f, 4 * G, &created, NULL);
@@ -791,13 +791,13 @@ static void test_need_is_what_a_build_takes(void **state)
         give(f, a, true);
         give(f, h, false);
         give(f, c, true);
-        uint64_t need = cs_pool_need(f->p, 34 * G, true), v = 0, created = 7, released;
+        uint64_t need = cs_pool_need(f->p, 34 * G, true, false), v = 0, created = 7, released;
         int raw;
         assert_int_equal(need, full ? 1 * G : 0);
         if (full)
-            assert_int_equal(cs_pool_alloc(f->p, 34 * G, 0, &v, &created, &released, NULL, &raw),
+            assert_int_equal(cs_pool_alloc(f->p, 34 * G, 0, false, &v, &created, &released, NULL, NULL, &raw),
                              CS_BE_SHORT);
-        assert_int_equal(cs_pool_alloc(f->p, 34 * G, need, &v, &created, &released, NULL, &raw),
+        assert_int_equal(cs_pool_alloc(f->p, 34 * G, need, false, &v, &created, &released, NULL, NULL, &raw),
                          CS_BE_OK);
         assert_int_equal(created, need);
         assert_int_equal(v, full ? c : d + 1 * G);
@@ -824,8 +824,8 @@ static void test_trim(void **state)
     assert_string_equal(sim_log_from(&f->sim, mark), "UUURRR");
     assert_int_equal(counts(f).spare, 4 * G);
     assert_int_equal(counts(f).free_mapped, 4 * G);
-    assert_false(cs_pool_fits(f->p, 5 * G));  /* the first 3 granules are a hole now */
-    assert_true(cs_pool_fits(f->p, 4 * G));
+    assert_false(cs_pool_fits(f->p, 5 * G, false));  /* the first 3 granules are a hole now */
+    assert_true(cs_pool_fits(f->p, 4 * G, false));
     assert_int_equal(cs_pool_trim(f->p, 2 * G + 1), 3 * G);
     assert_int_equal(cs_pool_trim(f->p, UINT64_MAX), 1 * G);
     assert_int_equal(cs_pool_trim(f->p, UINT64_MAX), 0);
@@ -839,7 +839,7 @@ static void test_trim(void **state)
         b[i] = take(f, 1 * G, NULL, NULL);
     for (int i = 0; i < 70; i++)
         give(f, b[i], true);
-    assert_true(cs_pool_fits(f->p, 70 * G));
+    assert_true(cs_pool_fits(f->p, 70 * G, false));
     assert_int_equal(sim_live_handles(&f->sim), 70);
     assert_int_equal(cs_pool_trim(f->p, UINT64_MAX), 70 * G);
     assert_clean(f);
@@ -947,7 +947,7 @@ static void test_regrant_during_overhang(void **state)
     f->sim.hook = regrant_in_access;
     uint64_t v = 0, created, released;
     int raw = 0;
-    assert_int_equal(cs_pool_alloc(f->p, 34 * G, 0, &v, &created, &released, NULL, &raw), CS_BE_OK);
+    assert_int_equal(cs_pool_alloc(f->p, 34 * G, 0, false, &v, &created, &released, NULL, NULL, &raw), CS_BE_OK);
     f->sim.hook = NULL;
     assert_int_equal(regrant_hook.armed, 0);
     assert_int_equal(v, d);
@@ -1014,7 +1014,7 @@ static void test_rollback(void **state)
             sim_fail_in(&f->sim, cases[i].op, cases[i].nth, cases[i].rc);
             uint64_t a = 0, created = 7, released = 7, bytes = small ? 4 * KiB : 7 * G;
             int raw = 0;
-            int rc = cs_pool_alloc(f->p, bytes, UINT64_MAX, &a, &created, &released, NULL, &raw);
+            int rc = cs_pool_alloc(f->p, bytes, UINT64_MAX, false, &a, &created, &released, NULL, NULL, &raw);
             if (rc != cases[i].rc)
                 fail_msg("op %d, call %d, %s: rc %d", cases[i].op, cases[i].nth,
                          small ? "small" : "large", rc);
@@ -1036,11 +1036,11 @@ static void test_rollback(void **state)
                 assert_found(f, k, k, G);
             } else {
                 assert_no_block(f, k);                  /* free again ... */
-                assert_true(cs_pool_fits(f->p, 1 * G));  /* ... on its own: */
-                assert_false(cs_pool_fits(f->p, 2 * G)); /* the rest a hole */
+                assert_true(cs_pool_fits(f->p, 1 * G, false));  /* ... on its own: */
+                assert_false(cs_pool_fits(f->p, 2 * G, false)); /* the rest a hole */
             }
             assert_no_block(f, k + G);
-            assert_int_equal(cs_pool_need(f->p, bytes, true), small ? G : 6 * G);
+            assert_int_equal(cs_pool_need(f->p, bytes, true, false), small ? G : 6 * G);
             /* And the same build works now. */
             uint64_t got = take(f, bytes, &created, NULL);
             assert_int_equal(got, small ? k + G : k);
@@ -1060,7 +1060,7 @@ static void test_rollback(void **state)
     sim_fail_in(&f->sim, SIM_RESERVE, 1, CS_BE_ERROR);
     uint64_t a = 0, created = 7, released = 7;
     int raw = 0;
-    assert_int_equal(cs_pool_alloc(f->p, 3 * G, UINT64_MAX, &a, &created, &released, NULL, &raw),
+    assert_int_equal(cs_pool_alloc(f->p, 3 * G, UINT64_MAX, false, &a, &created, &released, NULL, NULL, &raw),
                      CS_BE_ERROR);
     assert_int_equal(raw, 999);
     assert_int_equal(counts(f).reserves, 0);
@@ -1093,7 +1093,7 @@ static void test_rollback_move(void **state)
         sim_fail_in(&f->sim, cases[i].op, cases[i].nth, cases[i].rc);
         uint64_t a = 0, created = 7, released = 7;
         int raw = 0;
-        int rc = cs_pool_alloc(f->p, 3 * G, 0, &a, &created, &released, NULL, &raw);
+        int rc = cs_pool_alloc(f->p, 3 * G, 0, false, &a, &created, &released, NULL, NULL, &raw);
         if (rc != cases[i].rc)
             fail_msg("op %d, call %d: rc %d", cases[i].op, cases[i].nth, rc);
         assert_int_equal(created, 0);
@@ -1115,11 +1115,11 @@ static void test_rollback_move(void **state)
         assert_no_block(f, x);
         assert_no_block(f, z);
         assert_found(f, y, y, G);
-        assert_true(cs_pool_fits(f->p, 1 * G));          /* z's span free again */
-        assert_int_equal(cs_pool_fits(f->p, 2 * G), !first_gone);  /* x's, if whole */
-        assert_int_equal(cs_pool_need(f->p, 3 * G, true), 0);
+        assert_true(cs_pool_fits(f->p, 1 * G, false));          /* z's span free again */
+        assert_int_equal(cs_pool_fits(f->p, 2 * G, false), !first_gone);  /* x's, if whole */
+        assert_int_equal(cs_pool_need(f->p, 3 * G, true, false), 0);
         /* And the same build works now, with no new memory. */
-        assert_int_equal(cs_pool_alloc(f->p, 3 * G, 0, &a, &created, &released, NULL, &raw), CS_BE_OK);
+        assert_int_equal(cs_pool_alloc(f->p, 3 * G, 0, false, &a, &created, &released, NULL, NULL, &raw), CS_BE_OK);
         assert_int_equal(a, z);
         assert_int_equal(created, 0);
         assert_int_equal(sim_live_handles(&f->sim), 4);
@@ -1142,7 +1142,7 @@ static void test_unmap_failure(void **state)
     uint64_t a = take(f, 3 * G, NULL, NULL), released;
     int raw;
     sim_fail_in(&f->sim, SIM_UNMAP, 1, CS_BE_ERROR);
-    assert_int_equal(cs_pool_free(f->p, a, false, true, &released, &raw), CS_BE_OK);
+    assert_int_equal(cs_pool_free(f->p, a, false, true, 1, &released, &raw), CS_BE_OK);
     assert_int_equal(released, 2 * G);
     assert_int_equal(sim_mapped_at(&f->sim, a), G);
     assert_int_equal(counts(f).free_mapped, G);
@@ -1211,7 +1211,7 @@ static void test_release_all_during_build(void **state)
             gone_during(f, SIM_UNMAP, 2);  /* a move: one moved, the other still in place */
         if (c >= 2)
             max_new = 0;
-        int rc = cs_pool_alloc(f->p, bytes, max_new, &a, &created, &released, NULL, &raw);
+        int rc = cs_pool_alloc(f->p, bytes, max_new, false, &a, &created, &released, NULL, NULL, &raw);
         f->sim.hook = NULL;
         assert_int_equal(gone_hook.armed, 0);
         assert_int_equal(rc, CS_BE_ERROR);
@@ -1222,7 +1222,7 @@ static void test_release_all_during_build(void **state)
         /* Nothing more is made for a pool whose context is gone. */
         int calls[SIM_OPS];
         memcpy(calls, f->sim.calls, sizeof calls);
-        assert_int_equal(cs_pool_alloc(f->p, 1 * G, UINT64_MAX, &a, &created, &released, NULL, &raw),
+        assert_int_equal(cs_pool_alloc(f->p, 1 * G, UINT64_MAX, false, &a, &created, &released, NULL, NULL, &raw),
                          CS_BE_ERROR);
         assert_int_equal(raw, 709);
         assert_memory_equal(calls, f->sim.calls, sizeof calls);
@@ -1299,14 +1299,14 @@ static void *pool_worker(void *p)
         int raw;
         if (mine[k]) {
             live_remove(first * POOL_SLOTS + k);
-            w->bad += cs_pool_free(w->f->p, mine[k], (r >> 8) & 1, (r >> 9) & 1, &released, &raw) !=
+            w->bad += cs_pool_free(w->f->p, mine[k], (r >> 8) & 1, (r >> 9) & 1, 1, &released, &raw) !=
                       CS_BE_OK;
             mine[k] = 0;
         } else {
             /* One in four allows no new memory: it moves free chunks, or is short. */
             uint64_t bytes = sizes[(r >> 10) % 8], a, created;
             uint64_t max_new = (r >> 13) % 4 ? UINT64_MAX : 0;
-            int rc = cs_pool_alloc(w->f->p, bytes, max_new, &a, &created, &released, NULL, &raw);
+            int rc = cs_pool_alloc(w->f->p, bytes, max_new, false, &a, &created, &released, NULL, NULL, &raw);
             if (rc != CS_BE_OK) {
                 w->bad += !(rc == CS_BE_SHORT && max_new == 0);
                 continue;
@@ -1324,7 +1324,7 @@ static void *pool_worker(void *p)
         int raw;
         if (mine[k]) {
             live_remove(first * POOL_SLOTS + k);
-            w->bad += cs_pool_free(w->f->p, mine[k], false, true, &released, &raw) != CS_BE_OK;
+            w->bad += cs_pool_free(w->f->p, mine[k], false, true, 1, &released, &raw) != CS_BE_OK;
         }
     }
     return NULL;
@@ -1337,7 +1337,7 @@ static void *pool_janitor(void *p)
         int raw;
         cs_pool_trim(f->p, 3 * G);
         cs_pool_regrant(f->p, &raw);
-        uint64_t need = cs_pool_need(f->p, 3 * G, true);
+        uint64_t need = cs_pool_need(f->p, 3 * G, true, false);
         (void)need;
     }
     return NULL;
@@ -1405,10 +1405,82 @@ static void test_arena_reserve_race(void **state)
     assert_int_equal(f->sim.misuse, 0);
 }
 
+/* ---------------------------------------------------------------- busy free memory */
+
+static uint64_t done_epoch;  /* what the pool of test_busy_free_memory is told completed */
+static bool ready_upto(void *arg, uint64_t epoch)
+{
+    (void)arg;
+    return epoch <= done_epoch;
+}
+
+/* Memory freed while the GPU works on it (kept, with its epoch): carved only for a caller that
+ * orders after the epoch, which it is told; never moved or given back before the epoch
+ * completes, unless the pool waited for the device first. */
+static void test_busy_free_memory(void **state)
+{
+    (void)state;
+    vmm_sim sim;
+    sim_init(&sim, 1ull << 40);
+    cs_pool *p = cs_pool_create(&sim_vmm_ops, &sim, G, 256 * G, ready_upto, NULL);
+    done_epoch = 0;
+    uint64_t x, y, c, r, e = 99;
+    int raw;
+    bool carved;
+    assert_int_equal(cs_pool_alloc(p, 2 * G, UINT64_MAX, true, &x, &c, &r, NULL, &e, &raw), CS_BE_OK);
+    assert_int_equal(e, 0);  /* new memory: no work on it */
+    assert_int_equal(cs_pool_alloc(p, 1 * G, UINT64_MAX, true, &y, &c, &r, NULL, &e, &raw), CS_BE_OK);
+    sim_work(&sim, x, 5);
+    assert_int_equal(cs_pool_free(p, x, true, false, 5, &r, &raw), CS_BE_OK);
+    assert_int_equal(sim.calls[SIM_SYNC], 0);  /* nobody waited */
+    assert_false(cs_pool_fits(p, 2 * G, false));
+    assert_true(cs_pool_fits(p, 2 * G, true));
+    /* Not ordered, with no new memory allowed: x's chunks cannot move while its work runs. */
+    assert_int_equal(cs_pool_need(p, 1 * G, true, false), G);
+    assert_int_equal(cs_pool_alloc(p, 1 * G, 0, false, &c, &c, &r, NULL, &e, &raw), CS_BE_SHORT);
+    assert_int_equal(sim.calls[SIM_UNMAP], 0);
+    /* Ordered: carved out of x, told its epoch. */
+    assert_int_equal(cs_pool_need(p, 1 * G, true, true), 0);
+    uint64_t z;
+    assert_int_equal(cs_pool_alloc(p, 1 * G, 0, true, &z, &c, &r, &carved, &e, &raw), CS_BE_OK);
+    assert_int_equal(z, x);
+    assert_true(carved);
+    assert_int_equal(e, 5);
+    /* Freed again with a newer epoch: the span joined keeps the newest. */
+    assert_int_equal(cs_pool_free(p, z, true, false, 6, &r, &raw), CS_BE_OK);
+    done_epoch = 5;
+    assert_false(cs_pool_fits(p, 1 * G, false));
+    assert_int_equal(cs_pool_alloc(p, 2 * G, 0, true, &z, &c, &r, NULL, &e, &raw), CS_BE_OK);
+    assert_int_equal(e, 6);
+    assert_int_equal(cs_pool_free(p, z, true, true, 0, &r, &raw), CS_BE_OK);
+    /* Done: like any free memory. A small block never takes busy memory. */
+    done_epoch = 6;
+    assert_true(cs_pool_fits(p, 2 * G, false));
+    assert_int_equal(cs_pool_alloc(p, 2 * G, 0, false, &z, &c, &r, NULL, &e, &raw), CS_BE_OK);
+    assert_int_equal(e, 0);
+    sim_work(&sim, z, 7);
+    assert_int_equal(cs_pool_free(p, z, true, false, 7, &r, &raw), CS_BE_OK);
+    assert_int_equal(cs_pool_alloc(p, 4 * KiB, 0, true, &c, &c, &r, NULL, &e, &raw), CS_BE_SHORT);
+    /* y's memory, done, joins the busy span beside it and is busy with it (a free span keeps
+     * its newest epoch). A trim takes only what is done, then waits for the device once and
+     * takes the rest. */
+    assert_int_equal(cs_pool_free(p, y, true, true, 0, &r, &raw), CS_BE_OK);
+    assert_false(cs_pool_fits(p, 1 * G, false));
+    assert_int_equal(cs_pool_trim(p, UINT64_MAX), 3 * G);
+    assert_int_equal(sim.calls[SIM_SYNC], 1);
+    assert_int_equal(cs_pool_trim(p, UINT64_MAX), 0);
+    assert_int_equal(sim.calls[SIM_SYNC], 1);
+    assert_int_equal(sim.unsafe_unmaps, 0);
+    assert_int_equal(sim.misuse, 0);
+    cs_pool_destroy(p);
+    sim_destroy(&sim);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_create),
+        cmocka_unit_test(test_busy_free_memory),
         cmocka_unit_test_setup_teardown(test_large_new_chunks, setup, teardown),
         cmocka_unit_test_setup_teardown(test_carve_from_free_span, setup, teardown),
         cmocka_unit_test_setup_teardown(test_coalesce, setup, teardown),

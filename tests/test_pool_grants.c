@@ -35,7 +35,7 @@ static uint64_t take(uint64_t bytes)
 {
     uint64_t a = 0, c, r;
     int raw;
-    assert_int_equal(cs_pool_alloc(P, bytes, UINT64_MAX, &a, &c, &r, NULL, &raw), CS_BE_OK);
+    assert_int_equal(cs_pool_alloc(P, bytes, UINT64_MAX, false, &a, &c, &r, NULL, NULL, &raw), CS_BE_OK);
     return a;
 }
 
@@ -43,7 +43,7 @@ static void give(uint64_t a, bool keep)
 {
     uint64_t r;
     int raw;
-    assert_int_equal(cs_pool_free(P, a, keep, true, &r, &raw), CS_BE_OK);
+    assert_int_equal(cs_pool_free(P, a, keep, true, 1, &r, &raw), CS_BE_OK);
 }
 
 /* Was [va, va + size) covered by access calls from record `from` on? */
@@ -63,7 +63,7 @@ static int setup(void **state)
 {
     (void)state;
     sim_init(&sim, 1ull << 40);
-    P = cs_pool_create(&sim_vmm_ops, &sim, G, 256 * G);
+    P = cs_pool_create(&sim_vmm_ops, &sim, G, 256 * G, NULL, NULL);
     armed = fail_nth = 0;
     regrant_from = -1;
     sim.hook = hook;
@@ -111,7 +111,7 @@ static void test_regrant_then_rollback(void **state)
     fail_rc = CS_BE_OOM;
     uint64_t a = 0, c, r;
     int raw;
-    assert_int_equal(cs_pool_alloc(P, 3 * G, UINT64_MAX, &a, &c, &r, NULL, &raw), CS_BE_OOM);
+    assert_int_equal(cs_pool_alloc(P, 3 * G, UINT64_MAX, false, &a, &c, &r, NULL, NULL, &raw), CS_BE_OOM);
     assert_true(regrant_from >= 0);
     sim.hook = NULL;
     uint64_t v = take(G);              /* carved from k's span */
@@ -129,9 +129,9 @@ static void test_rollback_unmap_fails(void **state)
     sim_fail_in(&sim, SIM_UNMAP, 1, CS_BE_ERROR); /* the rollback's first unmap */
     uint64_t a = 0, c, r;
     int raw;
-    assert_int_equal(cs_pool_alloc(P, 4 * G, UINT64_MAX, &a, &c, &r, NULL, &raw), CS_BE_OOM);
+    assert_int_equal(cs_pool_alloc(P, 4 * G, UINT64_MAX, false, &a, &c, &r, NULL, NULL, &raw), CS_BE_OOM);
     assert_int_equal(sim.misuse, 0);
-    int rc = cs_pool_alloc(P, 4 * G, UINT64_MAX, &a, &c, &r, NULL, &raw);
+    int rc = cs_pool_alloc(P, 4 * G, UINT64_MAX, false, &a, &c, &r, NULL, NULL, &raw);
     assert_int_equal(rc, CS_BE_OK);
 }
 

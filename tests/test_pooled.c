@@ -31,6 +31,7 @@ static struct {
     bool dirty;
     uint64_t epoch;
     int fences, waits, orders;
+    int busy;  /* streams with work under way, as the backend would count them (0: one) */
     bool capturing, fail_order;
     uint64_t next_addr;  /* the classic heap's allocations */
     int allocs, frees;
@@ -76,6 +77,13 @@ static int fb_order_after(void *dev, uint64_t epoch)
     return __atomic_load_n(&be.fail_order, __ATOMIC_RELAXED) ? -1 : 0;
 }
 
+static int fb_busy_streams(void *dev)
+{
+    (void)dev;
+    int n = __atomic_load_n(&be.busy, __ATOMIC_RELAXED);
+    return n ? n : 1;
+}
+
 static bool fb_capturing(void) { return __atomic_load_n(&be.capturing, __ATOMIC_RELAXED); }
 
 /* The classic backend, for the heaps without a pool. */
@@ -98,7 +106,7 @@ static int fb_free(void *dev, uint64_t addr, int *raw)
 }
 
 static const cs_backend_ops pooled_ops = {fb_alloc, fb_free, fb_fence, fb_reached, fb_wait,
-                                          fb_order_after, NULL, &sim_vmm_ops};
+                                          fb_order_after, fb_busy_streams, &sim_vmm_ops};
 static const cs_backend_ops classic_ops = {fb_alloc, fb_free, fb_fence, fb_reached, fb_wait,
                                            fb_order_after, NULL, NULL};
 
@@ -160,6 +168,19 @@ static int setup_config(void **state, config k)
 
 static int setup(void **state) { return setup_config(state, (config){.reuse = CS_REUSE_COMPLETED}); }
 static int setup_ordered(void **state) { return setup_config(state, (config){0}); }
+/* Two busy streams, within a headroom of 100 % / beyond a headroom of 0. */
+static int setup_ordered_busy2(void **state)
+{
+    int r = setup_config(state, (config){.headroom_permille = 1000});
+    be.busy = 2;
+    return r;
+}
+static int setup_ordered_busy2_tight(void **state)
+{
+    int r = setup_config(state, (config){0});
+    be.busy = 2;
+    return r;
+}
 /* A release threshold no test reaches: no thread caches, every block in the core's lists. */
 static int setup_no_tc(void **state)
 {
@@ -415,7 +436,9 @@ static void test_move_order(void **state)
     assert_exact(f);
 }
 
-/* A block whose work is not done never moves: new memory instead. */
+/* A block whose work is not done does not move when reuse waits for completion, nor, ordered,
+ * while several streams are busy and new memory stays within the headroom: new memory
+ * instead. */
 static void test_busy_block_does_not_move(void **state)
 {
     fx *f = *state;
@@ -437,6 +460,109 @@ static void test_busy_block_does_not_move(void **state)
     assert_int_equal(sim.calls[SIM_CREATE], creates);
     assert_exact(f);
     (void)b;
+}
+
+/* Ordered, with one busy stream (or several, when new memory would pass the headroom): a busy
+ * block's memory joins the free space at a miss, and a block of another size is carved out of
+ * it, its streams made to wait for the work on it: no driver call, no host wait. What is left of it stays free but busy: a later miss may
+ * build on it (ordered again) but never unmaps it while the device's work is under way. */
+static void test_busy_block_carved_ordered(void **state)
+{
+    fx *f = *state;
+    uint64_t a = must_alloc(f, 4 * MiB);
+    work_on(a);
+    must_free(f, a);
+    int creates = sim.calls[SIM_CREATE], orders = be.orders;
+    uint64_t b = must_alloc(f, 2 * MiB);
+    assert_int_equal(b, a);
+    cacheshim_stats st = stats(f);
+    assert_int_equal(st.moves, 1);
+    assert_int_equal(st.ordered_hits, 1);
+    assert_int_equal(st.misses, 1);  /* a's own allocation */
+    assert_true(be.orders > orders);
+    assert_int_equal(sim.calls[SIM_CREATE], creates);
+    assert_int_equal(be.waits, 0);
+    /* 8 MiB fit nowhere: the busy rest of a and new memory after it, ordered again. */
+    uint64_t c = must_alloc(f, 8 * MiB);
+    assert_int_equal(c, a + 2 * MiB);
+    assert_int_equal(stats(f).ordered_hits, 2);
+    assert_int_equal(sim.calls[SIM_UNMAP], 0);
+    assert_int_equal(be.waits, 0);
+    assert_exact(f);
+    /* Once the work is done, memory freed is free memory like any: no order needed. */
+    gpu_idle();
+    must_free(f, c);
+    assert_int_equal(must_alloc(f, 10 * MiB), c);
+    assert_int_equal(stats(f).ordered_hits, 2);
+    assert_exact(f);
+}
+
+/* Several busy streams: up to two blocks per busy stream (three blocks of the size asked for,
+ * here) may be new memory beyond the headroom (0 here), as whole blocks are kept one per busy
+ * stream before they are reused ordered; past that, the busy blocks' memory is carved,
+ * ordered: memory does not grow with the GPU's lag. */
+static void test_busy_memory_beyond_busy_streams(void **state)
+{
+    fx *f = *state;
+    uint64_t a = must_alloc(f, 4 * MiB);  /* the peak in use: each block goes before the next */
+    work_on(a);
+    must_free(f, a);
+    static const uint64_t sizes[] = {1536 * KiB, 1280 * KiB};
+    for (int i = 0; i < 2; i++) {  /* held + size within 4 MiB + 3 * size: new memory */
+        uint64_t b = must_alloc(f, sizes[i]);
+        assert_true(b != a);
+        work_on(b);
+        must_free(f, b);
+    }
+    assert_int_equal(stats(f).ordered_hits, 0);
+    int creates = sim.calls[SIM_CREATE];
+    /* Held: 4 MiB and two new granules. 8 + 1.75 passes 4 + 3 * 1.75 MiB: carved out of the
+     * free span a and the others make, joined. */
+    uint64_t e = must_alloc(f, 1792 * KiB);
+    assert_int_equal(e, a);
+    assert_int_equal(stats(f).ordered_hits, 1);
+    assert_int_equal(sim.calls[SIM_CREATE], creates);
+    assert_int_equal(sim.calls[SIM_UNMAP], 0);
+    assert_int_equal(be.waits, 0);
+    assert_exact(f);
+}
+
+/* Nothing can be ordered after the busy memory (a fence lost): the block is not carved out of
+ * it, and nobody waits on the host: new memory instead. The busy memory stays, free. */
+static void test_busy_memory_unordered_when_order_fails(void **state)
+{
+    fx *f = *state;
+    uint64_t a = must_alloc(f, 4 * MiB);
+    work_on(a);
+    must_free(f, a);
+    be.fail_order = true;
+    uint64_t b = must_alloc(f, 2 * MiB);
+    assert_true(b != a);
+    assert_int_equal(stats(f).ordered_hits, 0);
+    assert_int_equal(be.waits, 0);
+    assert_int_equal(sim.calls[SIM_UNMAP], 0);
+    assert_exact(f);
+    be.fail_order = false;
+    gpu_idle();
+    assert_int_equal(must_alloc(f, 4 * MiB), a);  /* all of a's memory, free and done */
+    assert_exact(f);
+}
+
+/* Trimming gives busy free memory back only after the device finished its work. */
+static void test_trim_waits_for_busy_free_memory(void **state)
+{
+    fx *f = *state;
+    uint64_t a = must_alloc(f, 4 * MiB);
+    work_on(a);
+    must_free(f, a);
+    uint64_t b = must_alloc(f, 2 * MiB);  /* a's memory joins the free space, busy */
+    assert_int_equal(b, a);
+    must_free(f, b);
+    int syncs = sim.calls[SIM_SYNC];
+    assert_true(cs_cache_trim(f->cache) >= 2 * MiB);  /* b's, idle and busy, stays */
+    assert_true(sim.calls[SIM_SYNC] > syncs);
+    assert_int_equal(sim.unsafe_unmaps, 0);
+    assert_exact(f);
 }
 
 /* While a stream capture runs nothing moves (an unmap could break it): new memory. */
@@ -1017,7 +1143,15 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_move_order, setup, teardown),
         cmocka_unit_test_setup_teardown(test_move_order, setup_no_tc, teardown),
         cmocka_unit_test_setup_teardown(test_busy_block_does_not_move, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_busy_block_does_not_move, setup_ordered, teardown),
+        cmocka_unit_test_setup_teardown(test_busy_block_does_not_move, setup_ordered_busy2,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_busy_block_carved_ordered, setup_ordered, teardown),
+        cmocka_unit_test_setup_teardown(test_busy_memory_beyond_busy_streams,
+                                        setup_ordered_busy2_tight, teardown),
+        cmocka_unit_test_setup_teardown(test_busy_memory_unordered_when_order_fails,
+                                        setup_ordered, teardown),
+        cmocka_unit_test_setup_teardown(test_trim_waits_for_busy_free_memory, setup_ordered,
+                                        teardown),
         cmocka_unit_test_setup_teardown(test_capture_blocks_moves, setup, teardown),
         cmocka_unit_test_setup_teardown(test_cap_counts_spare, setup_cap7, teardown),
         cmocka_unit_test_setup_teardown(test_wait_on_retry_is_one_hit, setup_cap13, teardown),

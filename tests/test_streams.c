@@ -492,8 +492,12 @@ static void test_failed_record_drops_the_stream(void **state)
     assert_int_equal(fake_calls("cuCtxSynchronize"), syncs + 1);
     must_free(b);
     fake_retire_all();
-    assert_int_equal(must_alloc(13 * MiB), a);
-    must_free(a);
+    /* Both are free and done now: two requests get them back (a pooled heap may carve the
+     * second out of a's memory, given to its free space at the miss above). */
+    CUdeviceptr x = must_alloc(13 * MiB), y = must_alloc(13 * MiB);
+    assert_true((x == a && y == b) || (x == b && y == a));
+    must_free(x);
+    must_free(y);
     cache_works();
     assert_int_equal(fake_calls("cuCtxSynchronize"), syncs + 1);
     assert_int_equal(fake_races(), 0);
