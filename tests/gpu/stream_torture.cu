@@ -1,7 +1,7 @@
 // stream_torture: is a freed block ever handed out while the GPU may still touch it?
 //
 //     stream_torture [CYCLES] [--in-flight] [--unsafe-reuse] [--require-shim]
-//                    [--spin-us MIN:MAX] [--min-same-block N]
+//                    [--spin-us MIN:MAX] [--min-same-block N] [--one-stream] [--shift]
 //
 // Four non-blocking streams (cudaStreamNonBlocking), one blocking stream, and the legacy
 // default stream. Each cycle c:
@@ -32,6 +32,13 @@
 //   PASS stream_torture_control cycles=N corruptions=N
 //
 // and fails (exit 1) if it saw none: then the test could not have caught a bad allocator.
+//
+// --one-stream: every spin_check runs on the first non-blocking stream (the overwrites still
+// on the others): one stream busy most of the time, the case where a pooled cache hands out
+// memory freed while that stream still works on it, every other stream made to wait for it.
+// --shift: B2 is of a size of its own, 1 to 5 MiB in 4 KiB steps (rarely the same twice), so
+// that it is built from the free memory B and others left, not a block reused whole: a pooled
+// cache carves it out of memory still in use.
 //
 // --in-flight: blocks are reused while kernels on other streams still run, the case a shim
 // with stream-ordered reuse (a freed block handed out before its fence completed, the next
@@ -148,9 +155,14 @@ int main(int argc, char **argv)
     int require_shim = 0;
     unsigned spin_min_us = 100, spin_max_us = 500;
     long min_same_block = 0;
+    bool one_stream = false, shift = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--unsafe-reuse"))
             unsafe = true;
+        else if (!strcmp(argv[i], "--one-stream"))
+            one_stream = true;
+        else if (!strcmp(argv[i], "--shift"))
+            shift = true;
         else if (!strcmp(argv[i], "--in-flight"))
             in_flight = true;
         else if (!strcmp(argv[i], "--require-shim"))
@@ -170,9 +182,14 @@ int main(int argc, char **argv)
             }
         } else if ((cycles = strtol(argv[i], NULL, 10)) <= 0) {
             printf("usage: stream_torture [CYCLES] [--in-flight] [--unsafe-reuse] "
-                   "[--require-shim] [--spin-us MIN:MAX] [--min-same-block N]\n");
+                   "[--require-shim] [--spin-us MIN:MAX] [--min-same-block N] [--one-stream] "
+                   "[--shift]\n");
             return 2;
         }
+    }
+    if (unsafe && shift) {
+        printf("stream_torture: --unsafe-reuse overwrites B itself: no --shift\n");
+        return 2;
     }
     const char *name = in_flight ? (unsafe ? "stream_torture_inflight_control"
                                            : "stream_torture_inflight")
@@ -209,7 +226,9 @@ int main(int argc, char **argv)
     auto t0 = std::chrono::steady_clock::now();
     for (long c = 0; c < cycles; c++) {
         size_t size = kSizes[c % kNumSizes], words = size / 4;
-        int si = (int)(c % nstreams);
+        size_t size2 = shift ? (1u << 20) + (size_t)((c * 7919) % 1024) * 4096 : size;
+        size_t words2 = size2 / 4;
+        int si = one_stream ? 0 : (int)(c % nstreams);
         cudaStream_t s = streams[si];
         // A non-blocking stream other than s for the overwrite.
         int oi;
@@ -235,28 +254,28 @@ int main(int argc, char **argv)
             b2 = b;
         } else {
             CK(cudaFree(b)); // no synchronization: spin_check is still running
-            CK(cudaMalloc(&b2, size));
+            CK(cudaMalloc(&b2, size2));
             same_block += b2 == b;
         }
 
-        Pending p = {b2, words, 0, 0, c};
+        Pending p = {b2, words2, 0, 0, c};
         int m = in_flight ? 1 + (int)(c % 2) : (int)(c % 3); // in flight: no legacy memset
         method_of[c] = m;
         stream_of[c] = si;
         switch (m) {
         case 0:
-            CK(cudaMemset(b2, 0xAB, size)); // legacy default stream
+            CK(cudaMemset(b2, 0xAB, size2)); // legacy default stream
             p.expect = 0xABABABABu;
             p.stream = 0;
             break;
         case 1:
             p.expect = 0xDEAD0000u | (uint32_t)(c & 0xffff);
-            scribble<<<kBlocks, kThreads, 0, other>>>(b2, words, p.expect);
+            scribble<<<kBlocks, kThreads, 0, other>>>(b2, words2, p.expect);
             CK(cudaGetLastError());
             p.stream = other;
             break;
         default:
-            CK(cudaMemsetAsync(b2, 0xCD, size, other));
+            CK(cudaMemsetAsync(b2, 0xCD, size2, other));
             p.expect = 0xCDCDCDCDu;
             p.stream = other;
             break;
@@ -296,9 +315,10 @@ int main(int argc, char **argv)
     }
     unsigned long long corruptions = spin_bad + b2_bad;
 
-    printf("%s: cycles=%ld streams=%d non-blocking%s spin_us=%u-%u ring=%d wall_ms=%.1f "
+    printf("%s: cycles=%ld streams=%d non-blocking%s%s%s spin_us=%u-%u ring=%d wall_ms=%.1f "
            "same_block_reuse=%ld\n",
-           name, cycles, nonblocking, in_flight ? "" : " + 1 blocking + legacy", spin_min_us,
+           name, cycles, nonblocking, in_flight ? "" : " + 1 blocking + legacy",
+           one_stream ? " (spins on one)" : "", shift ? " shifted sizes" : "", spin_min_us,
            spin_max_us, ring_size, ms, same_block);
     printf("%s: corrupted words: while spinning=%llu in the new owner's block=%llu; corrupted "
            "cycles=%ld (%s=%ld %s=%ld %s=%ld; kernel on the blocking stream=%ld)\n",
