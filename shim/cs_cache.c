@@ -748,20 +748,21 @@ static bool pool_ordered(const cs_cache *c, const cs_heap *h)
     return h->ordered && !(c->config.capturing && c->config.capturing());
 }
 
-/* A block from the heap's pool (see backend_take). *ordered_hit: it took free memory whose
- * work is still under way, every stream's next work made to wait for that work. */
+/* A block from the heap's pool (see backend_take). *pending: the epoch of the work still
+ * under way on the free memory it took, every stream's next work made to wait for it (0:
+ * none). */
 static int pool_take(cs_cache *c, cs_heap *h, uint64_t bytes, uint64_t need, uint64_t *addr,
-                     uint64_t *created, uint64_t *released, bool *carved, bool *ordered_hit,
+                     uint64_t *created, uint64_t *released, bool *carved, uint64_t *pending,
                      int *raw)
 {
     uint64_t epoch = 0;
     int r = cs_pool_alloc(h->pool, bytes, need, pool_ordered(c, h), addr, created, released,
                           carved, &epoch, raw);
-    *ordered_hit = false;
+    *pending = 0;
     if (r != CS_BE_OK || !epoch || cs_epoch_ready(h, epoch))
         return r;
     if (h->ops->order_after(h->dev, epoch) == 0) {
-        *ordered_hit = true;
+        *pending = epoch;
         return r;
     }
     /* Nothing can be ordered after its work now (a fence lost, a capture began): as for a
@@ -779,26 +780,28 @@ static int pool_take(cs_cache *c, cs_heap *h, uint64_t bytes, uint64_t need, uin
 
 /* A new block from the backend: a driver allocation, or the heap's pool, taking at most
  * `need` bytes of new memory (the reservation made under the cap); *carved (may be NULL): the
- * pool carved it out of free memory with no driver call. Called without the lock;
- * returns with it held and the memory accounted: the reservation dropped, the pool's spare
- * changed by what the pool took from the driver, gave back, and put into the block. */
+ * pool carved it out of free memory with no driver call; *pending: the epoch of work still
+ * under way on its memory, every stream ordered after it (0: none; a block given back must
+ * not be unmapped before it completes). Called without the lock; returns with it held and
+ * the memory accounted: the reservation dropped, the pool's spare changed by what the pool
+ * took from the driver, gave back, and put into the block. */
 static int backend_take(cs_cache *c, cs_heap *h, uint64_t bytes, uint64_t need, uint64_t *addr,
-                        bool *carved, int *raw)
+                        bool *carved, uint64_t *pending, int *raw)
 {
     uint64_t created = 0, released = 0;
     int r;
-    bool ignored, *no_call = carved ? carved : &ignored, ordered_hit = false;
+    bool ignored, *no_call = carved ? carved : &ignored;
     *no_call = false;
+    *pending = 0;
     if (!h->pool) {
         r = h->ops->alloc(h->dev, bytes, addr, raw);
         created = r == CS_BE_OK ? bytes : 0;
     } else {
-        r = pool_take(c, h, bytes, need, addr, &created, &released, no_call, &ordered_hit, raw);
+        r = pool_take(c, h, bytes, need, addr, &created, &released, no_call, pending, raw);
     }
     pthread_mutex_lock(&c->lock);
     device_state *d = &c->devices[h->device];
     d->pending_bytes -= need;
-    d->st.ordered_hits += ordered_hit;
     if (created)
         d->st.driver_allocs++;
     if (released)
@@ -864,7 +867,8 @@ static uint64_t most_new(const cs_heap *h, uint64_t bytes)
 /* The driver is out of memory: give idle memory back and retry at the same size, first the
  * blocks the GPU is done with, then all (their fences waited for). With the lock held; it is
  * dropped meanwhile. */
-static int recover_oom(cs_cache *c, cs_heap *h, uint64_t bytes, uint64_t *addr, int *raw)
+static int recover_oom(cs_cache *c, cs_heap *h, uint64_t bytes, uint64_t *addr,
+                       uint64_t *pending, int *raw)
 {
     device_state *d = &c->devices[h->device];
     int r = CS_BE_OOM;
@@ -879,7 +883,7 @@ static int recover_oom(cs_cache *c, cs_heap *h, uint64_t bytes, uint64_t *addr, 
         if (n == 0 || !reserve_under_cap(c, d, h->device, most))
             continue;
         pthread_mutex_unlock(&c->lock);
-        if ((r = backend_take(c, h, bytes, most, addr, NULL, raw)) == CS_BE_OK)
+        if ((r = backend_take(c, h, bytes, most, addr, NULL, pending, raw)) == CS_BE_OK)
             d->st.oom_recoveries++;
     }
     return r;
@@ -989,7 +993,7 @@ static cs_result alloc_miss(cs_cache *c, cs_heap *h, uint64_t size, uint64_t byt
                             uint64_t *addr, int *raw, cs_alloc_failure *failure)
 {
     device_state *d = &c->devices[h->device];
-    uint64_t a = 0;
+    uint64_t a = 0, pending = 0;
     int r = CS_BE_SHORT;
     bool carved = false;
     for (int attempt = 0; r == CS_BE_SHORT; attempt++) {
@@ -1013,14 +1017,17 @@ static cs_result alloc_miss(cs_cache *c, cs_heap *h, uint64_t size, uint64_t byt
             return CS_OOM;
         }
         pthread_mutex_unlock(&c->lock);
-        r = backend_take(c, h, bytes, need, &a, &carved, raw);
+        r = backend_take(c, h, bytes, need, &a, &carved, &pending, raw);
     }
     /* A miss once it is the backend's (a wait at the cap on a retry above is a hit), unless
-     * the pool carved the block out of free memory: no driver call, a hit as well. */
-    if (r == CS_BE_OK && carved)
+     * the pool carved the block out of free memory: no driver call, a hit as well (an ordered
+     * one when that memory's work is still under way). */
+    if (r == CS_BE_OK && carved) {
         d->st.hits++;
-    else
+        d->st.ordered_hits += pending != 0;
+    } else {
         d->st.misses++;
+    }
     if (r == CS_BE_OOM && !h->dead) {
         /* Out of memory. First a cached block that fits, once the GPU is done with it: no
          * memory changes hands. Then give idle memory back and retry. */
@@ -1030,7 +1037,7 @@ static cs_result alloc_miss(cs_cache *c, cs_heap *h, uint64_t size, uint64_t byt
             pthread_mutex_unlock(&c->lock);
             return CS_OK;
         }
-        r = recover_oom(c, h, bytes, &a, raw);
+        r = recover_oom(c, h, bytes, &a, &pending, raw);
     }
     if (h->dead) {
         /* The context was destroyed while the driver was asked: whatever it gave went with
@@ -1041,10 +1048,11 @@ static cs_result alloc_miss(cs_cache *c, cs_heap *h, uint64_t size, uint64_t byt
     }
     cs_block *b = NULL;
     if (r == CS_BE_OK && !(b = new_block(c, h, a, bytes, cls))) {
-        /* No host memory for the bookkeeping: the memory goes back. */
+        /* No host memory for the bookkeeping: the memory goes back, unmapped only once the
+         * work still under way on it (pending) has completed. */
         d->pending_bytes += bytes;
         pthread_mutex_unlock(&c->lock);
-        cs_block tmp = {.addr = a, .size = bytes, .heap = h, .epoch = 0};
+        cs_block tmp = {.addr = a, .size = bytes, .heap = h, .epoch = pending};
         uint64_t released = backend_free(h, &tmp, false, NULL);
         pthread_mutex_lock(&c->lock);
         d->pending_bytes -= bytes;
