@@ -1562,7 +1562,7 @@ uint64_t cs_pool_need(cs_pool *p, uint64_t bytes, bool move, bool ordered)
     return need;
 }
 
-uint64_t cs_pool_trim(cs_pool *p, uint64_t bytes)
+uint64_t cs_pool_trim(cs_pool *p, uint64_t bytes, bool may_wait)
 {
     uint64_t released = 0;
     /* Unmapped chunks first: no driver call but the release. */
@@ -1582,8 +1582,9 @@ uint64_t cs_pool_trim(cs_pool *p, uint64_t bytes)
             break;
     }
     /* Then the chunks of free spans, one span at a time: those whose work is done; then, if
-     * that was not enough, the rest once the device has finished its work. */
-    for (int round = 0; round < 2 && released < bytes; round++) {
+     * that was not enough and the pool may wait, the rest once the device has finished its
+     * work. */
+    for (int round = 0; round < (may_wait ? 2 : 1) && released < bytes; round++) {
         if (round == 1) {
             pthread_mutex_lock(&p->lock);
             uint64_t upto = p->pending_max;

@@ -121,8 +121,8 @@ uint64_t cs_pool_need(cs_pool *p, uint64_t bytes, bool move, bool ordered);
 /* Give memory outside blocks back to the driver (unmapped chunks first, then mapped chunks
  * every page of which is free) until `bytes` are released or none is left: bytes released.
  * Free memory whose work is still under way goes last, after the pool waited for the
- * device. */
-uint64_t cs_pool_trim(cs_pool *p, uint64_t bytes);
+ * device, if it may wait (not while a stream capture runs: that would break it). */
+uint64_t cs_pool_trim(cs_pool *p, uint64_t bytes, bool may_wait);
 /* The context the pool's memory was made in is gone, with its work, but virtual memory
  * belongs to no context: unmap everything, free every reservation and release every chunk,
  * mapped or spare. The pool is then empty. Bytes released. */

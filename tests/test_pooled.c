@@ -600,6 +600,27 @@ static void test_no_host_memory_for_ordered_block(void **state)
     assert_exact(f);
 }
 
+/* While a capture runs, a trim gives back only free memory whose work is done: waiting for
+ * the device (a context synchronize) would break the capture. */
+static void test_trim_never_waits_while_capturing(void **state)
+{
+    fx *f = *state;
+    uint64_t a = must_alloc(f, 4 * MiB);
+    work_on(a);
+    must_free(f, a);
+    uint64_t b = must_alloc(f, 2 * MiB);  /* a's memory joins the free space, busy */
+    assert_int_equal(b, a);
+    int syncs = sim.calls[SIM_SYNC];
+    be.capturing = true;
+    assert_int_equal(cs_cache_trim(f->cache), 0);
+    assert_int_equal(sim.calls[SIM_SYNC], syncs);
+    be.capturing = false;
+    assert_int_equal(cs_cache_trim(f->cache), 2 * MiB);  /* the busy rest, after a wait */
+    assert_true(sim.calls[SIM_SYNC] > syncs);
+    must_free(f, b);
+    assert_exact(f);
+}
+
 /* While a stream capture runs nothing moves (an unmap could break it): new memory. */
 static void test_capture_blocks_moves(void **state)
 {
@@ -1188,6 +1209,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_trim_waits_for_busy_free_memory, setup_ordered,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_no_host_memory_for_ordered_block, setup_ordered,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_trim_never_waits_while_capturing, setup_ordered,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_capture_blocks_moves, setup, teardown),
         cmocka_unit_test_setup_teardown(test_cap_counts_spare, setup_cap7, teardown),
