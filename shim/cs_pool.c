@@ -363,13 +363,32 @@ static bool epoch_done(cs_pool *p, uint64_t epoch)
     return true;
 }
 
+/* The oldest epoch of free memory not known complete (0: none). */
+static uint64_t oldest_pending(const cs_pool *p)
+{
+    uint64_t oldest = 0;
+    for (size_t k = 0; k < p->narenas; k++)
+        for (size_t i = 0; i < p->arenas[k]->nspans; i++) {
+            const span *s = &p->arenas[k]->spans[i];
+            if (s->kind == SPAN_FREE && s->epoch > p->done && (!oldest || s->epoch < oldest))
+                oldest = s->epoch;
+        }
+    return oldest;
+}
+
 /* The newest epoch of the free memory a block may take: any when the caller orders the
- * block's work after the block's epoch, else only what completed. */
+ * block's work after the block's epoch, else only what completed. Most often all of it
+ * completed, in one question; else as much as did, oldest first (epochs complete in order),
+ * so that memory whose work is done serves while newer work runs elsewhere. */
 static uint64_t usable_epoch(cs_pool *p, bool ordered)
 {
     if (ordered)
         return UINT64_MAX;
-    epoch_done(p, p->pending_max);  /* most often all of it, in one question */
+    if (epoch_done(p, p->pending_max))
+        return p->done;
+    uint64_t e;
+    while ((e = oldest_pending(p)) != 0 && epoch_done(p, e))
+        continue;  /* p->done moved on to e */
     return p->done;
 }
 

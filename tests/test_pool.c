@@ -1478,11 +1478,47 @@ static void test_busy_free_memory(void **state)
     sim_destroy(&sim);
 }
 
+/* The GPU finished some of the busy free memory, not all: memory whose work completed serves
+ * a block that takes only such memory (a small range here) although newer work is still
+ * under way elsewhere. */
+static void test_done_part_of_busy_memory(void **state)
+{
+    (void)state;
+    vmm_sim sim;
+    sim_init(&sim, 1ull << 40);
+    cs_pool *p = cs_pool_create(&sim_vmm_ops, &sim, G, 256 * G, ready_upto, NULL);
+    done_epoch = 0;
+    uint64_t x, y, s1, s2, c, r;
+    int raw;
+    assert_int_equal(cs_pool_alloc(p, 2 * G, UINT64_MAX, false, &x, &c, &r, NULL, NULL, &raw), CS_BE_OK);
+    assert_int_equal(cs_pool_alloc(p, 1 * G, UINT64_MAX, false, &s1, &c, &r, NULL, NULL, &raw), CS_BE_OK);
+    assert_int_equal(cs_pool_alloc(p, 2 * G, UINT64_MAX, false, &y, &c, &r, NULL, NULL, &raw), CS_BE_OK);
+    assert_int_equal(cs_pool_alloc(p, 1 * G, UINT64_MAX, false, &s2, &c, &r, NULL, NULL, &raw), CS_BE_OK);
+    assert_int_equal(cs_pool_free(p, x, true, false, 5, &r, &raw), CS_BE_OK);
+    assert_int_equal(cs_pool_free(p, y, true, false, 6, &r, &raw), CS_BE_OK);
+    done_epoch = 5;  /* x's work done, y's still under way */
+    assert_true(cs_pool_fits(p, 2 * G, false));
+    assert_int_equal(cs_pool_need(p, 4 * KiB, true, false), 0);
+    uint64_t k, created = 7, e = 7;
+    bool carved;
+    assert_int_equal(cs_pool_alloc(p, 4 * KiB, 0, false, &k, &created, &r, &carved, &e, &raw), CS_BE_OK);
+    assert_int_equal(created, 0);
+    assert_true(carved);
+    assert_int_equal(e, 0);
+    assert_true(k >= x && k < x + 2 * G);
+    assert_int_equal(sim.unsafe_unmaps, 0);
+    assert_int_equal(sim.misuse, 0);
+    cs_pool_release_all(p);
+    cs_pool_destroy(p);
+    sim_destroy(&sim);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_create),
         cmocka_unit_test(test_busy_free_memory),
+        cmocka_unit_test(test_done_part_of_busy_memory),
         cmocka_unit_test_setup_teardown(test_large_new_chunks, setup, teardown),
         cmocka_unit_test_setup_teardown(test_carve_from_free_span, setup, teardown),
         cmocka_unit_test_setup_teardown(test_coalesce, setup, teardown),
