@@ -1486,11 +1486,17 @@ int cs_pool_free(cs_pool *p, uint64_t addr, bool keep, bool done, uint64_t epoch
         return CS_BE_ERROR;
     }
     if (s->small && !done) {
-        /* The block is its caller's, and stays where it is meanwhile. */
+        /* The block is its caller's, and stays where it is meanwhile, unless its context
+         * goes (cs_pool_release_all): then with everything else. */
         pthread_mutex_unlock(&p->lock);
         wait_device(p, &rc, raw);
         done = true;
         pthread_mutex_lock(&p->lock);
+        if (p->dead) {
+            pthread_mutex_unlock(&p->lock);
+            *raw = DESTROYED;
+            return CS_BE_ERROR;
+        }
         a = arena_at(p, addr);
         i = span_at(a, addr);
         s = &a->spans[i];

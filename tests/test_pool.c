@@ -1513,12 +1513,36 @@ static void test_done_part_of_busy_memory(void **state)
     sim_destroy(&sim);
 }
 
+/* A small block kept while its work is not known done: the pool waits for the device without
+ * its lock, and the context may go meanwhile (cs_pool_release_all): the free then finds the
+ * pool empty and says so. */
+static void test_release_all_during_small_free_wait(void **state)
+{
+    (void)state;
+    fx f = {0};
+    sim_init(&f.sim, 1ull << 40);
+    f.p = cs_pool_create(&sim_vmm_ops, &f.sim, G, 256 * G, ready_upto, NULL);
+    done_epoch = 0;
+    uint64_t s = take(&f, 4 * KiB, NULL, NULL), released = 7;
+    int raw = 0;
+    gone_during(&f, SIM_SYNC, 1);
+    assert_int_equal(cs_pool_free(f.p, s, true, false, 3, &released, &raw), CS_BE_ERROR);
+    f.sim.hook = NULL;
+    assert_int_equal(gone_hook.armed, 0);
+    assert_int_equal(raw, 709);  /* CUDA_ERROR_CONTEXT_IS_DESTROYED */
+    assert_int_equal(released, 0);
+    assert_all_gone(&f);
+    cs_pool_destroy(f.p);
+    sim_destroy(&f.sim);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_create),
         cmocka_unit_test(test_busy_free_memory),
         cmocka_unit_test(test_done_part_of_busy_memory),
+        cmocka_unit_test(test_release_all_during_small_free_wait),
         cmocka_unit_test_setup_teardown(test_large_new_chunks, setup, teardown),
         cmocka_unit_test_setup_teardown(test_carve_from_free_span, setup, teardown),
         cmocka_unit_test_setup_teardown(test_coalesce, setup, teardown),
