@@ -32,6 +32,7 @@ static struct {
     uint64_t epoch;
     int fences, waits, orders;
     int busy;  /* streams with work under way, as the backend would count them (0: one) */
+    uint64_t ordered;  /* the newest epoch every stream was made to wait for */
     bool capturing, fail_order;
     uint64_t next_addr;  /* the classic heap's allocations */
     int allocs, frees;
@@ -72,9 +73,14 @@ static int fb_wait(void *dev, uint64_t epoch)
 static int fb_order_after(void *dev, uint64_t epoch)
 {
     (void)dev;
-    (void)epoch;
     __atomic_add_fetch(&be.orders, 1, __ATOMIC_RELAXED);
-    return __atomic_load_n(&be.fail_order, __ATOMIC_RELAXED) ? -1 : 0;
+    if (__atomic_load_n(&be.fail_order, __ATOMIC_RELAXED))
+        return -1;
+    uint64_t o = __atomic_load_n(&be.ordered, __ATOMIC_RELAXED);
+    while (o < epoch && !__atomic_compare_exchange_n(&be.ordered, &o, epoch, false,
+                                                     __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
+        ;
+    return 0;
 }
 
 static int fb_busy_streams(void *dev)
@@ -120,6 +126,22 @@ static void work_on(uint64_t addr)
 }
 
 static void gpu_idle(void) { sim_complete(&sim, fb_fence(NULL)); }
+
+/* A block just handed out: any work still under way on its memory is work every stream was
+ * made to wait for (an ordered reuse), never more. The count of blocks that break this. */
+static int unordered_reuse(uint64_t addr, uint64_t size)
+{
+    int bad = 0;
+    pthread_mutex_lock(&sim.lock);
+    uint64_t ordered = __atomic_load_n(&be.ordered, __ATOMIC_ACQUIRE);
+    for (size_t i = 0; i < sim.work.n; i++) {
+        const sim_rec *w = &sim.work.r[i];
+        bad += w->used && w->a >= addr && w->a < addr + size && w->b > sim.completed &&
+               w->b > ordered;
+    }
+    pthread_mutex_unlock(&sim.lock);
+    return bad;
+}
 
 /* ---------------------------------------------------------------- fixtures */
 
@@ -475,6 +497,7 @@ static void test_busy_block_carved_ordered(void **state)
     int creates = sim.calls[SIM_CREATE], orders = be.orders;
     uint64_t b = must_alloc(f, 2 * MiB);
     assert_int_equal(b, a);
+    assert_int_equal(unordered_reuse(b, 2 * MiB), 0);
     cacheshim_stats st = stats(f);
     assert_int_equal(st.moves, 1);
     assert_int_equal(st.ordered_hits, 1);
@@ -487,6 +510,7 @@ static void test_busy_block_carved_ordered(void **state)
     orders = be.orders;
     uint64_t c = must_alloc(f, 8 * MiB);
     assert_int_equal(c, a + 2 * MiB);
+    assert_int_equal(unordered_reuse(c, 8 * MiB), 0);
     assert_int_equal(stats(f).ordered_hits, 1);
     assert_true(be.orders > orders);
     assert_int_equal(sim.calls[SIM_UNMAP], 0);
@@ -523,6 +547,7 @@ static void test_busy_memory_beyond_busy_streams(void **state)
      * free span a and the others make, joined. */
     uint64_t e = must_alloc(f, 1792 * KiB);
     assert_int_equal(e, a);
+    assert_int_equal(unordered_reuse(e, 1792 * KiB), 0);
     assert_int_equal(stats(f).ordered_hits, 1);
     assert_int_equal(sim.calls[SIM_CREATE], creates);
     assert_int_equal(sim.calls[SIM_UNMAP], 0);
@@ -1081,7 +1106,7 @@ typedef struct {
     fx *f;
     uint64_t *slots;
     unsigned seed;
-    long allocs, frees, bad, over_cap;
+    long allocs, frees, bad, over_cap, unordered;
 } stress_arg;
 
 static void *stress_worker(void *p)
@@ -1100,9 +1125,10 @@ static void *stress_worker(void *p)
         } else {
             uint64_t x;
             int raw;
-            if (cs_cache_alloc(a->f->cache, a->f->heap, sizes[(r >> 8) % 7], &x, &raw, NULL) ==
-                CS_OK) {
+            uint64_t size = sizes[(r >> 8) % 7];
+            if (cs_cache_alloc(a->f->cache, a->f->heap, size, &x, &raw, NULL) == CS_OK) {
                 a->allocs++;
+                a->unordered += unordered_reuse(x, size);
                 uint64_t prev = __atomic_exchange_n(slot, x, __ATOMIC_ACQ_REL);
                 if (prev) {
                     a->bad += cs_cache_free(a->f->cache, prev) != CS_OK;
@@ -1142,6 +1168,7 @@ static void test_stress(void **state)
         pthread_join(t[i], NULL);
         assert_int_equal(args[i].bad, 0);
         assert_int_equal(args[i].over_cap, 0);
+        assert_int_equal(args[i].unordered, 0);
         allocs += args[i].allocs;
         frees += args[i].frees;
     }
