@@ -12,7 +12,9 @@
  * on the GPU (see "reuse").
  *
  * A miss in a pooled heap first moves the memory of idle blocks whose fences completed, oldest
- * first, to the new block (see "moves") and takes memory from the driver only for the rest.
+ * first, to the new block (see "moves") and takes memory from the driver only for the rest; in
+ * ordered mode, large idle blocks the GPU still works on may move too, the new block then
+ * ordered after their work as a block reused whole is.
  *
  * In front of this core sit per-thread caches (cs_tcache.c): a thread's allocation of a block
  * it freed itself, and its free of a block it holds, take no lock here. What they own the
@@ -916,7 +918,8 @@ static cs_block *new_block(cs_cache *c, cs_heap *h, uint64_t addr, uint64_t byte
  * blocks whose fences completed leave their ranges, oldest first and large ones first (a
  * slab's slot frees memory only with its whole slab), until their bytes cover the excess;
  * the pool builds the block from their chunks and takes from the driver only the rest.
- * Nothing moves while a capture runs. Called with the lock held, returns with it held;
+ * Before that, when no free span takes a large block, large idle blocks join the pool's free
+ * spans (in ordered mode busy ones too, see below). Nothing moves while a capture runs. Called with the lock held, returns with it held;
  * returns the new bytes the block still needs. */
 static uint64_t move_for(cs_cache *c, cs_heap *h, uint64_t bytes)
 {
