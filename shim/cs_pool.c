@@ -1436,8 +1436,8 @@ static uint64_t drop_chunks(cs_pool *p, arena *a, const mapping *m, size_t n, ui
     return released;
 }
 
-/* Give back the chunks wholly inside free spans of [lo, hi) of arena a, up to `bytes`. Called
- * with the lock held, returns with it released. Bytes released. */
+/* Give back the chunks wholly inside free spans of [lo, hi) of arena a whose work is done, up
+ * to `bytes`. Called with the lock held, returns with it released. Bytes released. */
 static uint64_t release_free(cs_pool *p, arena *a, uint64_t lo, uint64_t hi, uint64_t bytes)
 {
     mapping m[64];

@@ -102,7 +102,7 @@ int cs_pool_alloc(cs_pool *p, uint64_t bytes, uint64_t max_new, bool ordered, ui
                   uint64_t *created, uint64_t *released, bool *carved, uint64_t *epoch,
                   int *raw);
 /* A block leaves the cache. keep: its memory stays in the pool, free (a move); else the
- * chunks that are then wholly free go back to the driver. done: the work before its free is
+ * chunks that are then wholly free, their work done, go back to the driver. done: the work before its free is
  * known to have completed; else that work completes at `epoch`: a large block kept (with a
  * ready function) joins the free space at once, remembering it; otherwise the pool waits for
  * the device first. *released: bytes given back. */
