@@ -37,6 +37,25 @@ static int setup(void **state)
     return 0;
 }
 
+/* A pool told which epochs completed (done_epoch): freed memory may stay busy in it. */
+static uint64_t done_epoch;
+static bool ready_upto(void *arg, uint64_t epoch)
+{
+    (void)arg;
+    return epoch <= done_epoch;
+}
+
+static int setup_busy(void **state)
+{
+    setup(state);
+    fx *f = *state;
+    cs_pool_destroy(f->p);
+    f->p = cs_pool_create(&sim_vmm_ops, &f->sim, G, 256 * G, ready_upto, NULL);
+    assert_non_null(f->p);
+    done_epoch = 0;
+    return 0;
+}
+
 static int teardown(void **state)
 {
     fx *f = *state;
@@ -1407,13 +1426,6 @@ static void test_arena_reserve_race(void **state)
 
 /* ---------------------------------------------------------------- busy free memory */
 
-static uint64_t done_epoch;  /* what the pool of test_busy_free_memory is told completed */
-static bool ready_upto(void *arg, uint64_t epoch)
-{
-    (void)arg;
-    return epoch <= done_epoch;
-}
-
 /* Memory freed while the GPU works on it (kept, with its epoch): carved only for a caller that
  * orders after the epoch, which it is told; never moved or given back before the epoch
  * completes, unless the pool waited for the device first. */
@@ -1483,17 +1495,14 @@ static void test_busy_free_memory(void **state)
  * under way elsewhere. */
 static void test_done_part_of_busy_memory(void **state)
 {
-    (void)state;
-    vmm_sim sim;
-    sim_init(&sim, 1ull << 40);
-    cs_pool *p = cs_pool_create(&sim_vmm_ops, &sim, G, 256 * G, ready_upto, NULL);
-    done_epoch = 0;
-    uint64_t x, y, s1, s2, c, r;
+    fx *f = *state;
+    cs_pool *p = f->p;
+    vmm_sim *sim = &f->sim;
+    uint64_t x = take(f, 2 * G, NULL, NULL), r;
+    take(f, 1 * G, NULL, NULL);  /* in use between x and y: they never join */
+    uint64_t y = take(f, 2 * G, NULL, NULL);
+    take(f, 1 * G, NULL, NULL);
     int raw;
-    assert_int_equal(cs_pool_alloc(p, 2 * G, UINT64_MAX, false, &x, &c, &r, NULL, NULL, &raw), CS_BE_OK);
-    assert_int_equal(cs_pool_alloc(p, 1 * G, UINT64_MAX, false, &s1, &c, &r, NULL, NULL, &raw), CS_BE_OK);
-    assert_int_equal(cs_pool_alloc(p, 2 * G, UINT64_MAX, false, &y, &c, &r, NULL, NULL, &raw), CS_BE_OK);
-    assert_int_equal(cs_pool_alloc(p, 1 * G, UINT64_MAX, false, &s2, &c, &r, NULL, NULL, &raw), CS_BE_OK);
     assert_int_equal(cs_pool_free(p, x, true, false, 5, &r, &raw), CS_BE_OK);
     assert_int_equal(cs_pool_free(p, y, true, false, 6, &r, &raw), CS_BE_OK);
     done_epoch = 5;  /* x's work done, y's still under way */
@@ -1506,11 +1515,8 @@ static void test_done_part_of_busy_memory(void **state)
     assert_true(carved);
     assert_int_equal(e, 0);
     assert_true(k >= x && k < x + 2 * G);
-    assert_int_equal(sim.unsafe_unmaps, 0);
-    assert_int_equal(sim.misuse, 0);
-    cs_pool_release_all(p);
-    cs_pool_destroy(p);
-    sim_destroy(&sim);
+    assert_int_equal(sim->unsafe_unmaps, 0);
+    assert_int_equal(sim->misuse, 0);
 }
 
 /* A small block kept while its work is not known done: the pool waits for the device without
@@ -1518,22 +1524,16 @@ static void test_done_part_of_busy_memory(void **state)
  * pool empty and says so. */
 static void test_release_all_during_small_free_wait(void **state)
 {
-    (void)state;
-    fx f = {0};
-    sim_init(&f.sim, 1ull << 40);
-    f.p = cs_pool_create(&sim_vmm_ops, &f.sim, G, 256 * G, ready_upto, NULL);
-    done_epoch = 0;
-    uint64_t s = take(&f, 4 * KiB, NULL, NULL), released = 7;
+    fx *f = *state;
+    uint64_t s = take(f, 4 * KiB, NULL, NULL), released = 7;
     int raw = 0;
-    gone_during(&f, SIM_SYNC, 1);
-    assert_int_equal(cs_pool_free(f.p, s, true, false, 3, &released, &raw), CS_BE_ERROR);
-    f.sim.hook = NULL;
+    gone_during(f, SIM_SYNC, 1);
+    assert_int_equal(cs_pool_free(f->p, s, true, false, 3, &released, &raw), CS_BE_ERROR);
+    f->sim.hook = NULL;
     assert_int_equal(gone_hook.armed, 0);
     assert_int_equal(raw, 709);  /* CUDA_ERROR_CONTEXT_IS_DESTROYED */
     assert_int_equal(released, 0);
-    assert_all_gone(&f);
-    cs_pool_destroy(f.p);
-    sim_destroy(&f.sim);
+    assert_all_gone(f);
 }
 
 int main(void)
@@ -1541,8 +1541,9 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_create),
         cmocka_unit_test(test_busy_free_memory),
-        cmocka_unit_test(test_done_part_of_busy_memory),
-        cmocka_unit_test(test_release_all_during_small_free_wait),
+        cmocka_unit_test_setup_teardown(test_done_part_of_busy_memory, setup_busy, teardown),
+        cmocka_unit_test_setup_teardown(test_release_all_during_small_free_wait, setup_busy,
+                                        teardown),
         cmocka_unit_test_setup_teardown(test_large_new_chunks, setup, teardown),
         cmocka_unit_test_setup_teardown(test_carve_from_free_span, setup, teardown),
         cmocka_unit_test_setup_teardown(test_coalesce, setup, teardown),

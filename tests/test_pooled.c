@@ -235,6 +235,24 @@ static uint64_t must_alloc(fx *f, uint64_t size) { return must_alloc_on(f, f->he
 
 static void must_free(fx *f, uint64_t a) { assert_int_equal(cs_cache_free(f->cache, a), CS_OK); }
 
+/* A block of `size` freed while work on it is under way: idle and busy. */
+static uint64_t busy_freed(fx *f, uint64_t size)
+{
+    uint64_t a = must_alloc(f, size);
+    work_on(a);
+    must_free(f, a);
+    return a;
+}
+
+/* A block of `size` carved out of the start of busy block a (ordered mode, one busy stream):
+ * a's memory joins the free space, and the rest of it stays free and busy. */
+static uint64_t carve_busy(fx *f, uint64_t a, uint64_t size)
+{
+    uint64_t b = must_alloc(f, size);
+    assert_int_equal(b, a);
+    return b;
+}
+
 static cacheshim_stats stats(fx *f)
 {
     cacheshim_stats s;
@@ -464,9 +482,7 @@ static void test_move_order(void **state)
 static void test_busy_block_does_not_move(void **state)
 {
     fx *f = *state;
-    uint64_t a = must_alloc(f, 4 * MiB);
-    work_on(a);
-    must_free(f, a);
+    uint64_t a = busy_freed(f, 4 * MiB);
     uint64_t b = must_alloc(f, 2 * MiB);
     cs_block_info info;
     assert_int_equal(find(f, a, &info), CS_BLOCK_IDLE);
@@ -491,9 +507,7 @@ static void test_busy_block_does_not_move(void **state)
 static void test_busy_block_carved_ordered(void **state)
 {
     fx *f = *state;
-    uint64_t a = must_alloc(f, 4 * MiB);
-    work_on(a);
-    must_free(f, a);
+    uint64_t a = busy_freed(f, 4 * MiB);
     int creates = sim.calls[SIM_CREATE], orders = be.orders;
     uint64_t b = must_alloc(f, 2 * MiB);
     assert_int_equal(b, a);
@@ -531,9 +545,7 @@ static void test_busy_block_carved_ordered(void **state)
 static void test_busy_memory_beyond_busy_streams(void **state)
 {
     fx *f = *state;
-    uint64_t a = must_alloc(f, 4 * MiB);  /* the peak in use: each block goes before the next */
-    work_on(a);
-    must_free(f, a);
+    uint64_t a = busy_freed(f, 4 * MiB);  /* the peak in use: each block goes before the next */
     static const uint64_t sizes[] = {1536 * KiB, 1280 * KiB};
     for (int i = 0; i < 2; i++) {  /* held + size within 4 MiB + 3 * size: new memory */
         uint64_t b = must_alloc(f, sizes[i]);
@@ -560,9 +572,7 @@ static void test_busy_memory_beyond_busy_streams(void **state)
 static void test_busy_memory_unordered_when_order_fails(void **state)
 {
     fx *f = *state;
-    uint64_t a = must_alloc(f, 4 * MiB);
-    work_on(a);
-    must_free(f, a);
+    uint64_t a = busy_freed(f, 4 * MiB);
     be.fail_order = true;
     uint64_t b = must_alloc(f, 2 * MiB);
     assert_true(b != a);
@@ -580,11 +590,7 @@ static void test_busy_memory_unordered_when_order_fails(void **state)
 static void test_trim_waits_for_busy_free_memory(void **state)
 {
     fx *f = *state;
-    uint64_t a = must_alloc(f, 4 * MiB);
-    work_on(a);
-    must_free(f, a);
-    uint64_t b = must_alloc(f, 2 * MiB);  /* a's memory joins the free space, busy */
-    assert_int_equal(b, a);
+    uint64_t a = busy_freed(f, 4 * MiB), b = carve_busy(f, a, 2 * MiB);
     must_free(f, b);
     int syncs = sim.calls[SIM_SYNC];
     assert_true(cs_cache_trim(f->cache) >= 2 * MiB);  /* b's, idle and busy, stays */
@@ -609,9 +615,7 @@ void *aligned_alloc(size_t align, size_t size)
 static void test_no_host_memory_for_ordered_block(void **state)
 {
     fx *f = *state;
-    uint64_t a = must_alloc(f, 4 * MiB);
-    work_on(a);
-    must_free(f, a);
+    uint64_t a = busy_freed(f, 4 * MiB);
     uint64_t b = 0;
     int raw = 0;
     fail_lines = 1;
@@ -630,11 +634,7 @@ static void test_no_host_memory_for_ordered_block(void **state)
 static void test_trim_never_waits_while_capturing(void **state)
 {
     fx *f = *state;
-    uint64_t a = must_alloc(f, 4 * MiB);
-    work_on(a);
-    must_free(f, a);
-    uint64_t b = must_alloc(f, 2 * MiB);  /* a's memory joins the free space, busy */
-    assert_int_equal(b, a);
+    uint64_t a = busy_freed(f, 4 * MiB), b = carve_busy(f, a, 2 * MiB);
     int syncs = sim.calls[SIM_SYNC];
     be.capturing = true;
     assert_int_equal(cs_cache_trim(f->cache), 0);
