@@ -42,7 +42,7 @@ static uint64_t done_epoch;
 static bool ready_upto(void *arg, uint64_t epoch)
 {
     (void)arg;
-    return epoch <= done_epoch;
+    return epoch <= __atomic_load_n(&done_epoch, __ATOMIC_ACQUIRE);
 }
 
 static int setup_busy(void **state)
@@ -52,7 +52,7 @@ static int setup_busy(void **state)
     cs_pool_destroy(f->p);
     f->p = cs_pool_create(&sim_vmm_ops, &f->sim, G, 256 * G, ready_upto, NULL);
     assert_non_null(f->p);
-    done_epoch = 0;
+    __atomic_store_n(&done_epoch, 0, __ATOMIC_RELEASE);
     return 0;
 }
 
@@ -1277,6 +1277,7 @@ typedef struct {
     fx *f;
     unsigned seed;
     int index, bad;
+    int busy;  /* blocks handed out over work still under way, ordered after it */
 } pool_worker_arg;
 
 static struct {
@@ -1370,7 +1371,7 @@ static void test_threads(void **state)
     __atomic_store_n(&live.stop, false, __ATOMIC_RELEASE);
     assert_int_equal(pthread_create(&janitor, NULL, pool_janitor, f), 0);
     for (int i = 0; i < POOL_THREADS; i++) {
-        args[i] = (pool_worker_arg){f, 77u + (unsigned)i, i, 0};
+        args[i] = (pool_worker_arg){.f = f, .seed = 77u + (unsigned)i, .index = i};
         assert_int_equal(pthread_create(&t[i], NULL, pool_worker, &args[i]), 0);
     }
     for (int i = 0; i < POOL_THREADS; i++) {
@@ -1389,6 +1390,113 @@ static void test_threads(void **state)
     assert_int_equal(c.maps, c.unmaps);
     assert_int_equal(c.creates, (uint64_t)f->sim.calls[SIM_CREATE]);
     assert_true(c.moves > 0);
+    assert_true(c.carves > 0);
+}
+
+/* The same with memory freed while the GPU still works on it: blocks freed with their work's
+ * epoch (most kept, busy), blocks taken ordered or not, the GPU completing epochs in order now
+ * and then, trims that may or may not wait. No block is handed out over work beyond the epoch
+ * it comes with (none when not ordered), and nothing is unmapped while its work runs. */
+static uint64_t busy_epoch;  /* atomic: the newest epoch work was given */
+
+static void *busy_worker(void *p)
+{
+    pool_worker_arg *w = p;
+    static const uint64_t sizes[] = {4 * KiB, 3 * MiB / 2, 1 * G, 2 * G + 512, 3 * G, 5 * G};
+    vmm_sim *sim = &w->f->sim;
+    uint64_t mine[POOL_SLOTS] = {0}, bytes_of[POOL_SLOTS] = {0};
+    int first = w->index;
+    for (int i = 0; i <= POOL_OPS + POOL_SLOTS; i++) {
+        unsigned r = (unsigned)rand_r(&w->seed);
+        bool last = i >= POOL_OPS;  /* the end: every block goes back */
+        int k = last ? i - POOL_OPS - 1 : (int)(r % POOL_SLOTS);
+        uint64_t released, e;
+        int raw;
+        if (k >= 0 && mine[k]) {
+            live_remove(first * POOL_SLOTS + k);
+            e = __atomic_add_fetch(&busy_epoch, 1, __ATOMIC_ACQ_REL);
+            sim_issue(sim, e);
+            sim_work(sim, mine[k], e);
+            sim_work(sim, mine[k] + bytes_of[k] - 1, e);
+            bool keep = !last && (r >> 8) % 8 != 0;
+            w->bad += cs_pool_free(w->f->p, mine[k], keep, false, e, &released, &raw) != CS_BE_OK;
+            mine[k] = 0;
+        } else if (!last) {
+            uint64_t bytes = sizes[(r >> 10) % 6], a, created;
+            uint64_t max_new = (r >> 13) % 4 ? UINT64_MAX : 0;
+            bool ordered = (r >> 15) & 1;
+            int rc = cs_pool_alloc(w->f->p, bytes, max_new, ordered, &a, &created, &released,
+                                   NULL, &e, &raw);
+            if (rc != CS_BE_OK) {
+                w->bad += !(rc == CS_BE_SHORT && max_new == 0);
+                continue;
+            }
+            w->bad += !ordered && e != 0;
+            w->busy += e != 0;
+            w->bad += sim_pending_beyond(sim, a, bytes, e) != 0;
+            mine[k] = a;
+            bytes_of[k] = bytes;
+            w->bad += !live_add(first * POOL_SLOTS + k, a, bytes);
+        }
+    }
+    return NULL;
+}
+
+/* The GPU: completes epochs in order, some way behind; and trims, regrants, asks. */
+static void *busy_janitor(void *p)
+{
+    fx *f = p;
+    unsigned seed = 5;
+    while (!__atomic_load_n(&live.stop, __ATOMIC_ACQUIRE)) {
+        unsigned r = (unsigned)rand_r(&seed);
+        uint64_t issued = __atomic_load_n(&busy_epoch, __ATOMIC_ACQUIRE);
+        uint64_t lag = r % 64;
+        if (issued > lag) {
+            sim_complete(&f->sim, issued - lag);  /* the device first, then what it says */
+            uint64_t d = __atomic_load_n(&done_epoch, __ATOMIC_RELAXED);
+            while (d < issued - lag &&
+                   !__atomic_compare_exchange_n(&done_epoch, &d, issued - lag, false,
+                                                __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
+                ;
+        }
+        int raw;
+        if ((r >> 8) % 8 == 0)
+            cs_pool_trim(f->p, 3 * G, (r >> 11) & 1);
+        if ((r >> 12) % 16 == 0)
+            cs_pool_regrant(f->p, &raw);
+        cs_pool_need(f->p, 3 * G, true, (r >> 16) & 1);
+    }
+    return NULL;
+}
+
+static void test_threads_busy(void **state)
+{
+    fx *f = *state;
+    pthread_t t[POOL_THREADS], janitor;
+    pool_worker_arg args[POOL_THREADS];
+    __atomic_store_n(&busy_epoch, 0, __ATOMIC_RELEASE);
+    __atomic_store_n(&live.stop, false, __ATOMIC_RELEASE);
+    assert_int_equal(pthread_create(&janitor, NULL, busy_janitor, f), 0);
+    for (int i = 0; i < POOL_THREADS; i++) {
+        args[i] = (pool_worker_arg){.f = f, .seed = 177u + (unsigned)i, .index = i};
+        assert_int_equal(pthread_create(&t[i], NULL, busy_worker, &args[i]), 0);
+    }
+    int bad = 0, busy = 0;
+    for (int i = 0; i < POOL_THREADS; i++) {
+        pthread_join(t[i], NULL);
+        bad += args[i].bad;
+        busy += args[i].busy;
+    }
+    __atomic_store_n(&live.stop, true, __ATOMIC_RELEASE);
+    pthread_join(janitor, NULL);
+    assert_int_equal(bad, 0);  /* every thread joined: a failure leaves none running */
+    assert_int_equal(f->sim.unsafe_unmaps, 0);
+    assert_true(busy > 0);  /* the case is what it claims */
+    cs_pool_trim(f->p, UINT64_MAX, true);
+    assert_clean(f);
+    cs_pool_counts c = counts(f);
+    assert_int_equal(c.creates, c.releases);
+    assert_int_equal(c.maps, c.unmaps);
     assert_true(c.carves > 0);
 }
 
@@ -1572,6 +1680,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_release_all_during_trim, setup, teardown),
         cmocka_unit_test_setup_teardown(test_arena_reserve_race, setup, teardown),
         cmocka_unit_test_setup_teardown(test_threads, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_threads_busy, setup_busy, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

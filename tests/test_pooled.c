@@ -128,19 +128,10 @@ static void work_on(uint64_t addr)
 static void gpu_idle(void) { sim_complete(&sim, fb_fence(NULL)); }
 
 /* A block just handed out: any work still under way on its memory is work every stream was
- * made to wait for (an ordered reuse), never more. The count of blocks that break this. */
+ * made to wait for (an ordered reuse), never more. The count of work records that break this. */
 static int unordered_reuse(uint64_t addr, uint64_t size)
 {
-    int bad = 0;
-    pthread_mutex_lock(&sim.lock);
-    uint64_t ordered = __atomic_load_n(&be.ordered, __ATOMIC_ACQUIRE);
-    for (size_t i = 0; i < sim.work.n; i++) {
-        const sim_rec *w = &sim.work.r[i];
-        bad += w->used && w->a >= addr && w->a < addr + size && w->b > sim.completed &&
-               w->b > ordered;
-    }
-    pthread_mutex_unlock(&sim.lock);
-    return bad;
+    return sim_pending_beyond(&sim, addr, size, __atomic_load_n(&be.ordered, __ATOMIC_ACQUIRE));
 }
 
 /* ---------------------------------------------------------------- fixtures */

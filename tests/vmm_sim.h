@@ -175,6 +175,20 @@ static inline uint64_t sim_completed(vmm_sim *s)
     return e;
 }
 
+/* Work still under way on [addr, addr + size) of an epoch newer than `upto`: how many records
+ * (a block handed out with epoch `upto` to order after must have none). */
+static inline int sim_pending_beyond(vmm_sim *s, uint64_t addr, uint64_t size, uint64_t upto)
+{
+    int n = 0;
+    pthread_mutex_lock(&s->lock);
+    for (size_t i = 0; i < s->work.n; i++) {
+        const sim_rec *w = &s->work.r[i];
+        n += w->used && w->a >= addr && w->a < addr + size && w->b > s->completed && w->b > upto;
+    }
+    pthread_mutex_unlock(&s->lock);
+    return n;
+}
+
 /* The test's backend handed out fence epoch e (a sync completes it). */
 static inline void sim_issue(vmm_sim *s, uint64_t e)
 {
