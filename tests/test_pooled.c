@@ -8,6 +8,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -852,6 +853,35 @@ static void test_threshold_trims_spare_first(void **state)
     assert_exact(f);
 }
 
+/* Ordered, with the release threshold: a free over it gives back what needs no wait first.
+ * Free memory the GPU still works on is spare too, but a free never waits for the whole device
+ * to give it back while an idle block whose work is done can go instead. */
+static int setup_threshold5_ordered(void **state)
+{
+    return setup_config(state, (config){.threshold = 5 * MiB, .headroom_permille = 1000});
+}
+
+static void test_threshold_never_syncs_for_busy_spare(void **state)
+{
+    fx *f = *state;
+    uint64_t a = must_alloc(f, 4 * MiB), s = must_alloc(f, 1 * MiB);
+    must_free(f, s);  /* a slab's slot, idle, its work done */
+    work_on(a);
+    must_free(f, a);                        /* 5 MiB idle: at the threshold */
+    uint64_t b = carve_busy(f, a, 2 * MiB); /* 2 MiB of a's memory spare, busy */
+    must_free(f, b);                        /* 3 MiB idle, 2 spare */
+    uint64_t t = must_alloc(f, 512 * KiB);  /* on free pages of s's range */
+    int syncs = sim.calls[SIM_SYNC], waits = be.waits;
+    must_free(f, t);                        /* 3.5 MiB idle, 2 spare: over */
+    assert_int_equal(sim.calls[SIM_SYNC], syncs);
+    assert_int_equal(be.waits, waits);
+    cs_block_info info;
+    assert_int_equal(find(f, b, &info), CS_BLOCK_IDLE);
+    assert_int_equal(info.base, b);  /* still a block: s went instead, with no wait */
+    assert_int_equal(stats(f).releases, 0);  /* its slot stays the pool's, with t's */
+    assert_exact(f);
+}
+
 /* Trim gives back idle blocks whose work is done, then the spare; it says what the driver got
  * back. A slot's memory goes back only with its range. */
 static void test_trim(void **state)
@@ -1237,6 +1267,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_oom_waits_before_unmapping, setup, teardown),
         cmocka_unit_test_setup_teardown(test_oom_small_block_after_large, setup, teardown),
         cmocka_unit_test_setup_teardown(test_threshold_trims_spare_first, setup_threshold6, teardown),
+        cmocka_unit_test_setup_teardown(test_threshold_never_syncs_for_busy_spare,
+                                        setup_threshold5_ordered, teardown),
         cmocka_unit_test_setup_teardown(test_trim, setup, teardown),
         cmocka_unit_test_setup_teardown(test_find_pooled, setup, teardown),
         cmocka_unit_test_setup_teardown(test_find_classic, setup, teardown),
