@@ -129,7 +129,9 @@ static void finish(const ca_ring_head *h, const ca_ring_done *done, out_file *o)
 
 /* The pending file's lock: 1 taken, 0 held by its process, still alive (h->pid; 0 when the
  * header cannot be read), -1 an error. A lock held while its process is gone is another
- * tool's, finishing the same trace: waited for, up to 10 s. */
+ * tool's, finishing the same trace: waited for, up to 10 s. A header not written yet is a
+ * process still making the file (its ring is allocated and brought in first): waited for,
+ * up to 2 s. */
 static int take_lock(int fd, ca_ring_head *h)
 {
     for (int i = 0; i < 1000; i++) {
@@ -139,7 +141,7 @@ static int take_lock(int fd, ca_ring_head *h)
             return -1;
         int pid = read_head(fd, h) ? h->pid : 0;
         h->pid = pid;
-        if (pid <= 0 || kill(pid, 0) == 0 || errno == EPERM)
+        if ((pid <= 0 && i >= 200) || (pid > 0 && (kill(pid, 0) == 0 || errno == EPERM)))
             return 0;
         usleep(10000);
     }

@@ -250,7 +250,8 @@ def part_live():
     prog = subprocess.Popen([PROG, "bench", "launch", "100000000", "cold"], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and not os.path.exists(path + ".pending"):
+    while time.monotonic() < deadline and not (os.path.exists(path + ".pending") and
+                                               os.path.exists(path) and os.path.getsize(path)):
         time.sleep(0.01)
     # The report reads while the program writes (it reads on as the file grows), and the
     # program is ended while it reads.
