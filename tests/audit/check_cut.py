@@ -164,10 +164,12 @@ def part_pending():
             text = f.read().rstrip(b"\0")
         # Where the pending file could not be used the trace is as the killed program left
         # it: a batch of text being copied into the file when it died can be there in part
-        # (zero bytes, then the rest of a record), which the readers skip and count. Every
-        # other line must be JSON: what the tools wrote, the note included.
-        for line in text.splitlines():
-            if b"\0" in line:
+        # (zero bytes, then the rest of a record; or, at the end of the text, a record cut
+        # where the copy stopped), which the readers skip and count. Every other line must be
+        # JSON: what the tools wrote, the note included.
+        lines = text.splitlines()
+        for n, line in enumerate(lines):
+            if b"\0" in line or (n == len(lines) - 1 and not text.endswith(b"\n")):
                 continue
             try:
                 json.loads(line)
