@@ -336,6 +336,13 @@ static uint64_t finish_releases(cs_cache *c, int device, cs_block *list, cs_rele
     return total;
 }
 
+/* Does a stream capture run anywhere in the process? Then nothing goes back to the driver and
+ * nothing waits for the device (either could break it). */
+static bool capture_running(const cs_cache *c)
+{
+    return c->config.capturing && c->config.capturing();
+}
+
 /* The pools' spare chunks of a device: what trim_spare can give back. Lock held. */
 static uint64_t trimmable_spare(cs_cache *c, int device)
 {
@@ -356,7 +363,7 @@ static uint64_t trimmable_spare(cs_cache *c, int device)
 static uint64_t trim_spare(cs_cache *c, int device, uint64_t bytes, bool wait)
 {
     uint64_t total = 0;
-    bool may_wait = wait && !(c->config.capturing && c->config.capturing());
+    bool may_wait = wait && !capture_running(c);
     /* Heaps are never freed, and a forgotten one (dead, on the dead list that h->next may
      * lead to while the lock was dropped) is skipped: the walk ends. */
     for (cs_heap *h = c->heaps; h && total < bytes; h = h->next) {
@@ -385,7 +392,7 @@ static uint64_t release_idle_to(cs_cache *c, int device, bool ready_only, uint64
 {
     device_state *d = &c->devices[device];
     uint64_t released = 0;
-    if (c->config.capturing && c->config.capturing())
+    if (capture_running(c))
         return 0;  /* a driver free could break a running capture */
     cs_tc_reclaim(c, device, ready_only);  /* the threads' idle blocks are candidates too */
     for (cs_heap *h = c->heaps; h && d->idle_bytes > target_idle; h = h->next) {
@@ -750,7 +757,7 @@ static void fill_failure(cs_alloc_failure *f, cs_cache *c, int device, uint64_t 
  * to wait for it? In ordered mode, while no capture runs. */
 static bool pool_ordered(const cs_cache *c, const cs_heap *h)
 {
-    return h->ordered && !(c->config.capturing && c->config.capturing());
+    return h->ordered && !capture_running(c);
 }
 
 /* A block from the heap's pool (see backend_take). *pending: the epoch of the work still
@@ -914,38 +921,52 @@ static cs_block *new_block(cs_cache *c, cs_heap *h, uint64_t addr, uint64_t byte
 /* ---------------------------------------------------------------- moves
  *
  * A pooled heap holds at most a headroom over the program's peak (config.pool_headroom_permille
- * of its peak requested bytes): a miss that would hold more first moves idle memory. Idle
+ * of its peak in use): a miss that would hold more first moves idle memory. Idle
  * blocks whose fences completed leave their ranges, oldest first and large ones first (a
  * slab's slot frees memory only with its whole slab), until their bytes cover the excess;
  * the pool builds the block from their chunks and takes from the driver only the rest.
  * Before that, when no free span takes a large block, large idle blocks join the pool's free
- * spans (in ordered mode busy ones too, see below). Nothing moves while a capture runs. Called with the lock held, returns with it held;
- * returns the new bytes the block still needs. */
+ * spans (in ordered mode busy ones too: move_busy). Nothing moves while a capture runs. */
+
+/* What a pooled heap may hold: the program's peak in use and the headroom over it. */
+static uint64_t headroom_budget(const cs_cache *c, const device_state *d)
+{
+    uint64_t peak = cs_load(&d->peak_in_use);
+    uint64_t permille = c->config.pool_headroom_permille;
+    return peak + peak / 1000 * permille + peak % 1000 * permille / 1000;
+}
+
+/* Ordered, may the large idle blocks the GPU still works on join the free space for a block
+ * of `bytes`? A block carved from their memory makes every stream's next work wait for
+ * theirs. With one busy stream that is what the stream does anyway (PyTorch's allocator
+ * reuses a stream's memory at once); with several, the wait ties them together, so only when
+ * new memory would pass the headroom and two blocks of this size for each busy stream (the
+ * count changes from one call to the next; at most CS_ORDERED_DEPTH blocks), as whole blocks
+ * are kept one per busy stream before ordered reuse (cs_class_deep_enough): memory is bounded
+ * by the busy streams, never by how far the GPU lags behind. Lock held. */
+static bool move_busy(cs_cache *c, cs_heap *h, uint64_t bytes, uint64_t budget)
+{
+    if (!pool_ordered(c, h))
+        return false;
+    int busy = h->ops->busy_streams ? h->ops->busy_streams(h->dev) : 1;
+    if (busy <= 1)
+        return true;
+    int spare_blocks = 2 * busy > CS_ORDERED_DEPTH ? CS_ORDERED_DEPTH - 1 : 2 * busy - 1;
+    return held(&c->devices[h->device]) + bytes > budget + (uint64_t)spare_blocks * bytes;
+}
+
+/* Make room for a pooled block of `bytes` as above. Called with the lock held, returns with
+ * it held; returns the new bytes the block still needs. */
 static uint64_t move_for(cs_cache *c, cs_heap *h, uint64_t bytes)
 {
     device_state *d = &c->devices[h->device];
     bool ordered = pool_ordered(c, h);
-    uint64_t peak = cs_load(&d->peak_in_use);
-    uint64_t permille = c->config.pool_headroom_permille;
-    uint64_t budget = peak + peak / 1000 * permille + peak % 1000 * permille / 1000;
-    if (bytes > h->slab_max && !cs_pool_fits(h->pool, bytes, ordered) &&
-        !(c->config.capturing && c->config.capturing())) {
+    uint64_t budget = headroom_budget(c, d);
+    if (bytes > h->slab_max && !cs_pool_fits(h->pool, bytes, ordered) && !capture_running(c)) {
         /* No free span takes it: every large idle block the GPU is done with goes back to
          * the pool first, where it joins the free spans beside it. That costs no driver
-         * call, and a block carved from free spans is as cheap as a hit. Ordered, the blocks
-         * the GPU still works on go too: a block carved from their memory makes every
-         * stream's next work wait for theirs. With one busy stream that is what the stream
-         * does anyway (PyTorch's allocator reuses a stream's memory at once); with several,
-         * the wait ties them together, so only when new memory would pass the headroom and
-         * two blocks of this size for each busy stream (the count changes from one call to
-         * the next; at most CS_ORDERED_DEPTH blocks), as whole blocks are kept one per busy
-         * stream before ordered reuse (cs_class_deep_enough): memory is bounded by the busy
-         * streams, never by how far the GPU lags behind. */
-        int busy = h->ops->busy_streams ? h->ops->busy_streams(h->dev) : 1;
-        int spare_blocks = busy <= 1 ? 0 : 2 * busy > CS_ORDERED_DEPTH ? CS_ORDERED_DEPTH - 1
-                                                                        : 2 * busy - 1;
-        bool pending = ordered && (spare_blocks == 0 ||
-                                   held(d) + bytes > budget + (uint64_t)spare_blocks * bytes);
+         * call, and a block carved from free spans is as cheap as a hit. */
+        bool pending = move_busy(c, h, bytes, budget);
         cs_tc_reclaim(c, h->device, !pending);
         cs_block *list = NULL;
         for (cs_block *b = h->lru_head; b && (pending || block_ready(h, b));) {
@@ -964,7 +985,7 @@ static uint64_t move_for(cs_cache *c, cs_heap *h, uint64_t bytes)
      * stays, free, for blocks of other sizes later); beyond it, memory moves: free chunks
      * of the pool into the holes, then idle small blocks' memory. */
     uint64_t grow = cs_pool_need(h->pool, bytes, false, ordered);
-    if (!grow || held(d) + grow <= budget || (c->config.capturing && c->config.capturing()))
+    if (!grow || held(d) + grow <= budget || capture_running(c))
         return grow;
     uint64_t need = cs_pool_need(h->pool, bytes, true, ordered);
     uint64_t after = held(d) + need;
