@@ -1587,6 +1587,57 @@ uint64_t cs_pool_need(cs_pool *p, uint64_t bytes, bool move, bool ordered)
     return need;
 }
 
+/* Give back the chunks of free spans whose work is done, one span at a time, up to `bytes`.
+ * Bytes released. */
+static uint64_t trim_done_spans(cs_pool *p, uint64_t bytes)
+{
+    uint64_t released = 0;
+    while (released < bytes) {
+        pthread_mutex_lock(&p->lock);
+        arena *a = NULL;
+        uint64_t lo = 0, hi = 0;
+        for (size_t k = 0; k < p->narenas && !a; k++)
+            for (size_t i = 0; i < p->arenas[k]->nspans && !a; i++) {
+                const arena *b = p->arenas[k];
+                const span *s = &b->spans[i];
+                size_t m = map_index(b, s->va);
+                if (s->kind == SPAN_FREE && m < b->nmaps &&
+                    b->maps[m].va + b->maps[m].size <= span_end(s) && epoch_done(p, s->epoch)) {
+                    a = p->arenas[k];
+                    lo = s->va;
+                    hi = span_end(s);
+                }
+            }
+        if (!a) {
+            pthread_mutex_unlock(&p->lock);
+            break;
+        }
+        uint64_t n = release_free(p, a, lo, hi, bytes - released);
+        if (!n)
+            break;
+        released += n;
+    }
+    return released;
+}
+
+/* Free memory whose work is still under way: wait for the device, after which all of it is
+ * done. False when there was none, or the wait failed. */
+static bool wait_for_busy_spans(cs_pool *p)
+{
+    pthread_mutex_lock(&p->lock);
+    uint64_t upto = p->pending_max;
+    bool busy = !epoch_done(p, upto);
+    pthread_mutex_unlock(&p->lock);
+    int rc = CS_BE_OK, raw;
+    if (!busy || (wait_device(p, &rc, &raw), rc != CS_BE_OK))
+        return false;
+    pthread_mutex_lock(&p->lock);
+    if (upto > p->done)  /* all work issued before the wait: done */
+        p->done = upto;
+    pthread_mutex_unlock(&p->lock);
+    return true;
+}
+
 uint64_t cs_pool_trim(cs_pool *p, uint64_t bytes, bool may_wait)
 {
     uint64_t released = 0;
@@ -1606,50 +1657,12 @@ uint64_t cs_pool_trim(cs_pool *p, uint64_t bytes, bool may_wait)
         if (n < 64)
             break;
     }
-    /* Then the chunks of free spans, one span at a time: those whose work is done; then, if
-     * that was not enough and the pool may wait, the rest once the device has finished its
-     * work. */
-    for (int round = 0; round < (may_wait ? 2 : 1) && released < bytes; round++) {
-        if (round == 1) {
-            pthread_mutex_lock(&p->lock);
-            uint64_t upto = p->pending_max;
-            bool busy = !epoch_done(p, upto);
-            pthread_mutex_unlock(&p->lock);
-            int rc = CS_BE_OK, raw;
-            if (!busy || (wait_device(p, &rc, &raw), rc != CS_BE_OK))
-                break;
-            pthread_mutex_lock(&p->lock);
-            if (upto > p->done)  /* all work issued before the wait: done */
-                p->done = upto;
-            pthread_mutex_unlock(&p->lock);
-        }
-        while (released < bytes) {
-            pthread_mutex_lock(&p->lock);
-            arena *a = NULL;
-            uint64_t lo = 0, hi = 0;
-            for (size_t k = 0; k < p->narenas && !a; k++)
-                for (size_t i = 0; i < p->arenas[k]->nspans && !a; i++) {
-                    const arena *b = p->arenas[k];
-                    const span *s = &b->spans[i];
-                    size_t m = map_index(b, s->va);
-                    if (s->kind == SPAN_FREE && m < b->nmaps &&
-                        b->maps[m].va + b->maps[m].size <= span_end(s) &&
-                        epoch_done(p, s->epoch)) {
-                        a = p->arenas[k];
-                        lo = s->va;
-                        hi = span_end(s);
-                    }
-                }
-            if (!a) {
-                pthread_mutex_unlock(&p->lock);
-                break;
-            }
-            uint64_t n = release_free(p, a, lo, hi, bytes - released);
-            if (!n)
-                break;
-            released += n;
-        }
-    }
+    /* Then the chunks of free spans whose work is done; then, if that was not enough and the
+     * pool may wait, the rest once the device has finished its work. */
+    if (released < bytes)
+        released += trim_done_spans(p, bytes - released);
+    if (released < bytes && may_wait && wait_for_busy_spans(p))
+        released += trim_done_spans(p, bytes - released);
     return released;
 }
 

@@ -102,10 +102,10 @@ int cs_pool_alloc(cs_pool *p, uint64_t bytes, uint64_t max_new, bool ordered, ui
                   uint64_t *created, uint64_t *released, bool *carved, uint64_t *epoch,
                   int *raw);
 /* A block leaves the cache. keep: its memory stays in the pool, free (a move); else the
- * chunks that are then wholly free, their work done, go back to the driver. done: the work before its free is
- * known to have completed; else that work completes at `epoch`: a large block kept (with a
- * ready function) joins the free space at once, remembering it; otherwise the pool waits for
- * the device first. *released: bytes given back. */
+ * chunks that are then wholly free, their work done, go back to the driver. done: the work
+ * before its free is known to have completed; else that work completes at `epoch`: a large
+ * block kept (with a ready function) joins the free space at once, remembering it; otherwise
+ * the pool waits for the device first. *released: bytes given back. */
 int cs_pool_free(cs_pool *p, uint64_t addr, bool keep, bool done, uint64_t epoch,
                  uint64_t *released, int *raw);
 /* The most new physical memory a block of `bytes` can ever take from the driver: a small block
