@@ -1588,10 +1588,16 @@ static void test_busy_free_memory(void **state)
     assert_false(cs_pool_fits(p, 1 * G, false));
     assert_int_equal(cs_pool_trim(p, UINT64_MAX, false), 0);
     assert_int_equal(sim.calls[SIM_SYNC], 0);
-    assert_int_equal(cs_pool_trim(p, UINT64_MAX, true), 3 * G);
-    assert_int_equal(sim.calls[SIM_SYNC], 1);
+    /* A wait that fails leaves the busy memory where it is. */
+    sim_fail_in(&sim, SIM_SYNC, 1, CS_BE_ERROR);
     assert_int_equal(cs_pool_trim(p, UINT64_MAX, true), 0);
     assert_int_equal(sim.calls[SIM_SYNC], 1);
+    assert_int_equal(sim.calls[SIM_UNMAP], 0);
+    assert_false(cs_pool_fits(p, 1 * G, false));
+    assert_int_equal(cs_pool_trim(p, UINT64_MAX, true), 3 * G);
+    assert_int_equal(sim.calls[SIM_SYNC], 2);
+    assert_int_equal(cs_pool_trim(p, UINT64_MAX, true), 0);
+    assert_int_equal(sim.calls[SIM_SYNC], 2);
     assert_int_equal(sim.unsafe_unmaps, 0);
     assert_int_equal(sim.misuse, 0);
     cs_pool_destroy(p);

@@ -265,6 +265,16 @@ static void assert_exact(fx *f)
     assert_int_equal(sim.unsafe_unmaps, 0);
 }
 
+/* A block was built with no driver call that takes memory (creates as before it), nothing was
+ * unmapped, nobody waited on the host, and what the cache holds is what the device holds. */
+static void assert_no_driver_work(fx *f, int creates)
+{
+    assert_int_equal(sim.calls[SIM_CREATE], creates);
+    assert_int_equal(sim.calls[SIM_UNMAP], 0);
+    assert_int_equal(be.waits, 0);
+    assert_exact(f);
+}
+
 /* addr is in no block the program holds: unknown to the cache, or (a pooled heap's memory in
  * no block: a free slot, a page no slab has) idle, with nothing requested. */
 static void assert_not_held(fx *f, uint64_t addr);
@@ -462,10 +472,7 @@ static void test_move_order(void **state)
     assert_int_equal(find(f, c, &info), CS_BLOCK_IN_USE);
     assert_int_equal(info.base, d);
     assert_int_equal(stats(f).moves, 3);
-    assert_int_equal(sim.calls[SIM_CREATE], creates);  /* none for d */
-    assert_int_equal(sim.calls[SIM_UNMAP], 0);
-    assert_int_equal(be.waits, 0);
-    assert_exact(f);
+    assert_no_driver_work(f, creates);  /* none for d */
 }
 
 /* A block whose work is not done does not move when reuse waits for completion, nor, ordered,
@@ -494,8 +501,9 @@ static void test_busy_block_does_not_move(void **state)
 
 /* Ordered, with one busy stream (or several, when new memory would pass the headroom): a busy
  * block's memory joins the free space at a miss, and a block of another size is carved out of
- * it, its streams made to wait for the work on it: no driver call, no host wait. What is left of it stays free but busy: a later miss may
- * build on it (ordered again) but never unmaps it while the device's work is under way. */
+ * it, its streams made to wait for the work on it: no driver call, no host wait. What is left
+ * of it stays free but busy: a later miss may build on it (ordered again) but never unmaps it
+ * while the device's work is under way. */
 static void test_busy_block_carved_ordered(void **state)
 {
     fx *f = *state;
@@ -553,10 +561,7 @@ static void test_busy_memory_beyond_busy_streams(void **state)
     assert_int_equal(e, a);
     assert_int_equal(unordered_reuse(e, 1792 * KiB), 0);
     assert_int_equal(stats(f).ordered_hits, 1);
-    assert_int_equal(sim.calls[SIM_CREATE], creates);
-    assert_int_equal(sim.calls[SIM_UNMAP], 0);
-    assert_int_equal(be.waits, 0);
-    assert_exact(f);
+    assert_no_driver_work(f, creates);
 }
 
 /* Nothing can be ordered after the busy memory (a fence lost): the block is not carved out of
