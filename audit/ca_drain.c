@@ -13,7 +13,6 @@
 
 #include <errno.h>
 #include <pthread.h>
-#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -129,18 +128,8 @@ void ca_drain_start(const ca_fmt_ctx *c)
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&g_wake_cond, &ca);
     pthread_condattr_destroy(&ca);
-    /* All signals stay with the program's threads. */
-    sigset_t all, old;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old);
-    pthread_attr_t attr;
-    pthread_t t;
-    int ok = pthread_attr_init(&attr) == 0 &&
-             pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED) == 0 &&
-             pthread_create(&t, &attr, drain_main, NULL) == 0;
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
-    if (ok) /* without it, the writers format when the ring is full (ca_drain_full) */
-        pthread_setname_np(t, "cacheshim-fmt");
+    /* Without it, the writers format when the ring is full (ca_drain_full). */
+    ca_sys_thread(drain_main, "cacheshim-fmt");
 }
 
 void ca_drain_kick(void)

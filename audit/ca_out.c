@@ -24,7 +24,6 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <pthread.h>
-#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -375,21 +374,11 @@ static void *helper_main(void *arg)
     return NULL;
 }
 
-/* Under g_grow_lock. All signals stay with the program's threads. */
+/* Under g_grow_lock. */
 static void helper_start(void)
 {
-    sigset_t all, old;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old);
-    pthread_attr_t attr;
-    pthread_t t;
-    int ok = pthread_attr_init(&attr) == 0 &&
-             pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED) == 0 &&
-             pthread_create(&t, &attr, helper_main, NULL) == 0;
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
-    g_helper = ok ? 1 : -1; /* without it, the program's threads grow the file themselves */
-    if (ok)
-        pthread_setname_np(t, "cacheshim-trace");
+    /* Without it, the program's threads grow the file themselves. */
+    g_helper = ca_sys_thread(helper_main, "cacheshim-trace") ? 1 : -1;
 }
 
 /* The records passed the mark: wake the helper (started here, at the first time: not while

@@ -45,3 +45,22 @@ int ca_sys_lock_within(pthread_mutex_t *m, int ms)
     }
     return 0;
 }
+
+int ca_sys_thread(void *(*fn)(void *), const char *name)
+{
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    pthread_attr_t attr;
+    pthread_t t;
+    int ok = 0;
+    if (pthread_attr_init(&attr) == 0) {
+        ok = pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED) == 0 &&
+             pthread_create(&t, &attr, fn, NULL) == 0;
+        pthread_attr_destroy(&attr);
+    }
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (ok)
+        pthread_setname_np(t, name);
+    return ok;
+}

@@ -20,5 +20,8 @@ void ca_sys_populate(void *p, size_t len);
  * thread stopped while holding it (in a debugger, or the one that crashed) would hold up
  * the end of the process. */
 int ca_sys_lock_within(pthread_mutex_t *m, int ms);
+/* A detached thread running fn, named `name`, with every signal blocked (signals stay with the
+ * program's threads): 1, or 0 when it could not be made. */
+int ca_sys_thread(void *(*fn)(void *), const char *name);
 
 #endif
