@@ -1015,6 +1015,65 @@ static uint64_t move_for(cs_cache *c, cs_heap *h, uint64_t bytes)
     return cs_pool_need(h->pool, bytes, true, ordered);
 }
 
+/* Does a freed block's memory join its pool's free memory at once? A large pooled block
+ * whose work is done, or, in ordered mode with one busy stream, whose work that stream still
+ * runs (a block carved from it is ordered after that work, as a block reused whole is). Its
+ * span joins the free spans beside it, so the next request of any size takes the smallest
+ * free span it fits, a span of its own size first: freed memory coalesces as in PyTorch's
+ * expandable segments, where whole idle blocks reused in place kept the free space cut into
+ * pieces (the replays: resnet 1.098 reserved / live with headroom, 1.23 without). With
+ * several busy streams a busy block stays whole (reused by its stream, or moved at a miss).
+ * Lock held. */
+static bool one_busy_stream(cs_heap *h)
+{
+    return !h->ops->busy_streams || h->ops->busy_streams(h->dev) <= 1;
+}
+
+static bool joins_at_free(cs_cache *c, cs_heap *h, const cs_block *b)
+{
+    if (!h->pool || h->dead || b->size <= h->slab_max || capture_running(c))
+        return false;
+    return (pool_ordered(c, h) && one_busy_stream(h)) || block_ready(h, b);
+}
+
+/* The freed block b (in no list, its bytes no longer in use) leaves the cache: its span joins
+ * the pool's free memory, with its epoch, and its bytes are the pool's spare. No driver call
+ * (a fence query at most), so under the lock. False, b untouched, when the pool refused it. */
+static bool join_pool(cs_cache *c, cs_heap *h, cs_block *b)
+{
+    uint64_t released;
+    int raw;
+    if (cs_pool_free(h->pool, b->addr, true, block_ready(h, b), b->epoch, &released, &raw) !=
+        CS_BE_OK)
+        return false;
+    registry_remove(c, b);
+    spare_add(c, h, (int64_t)b->size);
+    free(b);
+    return true;
+}
+
+/* A large pooled block carved out of a free span under the lock, no driver call (its memory's
+ * work ordered before the block's, as for a block reused whole); NULL when none fits, or the
+ * order cannot be made, or the host has no memory for the bookkeeping: then the miss's path.
+ * Busy free memory is taken only with one busy stream: with several, the miss's path decides. */
+static cs_block *carve_block(cs_cache *c, cs_heap *h, int cls, uint64_t bytes)
+{
+    uint64_t addr, epoch, released;
+    int raw;
+    if (!cs_pool_carve(h->pool, bytes, pool_ordered(c, h) && one_busy_stream(h), &addr, &epoch))
+        return NULL;
+    bool pending = epoch && !cs_epoch_ready(h, epoch);
+    cs_block *b = NULL;
+    if ((!pending || h->ops->order_after(h->dev, epoch) == 0) &&
+        (b = new_block(c, h, addr, bytes, cls))) {
+        spare_add(c, h, -(int64_t)bytes);
+        c->devices[h->device].st.ordered_hits += pending;
+        return b;
+    }
+    cs_pool_free(h->pool, addr, true, !pending, epoch, &released, &raw);  /* as it was */
+    return NULL;
+}
+
 /* A miss: called with the lock held, returns with it released. */
 static cs_result alloc_miss(cs_cache *c, cs_heap *h, uint64_t size, uint64_t bytes, int cls,
                             uint64_t *addr, int *raw, cs_alloc_failure *failure)
@@ -1118,8 +1177,11 @@ cs_result cs_cache_alloc(cs_cache *c, cs_heap *h, uint64_t size, uint64_t *addr,
         pthread_mutex_unlock(&c->lock);
         return CS_OOM;
     }
-    /* Ready blocks first, here or idle in another thread's cache; then ordered ones. */
-    cs_block *b = take_ready(c, h, cls, size, bytes);
+    /* A large pooled block out of free memory first; then ready blocks, here or idle in
+     * another thread's cache; then ordered ones. */
+    cs_block *b = h->pool && bytes > h->slab_max ? carve_block(c, h, cls, bytes) : NULL;
+    if (!b)
+        b = take_ready(c, h, cls, size, bytes);
     if (!b && h->tcache)
         b = cs_tc_steal(c, h, cls, size, bytes, false);
     if (!b && h->ordered) {
@@ -1135,6 +1197,17 @@ cs_result cs_cache_alloc(cs_cache *c, cs_heap *h, uint64_t size, uint64_t *addr,
     return CS_OK;
 }
 
+/* Does addr lie in a heap's pool outside every block (free memory)? Lock held. */
+static bool in_pool_only(cs_cache *c, uint64_t addr)
+{
+    for (cs_heap *h = c->heaps; h; h = h->next) {
+        uint64_t base, size;
+        if (h->pool && cs_pool_find(h->pool, addr, &base, &size))
+            return size == 0;
+    }
+    return false;
+}
+
 cs_result cs_cache_free(cs_cache *c, uint64_t addr)
 {
     int fast = cs_tc_free(c, addr);
@@ -1143,9 +1216,12 @@ cs_result cs_cache_free(cs_cache *c, uint64_t addr)
     pthread_mutex_lock(&c->lock);
     cs_block *b = registry_find(c, addr);
     if (!b) {
-        c->foreign_frees++;  /* no device can be told from a pointer we never saw */
+        /* In a pool's free memory: a large block freed already, whose memory joined the free
+         * space (a double free). Not the driver's. Inside a block: the driver decides. */
+        bool pooled = in_pool_only(c, addr);
+        c->foreign_frees += !pooled;  /* no device can be told from a pointer we never saw */
         pthread_mutex_unlock(&c->lock);
-        return CS_FOREIGN;
+        return pooled ? CS_NOT_IN_USE : CS_FOREIGN;
     }
     /* Another thread's block (or ours, its class full in our cache): its owner lets go. */
     bool owned = __atomic_load_n(&b->owner, __ATOMIC_RELAXED) != NULL;
@@ -1168,10 +1244,12 @@ cs_result cs_cache_free(cs_cache *c, uint64_t addr)
         cs_store_add(&d->base, -(int64_t)b->size);
         cs_store_add(&d->base_req, -(int64_t)b->requested);
     }
-    d->idle_bytes += b->size;
-    idle_push(h, b);
-    cs_block *released = NULL;
     int device = h->device;
+    if (!joins_at_free(c, h, b) || !join_pool(c, h, b)) {
+        d->idle_bytes += b->size;
+        idle_push(h, b);
+    }
+    cs_block *released = NULL;
     /* Spare chunks count, free slots of slabs in use do not: nothing can give them back.
      * All the spare is the bound that needs no pool's lock. */
     uint64_t spare = d->idle_bytes + d->spare_bytes > d->threshold ? trimmable_spare(c, device)

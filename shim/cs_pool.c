@@ -1198,6 +1198,18 @@ static int arena_add(cs_pool *p, uint64_t size, size_t seen, int *raw)
 /* A used span of `size` bytes (whole granules), a small range when r is not NULL (it then
  * belongs to the span; on failure it stays the caller's). See cs_pool_alloc; a small range
  * is never ordered (its slots are handed out later, without an epoch). */
+/* A used span of `size` bytes cut from the start of free span i (room made beforehand). */
+static void carve(cs_pool *p, arena *a, size_t i, uint64_t size, range *r, uint64_t *va,
+                  uint64_t *epoch)
+{
+    i = cut(a, a->spans[i].va, size);
+    a->spans[i].kind = SPAN_USED;
+    a->spans[i].small = r;
+    *va = a->spans[i].va;
+    *epoch = epoch_out(p, a->spans[i].epoch);
+    p->counts.carves++;
+}
+
 static int alloc_span(cs_pool *p, uint64_t size, range *r, uint64_t max_new, bool ordered,
                       uint64_t *va, uint64_t *created, uint64_t *released, bool *carved,
                       uint64_t *epoch, int *raw)
@@ -1222,12 +1234,7 @@ static int alloc_span(cs_pool *p, uint64_t size, range *r, uint64_t max_new, boo
                 *raw = HOST_OOM;
                 return CS_BE_OOM;
             }
-            i = cut(a, a->spans[i].va, size);
-            a->spans[i].kind = SPAN_USED;
-            a->spans[i].small = r;
-            *va = a->spans[i].va;
-            *epoch = epoch_out(p, a->spans[i].epoch);
-            p->counts.carves++;
+            carve(p, a, i, size, r, va, epoch);
             *carved = true;
             if (r) {
                 r->va = *va;
@@ -1322,6 +1329,20 @@ static int alloc_span(cs_pool *p, uint64_t size, range *r, uint64_t max_new, boo
         plan_free(&pl);
         return CS_BE_OK;
     }
+}
+
+bool cs_pool_carve(cs_pool *p, uint64_t bytes, bool ordered, uint64_t *addr, uint64_t *epoch)
+{
+    uint64_t size = round_up(bytes, CS_POOL_ALIGN);
+    arena *a;
+    size_t i;
+    pthread_mutex_lock(&p->lock);
+    bool ok = !p->dead && best_fit(p, size, usable_epoch(p, ordered), &a, &i) &&
+              room_spans(a, 1);
+    if (ok)
+        carve(p, a, i, size, NULL, addr, epoch);
+    pthread_mutex_unlock(&p->lock);
+    return ok;
 }
 
 int cs_pool_alloc(cs_pool *p, uint64_t bytes, uint64_t max_new, bool ordered, uint64_t *addr,

@@ -13,6 +13,9 @@
  * foreign pointer, a double free of an unowned block) goes to the locked core, which sees
  * owned blocks through their owner's lock.
  *
+ * Large blocks of a pooled heap are not kept here: freed, their memory joins the pool's free
+ * spans (cs_cache_free), which a thread cache would keep cut into whole blocks.
+ *
  * Bounds, per thread and heap: at most TC_PER_CLASS (4) idle blocks a class, only classes up
  * to 256 MiB (TC_CLASSES), at most TC_MAX_IDLE (1 GiB) idle in all. Four covers the blocks a
  * loop frees before it allocates them again (double or quad buffering, a layer's few
@@ -470,7 +473,7 @@ bool cs_tc_adopt(cs_cache *c, cs_block *b, cs_tc_mine *mine)
         return false;
     bool owned = false;
     pthread_mutex_lock(&tc->lock);
-    if (h->tcache && b->cls < TC_CLASSES) {
+    if (h->tcache && b->cls < TC_CLASSES && !(h->pool && b->size > h->slab_max)) {
         tc_slot *s = slot_get(tc, h);
         if (s && map_add(tc, b)) {
             __atomic_store_n(&b->owner, tc, __ATOMIC_RELAXED);
