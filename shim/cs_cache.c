@@ -11,10 +11,14 @@
  * at once, after the backend has arranged that every stream's next work waits for the epoch
  * on the GPU (see "reuse").
  *
- * A miss in a pooled heap first moves the memory of idle blocks whose fences completed, oldest
- * first, to the new block (see "moves") and takes memory from the driver only for the rest; in
- * ordered mode, large idle blocks the GPU still works on may move too, the new block then
- * ordered after their work as a block reused whole is.
+ * A large block of a pooled heap does not wait whole: at its free its memory joins the pool's
+ * free spans, with its epoch (joins_at_free), and a large request is carved out of the
+ * smallest free span it fits (carve_block), ordered after the work on it as a block reused
+ * whole is. Only with several busy streams, or its work pending with completed reuse, does a
+ * large block wait in the idle lists. A miss then first moves the memory of idle blocks whose
+ * fences completed, oldest first, to the new block (see "moves") and takes memory from the
+ * driver only for the rest; in ordered mode, large idle blocks the GPU still works on may
+ * move too.
  *
  * In front of this core sit per-thread caches (cs_tcache.c): a thread's allocation of a block
  * it freed itself, and its free of a block it holds, take no lock here. What they own the
@@ -1015,7 +1019,9 @@ static uint64_t move_for(cs_cache *c, cs_heap *h, uint64_t bytes)
     return cs_pool_need(h->pool, bytes, true, ordered);
 }
 
-/* Does a freed block's memory join its pool's free memory at once? A large pooled block
+/* ---------------------------------------------------------------- joins
+ *
+ * Does a freed block's memory join its pool's free memory at once? A large pooled block
  * whose work is done, or, in ordered mode with one busy stream, whose work that stream still
  * runs (a block carved from it is ordered after that work, as a block reused whole is). Its
  * span joins the free spans beside it, so the next request of any size takes the smallest

@@ -81,9 +81,10 @@ static const cs_option_desc option_table[OPT_COUNT] = {
                                     "Idle cached pinned host bytes kept; above it, idle pinned "
                                     "blocks go back to the driver."},
     [OPT_BACKEND] = {"CACHESHIM_BACKEND", "choice", "pooled", "pooled or classic",
-                     "Where blocks get their memory: pooled maps physical memory into each "
-                     "block's own address range and moves it between blocks as sizes shift "
-                     "(devices without virtual memory management get classic by themselves); "
+                     "Where blocks get their memory: pooled carves blocks out of physical "
+                     "memory mapped into one virtual range per context, freed memory serving "
+                     "the next request of any size (devices without virtual memory "
+                     "management get classic by themselves); "
                      "classic makes each block one cuMemAlloc, for programs that export "
                      "memory with cuIpcGetMemHandle."},
     [OPT_HEADROOM] = {"CACHESHIM_HEADROOM", "int", "10",
