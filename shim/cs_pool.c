@@ -613,14 +613,16 @@ static bool slot_take(cs_pool *p, uint64_t slot, uint64_t *addr, bool *no_host_m
 /* ---------------------------------------------------------------- where a block goes */
 
 /* The smallest free span of at least `size` bytes whose epoch is at most `usable` (the lowest
- * address among equals). */
+ * address among equals: arenas and spans are in address order, so the first span of exactly
+ * `size` ends the search). One pass over the spans: a large block's allocation costs time in
+ * proportion to the spans (free and used) of the pool. */
 static bool best_fit(const cs_pool *p, uint64_t size, uint64_t usable, arena **out,
                      size_t *index)
 {
     uint64_t best = UINT64_MAX;
-    for (size_t k = 0; k < p->narenas; k++) {
+    for (size_t k = 0; k < p->narenas && best != size; k++) {
         arena *a = p->arenas[k];
-        for (size_t i = 0; i < a->nspans; i++)
+        for (size_t i = 0; i < a->nspans && best != size; i++)
             if (span_usable(&a->spans[i], usable) && a->spans[i].size >= size &&
                 a->spans[i].size < best) {
                 best = a->spans[i].size;
