@@ -1028,8 +1028,8 @@ static uint64_t move_for(cs_cache *c, cs_heap *h, uint64_t bytes)
  * free span it fits, a span of its own size first: freed memory coalesces as in PyTorch's
  * expandable segments, where whole idle blocks reused in place kept the free space cut into
  * pieces (the replays: resnet 1.098 reserved / live with headroom, 1.23 without). With
- * several busy streams a busy block stays whole (reused by its stream, or moved at a miss).
- * Lock held. */
+ * several busy streams, or a release threshold, a busy block stays whole (reused by its
+ * stream, moved at a miss, or given back over the threshold). Lock held. */
 static bool one_busy_stream(cs_heap *h)
 {
     return !h->ops->busy_streams || h->ops->busy_streams(h->dev) <= 1;
@@ -1039,7 +1039,11 @@ static bool joins_at_free(cs_cache *c, cs_heap *h, const cs_block *b)
 {
     if (!h->pool || h->dead || b->size <= h->slab_max || capture_running(c))
         return false;
-    return (pool_ordered(c, h) && one_busy_stream(h)) || block_ready(h, b);
+    /* With a release threshold, busy memory stays a block: over the threshold it goes back
+     * after a wait for its own fence, where busy free memory would need the whole device. */
+    bool busy_may_join = pool_ordered(c, h) && one_busy_stream(h) &&
+                         c->devices[h->device].threshold == CS_UNLIMITED;
+    return busy_may_join || block_ready(h, b);
 }
 
 /* The freed block b (in no list, its bytes no longer in use) leaves the cache: its span joins

@@ -904,6 +904,29 @@ static void test_threshold_never_syncs_for_busy_spare(void **state)
     assert_exact(f);
 }
 
+/* Ordered, with a release threshold of 0: a large block freed while the GPU still works on
+ * it does not join the free space (busy spare could go back only after a wait for the whole
+ * device): it stays a block, given back at once after a wait for its own fence. */
+static int setup_threshold0_ordered(void **state)
+{
+    return setup_config(state, (config){.threshold = 1});
+}
+
+static void test_threshold_gives_back_busy_block(void **state)
+{
+    fx *f = *state;
+    uint64_t a = must_alloc(f, 4 * MiB);
+    work_on(a);
+    int syncs = sim.calls[SIM_SYNC], waits = be.waits;
+    must_free(f, a);
+    cacheshim_stats st = stats(f);
+    assert_int_equal(st.bytes_cached, 0);
+    assert_int_equal(st.releases, 1);
+    assert_int_equal(be.waits, waits + 1);          /* its own fence */
+    assert_int_equal(sim.calls[SIM_SYNC], syncs);  /* not the whole device */
+    assert_exact(f);
+}
+
 /* Trim gives back idle blocks whose work is done, then the spare; it says what the driver got
  * back. A slot's memory goes back only with its range. */
 static void test_trim(void **state)
@@ -1313,6 +1336,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_oom_waits_before_unmapping, setup, teardown),
         cmocka_unit_test_setup_teardown(test_oom_small_block_after_large, setup, teardown),
         cmocka_unit_test_setup_teardown(test_threshold_trims_spare_first, setup_threshold6, teardown),
+        cmocka_unit_test_setup_teardown(test_threshold_gives_back_busy_block,
+                                        setup_threshold0_ordered, teardown),
         cmocka_unit_test_setup_teardown(test_threshold_never_syncs_for_busy_spare,
                                         setup_threshold5_ordered, teardown),
         cmocka_unit_test_setup_teardown(test_trim, setup, teardown),
