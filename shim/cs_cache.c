@@ -9,7 +9,10 @@
  * A freed block waits in its class's idle list with the fence epoch the backend gave at its
  * free. It is reused once that epoch has completed or, in ordered mode,
  * at once, after the backend has arranged that every stream's next work waits for the epoch
- * on the GPU (see "reuse").
+ * on the GPU (see "reuse"). A large block of a pooled heap mostly does not wait whole: at
+ * its free its memory joins the pool's free spans with its epoch (joins_at_free), and a large
+ * request is first carved out of the smallest free span it fits, by the same rule
+ * (carve_block).
  *
  * A large block of a pooled heap does not wait whole: at its free its memory joins the pool's
  * free spans, with its epoch (joins_at_free), and a large request is carved out of the
@@ -632,8 +635,10 @@ void cs_cache_forget_heap(cs_cache *c, const void *key)
 
 /* ---------------------------------------------------------------- reuse
  *
- * Which idle block serves a request: the oldest of its size (a small request also takes a
- * block of a larger class within an eighth of its size, cs_class_fits). The oldest has the
+ * A large request of a pooled heap is first carved out of the pool's free memory
+ * (carve_block); then, as for every other request, an idle block serves it: the oldest of
+ * its size (a small request also takes a block of a larger class within an eighth of its
+ * size, cs_class_fits). The oldest has the
  * smallest epoch, so if it is not ready, none of its size is. First a block whose fence
  * completed; else, in ordered mode, the oldest block that fits, once the backend has made
  * every stream's next work wait for its epoch: reuse never waits on the host and memory
@@ -1299,8 +1304,9 @@ cs_block_state cs_cache_lookup(cs_cache *c, uint64_t addr, uint64_t *requested)
 
 /* The block that contains addr, in use or idle: its base is addr itself, or (pooled heaps) found
  * through the pool's ranges; a classic block's interior pointers are the caller's to map to
- * its base (the driver knows the allocation). Memory of a pool in no block (a free slot, a
- * slab's tail, a page no slab has) is mapped, but the program holds nothing there: idle. */
+ * its base (the driver knows the allocation). Memory of a pool in no block (a free span, such
+ * as a freed large block's, a free slot, a slab's tail, a page no slab has, a hole) is the
+ * pool's, and the program holds nothing there: idle. */
 cs_block_state cs_cache_find(cs_cache *c, uint64_t addr, cs_block_info *out)
 {
     pthread_mutex_lock(&c->lock);

@@ -1197,9 +1197,6 @@ static int arena_add(cs_pool *p, uint64_t size, size_t seen, int *raw)
 
 /* ---------------------------------------------------------------- blocks */
 
-/* A used span of `size` bytes (whole granules), a small range when r is not NULL (it then
- * belongs to the span; on failure it stays the caller's). See cs_pool_alloc; a small range
- * is never ordered (its slots are handed out later, without an epoch). */
 /* A used span of `size` bytes cut from the start of free span i (room made beforehand). */
 static void carve(cs_pool *p, arena *a, size_t i, uint64_t size, range *r, uint64_t *va,
                   uint64_t *epoch)
@@ -1212,6 +1209,10 @@ static void carve(cs_pool *p, arena *a, size_t i, uint64_t size, range *r, uint6
     p->counts.carves++;
 }
 
+/* A used span of `size` bytes (CS_POOL_ALIGN bytes; one granule for a small range), a small
+ * range when r is not NULL (it then belongs to the span; on failure it stays the caller's).
+ * See cs_pool_alloc; a small range is never ordered (its slots are handed out later, without
+ * an epoch). */
 static int alloc_span(cs_pool *p, uint64_t size, range *r, uint64_t max_new, bool ordered,
                       uint64_t *va, uint64_t *created, uint64_t *released, bool *carved,
                       uint64_t *epoch, int *raw)

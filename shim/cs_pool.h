@@ -101,9 +101,9 @@ uint64_t cs_pool_slab_max(uint64_t granularity);
 int cs_pool_alloc(cs_pool *p, uint64_t bytes, uint64_t max_new, bool ordered, uint64_t *addr,
                   uint64_t *created, uint64_t *released, bool *carved, uint64_t *epoch,
                   int *raw);
-/* A large block of `bytes` carved out of a free span, or false when none takes it: never a
- * driver call, so the caller may hold its own locks. ordered and *epoch as for
- * cs_pool_alloc. */
+/* A large block of `bytes` carved out of a free span, or false when none takes it (or the
+ * host has no memory for the bookkeeping): never a driver call, so the caller may hold its
+ * own locks. ordered and *epoch as for cs_pool_alloc. */
 bool cs_pool_carve(cs_pool *p, uint64_t bytes, bool ordered, uint64_t *addr, uint64_t *epoch);
 /* A block leaves the cache. keep: its memory stays in the pool, free (a move); else the
  * chunks that are then wholly free, their work done, go back to the driver. done: the work

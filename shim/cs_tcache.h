@@ -25,7 +25,8 @@ typedef struct {
 } cs_tc_mine;
 
 /* b was just handed out by the locked core: this thread's cache owns it from now when the
- * heap allows it (then its free needs no lock). Fills *mine either way. */
+ * heap allows it and it is no large block of a pooled heap (then its free needs no lock).
+ * Fills *mine either way. */
 bool cs_tc_adopt(cs_cache *c, cs_block *b, cs_tc_mine *mine);
 /* The free of a block a thread cache owns, on the locked path: CS_NOT_IN_USE if it is idle;
  * else it leaves its owner (its bytes leave the device's owned bytes) and CS_OK. */
