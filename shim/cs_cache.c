@@ -769,16 +769,16 @@ static bool pool_ordered(const cs_cache *c, const cs_heap *h)
     return h->ordered && !capture_running(c);
 }
 
-/* A block from the heap's pool (see backend_take). *pending: the epoch of the work still
- * under way on the free memory it took, every stream's next work made to wait for it (0:
- * none). */
-static int pool_take(cs_cache *c, cs_heap *h, uint64_t bytes, uint64_t need, uint64_t *addr,
-                     uint64_t *created, uint64_t *released, bool *carved, uint64_t *pending,
-                     int *raw)
+/* A block from the heap's pool (see backend_take). busy_ok: it may take free memory whose
+ * work is still under way (move_busy decided). *pending: the epoch of that work, every
+ * stream's next work made to wait for it (0: none). */
+static int pool_take(cs_cache *c, cs_heap *h, uint64_t bytes, uint64_t need, bool busy_ok,
+                     uint64_t *addr, uint64_t *created, uint64_t *released, bool *carved,
+                     uint64_t *pending, int *raw)
 {
     uint64_t epoch = 0;
-    int r = cs_pool_alloc(h->pool, bytes, need, pool_ordered(c, h), addr, created, released,
-                          carved, &epoch, raw);
+    int r = cs_pool_alloc(h->pool, bytes, need, busy_ok && pool_ordered(c, h), addr, created,
+                          released, carved, &epoch, raw);
     *pending = 0;
     if (r != CS_BE_OK || !epoch || cs_epoch_ready(h, epoch))
         return r;
@@ -800,14 +800,15 @@ static int pool_take(cs_cache *c, cs_heap *h, uint64_t bytes, uint64_t need, uin
 }
 
 /* A new block from the backend: a driver allocation, or the heap's pool, taking at most
- * `need` bytes of new memory (the reservation made under the cap); *carved (may be NULL): the
+ * `need` bytes of new memory (the reservation made under the cap) and, with busy_ok, free
+ * memory whose work is still under way; *carved (may be NULL): the
  * pool carved it out of free memory with no driver call; *pending: the epoch of work still
  * under way on its memory, every stream ordered after it (0: none; a block given back must
  * not be unmapped before it completes). Called without the lock; returns with it held and
  * the memory accounted: the reservation dropped, the pool's spare changed by what the pool
  * took from the driver, gave back, and put into the block. */
-static int backend_take(cs_cache *c, cs_heap *h, uint64_t bytes, uint64_t need, uint64_t *addr,
-                        bool *carved, uint64_t *pending, int *raw)
+static int backend_take(cs_cache *c, cs_heap *h, uint64_t bytes, uint64_t need, bool busy_ok,
+                        uint64_t *addr, bool *carved, uint64_t *pending, int *raw)
 {
     uint64_t created = 0, released = 0;
     int r;
@@ -818,7 +819,8 @@ static int backend_take(cs_cache *c, cs_heap *h, uint64_t bytes, uint64_t need, 
         r = h->ops->alloc(h->dev, bytes, addr, raw);
         created = r == CS_BE_OK ? bytes : 0;
     } else {
-        r = pool_take(c, h, bytes, need, addr, &created, &released, no_call, pending, raw);
+        r = pool_take(c, h, bytes, need, busy_ok, addr, &created, &released, no_call, pending,
+                      raw);
     }
     pthread_mutex_lock(&c->lock);
     device_state *d = &c->devices[h->device];
@@ -904,7 +906,7 @@ static int recover_oom(cs_cache *c, cs_heap *h, uint64_t bytes, uint64_t *addr,
         if (n == 0 || !reserve_under_cap(c, d, h->device, most))
             continue;
         pthread_mutex_unlock(&c->lock);
-        if ((r = backend_take(c, h, bytes, most, addr, NULL, pending, raw)) == CS_BE_OK)
+        if ((r = backend_take(c, h, bytes, most, true, addr, NULL, pending, raw)) == CS_BE_OK)
             d->st.oom_recoveries++;
     }
     return r;
@@ -965,20 +967,22 @@ static bool move_busy(cs_cache *c, cs_heap *h, uint64_t bytes, uint64_t budget)
 }
 
 /* Make room for a pooled block of `bytes` as above. Called with the lock held, returns with
- * it held; returns the new bytes the block still needs. */
-static uint64_t move_for(cs_cache *c, cs_heap *h, uint64_t bytes)
+ * it held; returns the new bytes the block still needs, and *busy_ok: whether the block may
+ * take free memory whose work is still under way (move_busy: memory that joined the free
+ * space busy while one stream was busy waits, as a busy block kept whole does, once several
+ * are). */
+static uint64_t move_for(cs_cache *c, cs_heap *h, uint64_t bytes, bool *busy_ok)
 {
     device_state *d = &c->devices[h->device];
-    bool ordered = pool_ordered(c, h);
     uint64_t budget = headroom_budget(c, d);
+    bool ordered = *busy_ok = move_busy(c, h, bytes, budget);
     if (bytes > h->slab_max && !cs_pool_fits(h->pool, bytes, ordered) && !capture_running(c)) {
         /* No free span takes it: every large idle block the GPU is done with goes back to
          * the pool first, where it joins the free spans beside it. That costs no driver
          * call, and a block carved from free spans is as cheap as a hit. */
-        bool pending = move_busy(c, h, bytes, budget);
-        cs_tc_reclaim(c, h->device, !pending);
+        cs_tc_reclaim(c, h->device, !ordered);
         cs_block *list = NULL;
-        for (cs_block *b = h->lru_head; b && (pending || block_ready(h, b));) {
+        for (cs_block *b = h->lru_head; b && (ordered || block_ready(h, b));) {
             cs_block *next = b->lru_next;
             if (b->size > h->slab_max)
                 defer_release(c, b, &list);
@@ -1100,7 +1104,9 @@ static cs_result alloc_miss(cs_cache *c, cs_heap *h, uint64_t size, uint64_t byt
     for (int attempt = 0; r == CS_BE_SHORT; attempt++) {
         /* The pool's spare may go to another thread meanwhile (CS_BE_SHORT): after a few
          * tries, reserve the whole block. */
-        uint64_t need = h->pool && attempt < 3 ? move_for(c, h, bytes) : most_new(h, bytes);
+        bool busy_ok = true;  /* a whole new block: whatever memory it can get */
+        uint64_t need = h->pool && attempt < 3 ? move_for(c, h, bytes, &busy_ok)
+                                               : most_new(h, bytes);
         /* At the cap, a busy block worth waiting for beats a refusal (the threads' too). */
         if (d->cap != CS_UNLIMITED && held(d) + need > d->cap) {
             cs_tc_reclaim(c, h->device, false);
@@ -1118,7 +1124,7 @@ static cs_result alloc_miss(cs_cache *c, cs_heap *h, uint64_t size, uint64_t byt
             return CS_OOM;
         }
         pthread_mutex_unlock(&c->lock);
-        r = backend_take(c, h, bytes, need, &a, &carved, &pending, raw);
+        r = backend_take(c, h, bytes, need, busy_ok, &a, &carved, &pending, raw);
     }
     /* A miss once it is the backend's (a wait at the cap on a retry above is a hit), unless
      * the pool carved the block out of free memory: no driver call, a hit as well (an ordered

@@ -554,6 +554,26 @@ static void test_busy_block_carved_ordered(void **state)
     assert_exact(f);
 }
 
+/* Memory that joined the free space busy, while one stream was busy, is not carved for a
+ * block once several streams are busy and new memory stays within the headroom (100 % here):
+ * new memory, as for a busy block kept whole, so that the streams are not made to wait for
+ * each other's work. */
+static void test_busy_free_memory_waits_for_busy_streams(void **state)
+{
+    fx *f = *state;
+    be.busy = 1;
+    uint64_t a = busy_freed(f, 4 * MiB);
+    assert_in_free_span(f, a);
+    be.busy = 2;
+    int orders = be.orders;
+    uint64_t b = must_alloc(f, 4 * MiB);
+    assert_true(b != a);
+    assert_int_equal(be.orders, orders);
+    assert_int_equal(stats(f).ordered_hits, 0);
+    must_free(f, b);
+    assert_exact(f);
+}
+
 /* Several busy streams: up to two blocks per busy stream (three blocks of the size asked for,
  * here) may be new memory beyond the headroom (0 here), as whole blocks are kept one per busy
  * stream before they are reused ordered; past that, the busy blocks' memory is carved,
@@ -1319,6 +1339,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_busy_block_does_not_move, setup_ordered_busy2,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_busy_block_carved_ordered, setup_ordered, teardown),
+        cmocka_unit_test_setup_teardown(test_busy_free_memory_waits_for_busy_streams,
+                                        setup_ordered_busy2, teardown),
         cmocka_unit_test_setup_teardown(test_busy_memory_beyond_busy_streams,
                                         setup_ordered_busy2_tight, teardown),
         cmocka_unit_test_setup_teardown(test_busy_memory_unordered_when_order_fails,
