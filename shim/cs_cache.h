@@ -113,7 +113,8 @@ void cs_cache_destroy(cs_cache *cache);
  * Returns NULL if memory for it cannot be had or the device ordinal is out of range. */
 cs_heap *cs_cache_heap(cs_cache *cache, const void *key);
 /* granularity: the device's allocation granularity (a power of two; 0 for the default, 2 MiB):
- * large blocks are whole granules. With ops->vmm the heap pools physical memory. */
+ * classic large blocks are whole granules, pooled ones CS_POOL_ALIGN bytes (chunks are whole
+ * granules). With ops->vmm the heap pools physical memory. */
 #define CS_DEFAULT_GRANULARITY (2ull << 20)
 cs_heap *cs_cache_add_heap(cs_cache *cache, const void *key, int device, uint64_t device_total,
                            const cs_backend_ops *ops, void *dev, uint64_t granularity);

@@ -55,7 +55,7 @@ struct cs_heap {
     int device;
     bool tcache;   /* per-thread caching on (no release threshold on its device) */
     bool ordered;  /* config.reuse == CS_REUSE_ORDERED */
-    uint64_t gran;      /* the device's granularity: large blocks are whole granules */
+    uint64_t gran;      /* the device's granularity: classic large blocks are whole granules */
     uint64_t slab_max;  /* the largest small block (a size class; a slab's slot if pooled) */
     cs_pool *pool;      /* physical memory pooled (cs_pool.h), or NULL: a driver
                            allocation per block */

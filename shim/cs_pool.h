@@ -6,12 +6,13 @@
  * An arena is one virtual reservation (twice the device's memory, at least what a block
  * needs) cut into spans, end to end: a hole (nothing mapped), free (mapped, in no block) or
  * used (a large block, or a small range). A large block (more than half the granularity) is
- * a used span of whole granules; small blocks live in small ranges of one granule cut into
- * 32 pages, where a slab is a run of pages (the shortest whose unused tail is at most an
- * eighth of it) cut into equal slots of one size class. A freed block's span turns free and
- * joins the free spans beside it, so memory freed at one size serves the next request of any
- * size without a driver call: a block is carved out of the smallest free span it fits
- * (best fit). A free span remembers the fence of the work last done on its memory (an epoch,
+ * a used span of its size (CS_POOL_ALIGN bytes; the chunks mapped under it are whole
+ * granules, the rest of the last one a free span); small blocks live in small ranges of one
+ * granule cut into 32 pages, where a slab is a run of pages (the shortest whose unused tail
+ * is at most an eighth of it) cut into equal slots of one size class. A freed block's span
+ * turns free and joins the free spans beside it, so memory freed at one size serves the next
+ * request of any size without a driver call: a block is carved out of the smallest free span
+ * it fits (best fit). A free span remembers the fence of the work last done on its memory (an epoch,
  * as the cache counts them): memory freed while the GPU still works on it joins the free space
  * at once, and a block carved out of it is handed out with that epoch, for the cache to order
  * the block's next work after it (or, not ordered, is carved only once the epoch completed).

@@ -774,7 +774,7 @@ static void test_wait_on_retry_is_one_hit(void **state)
     fx *f = *state;
     uint64_t d = must_alloc(f, 6 * MiB), a = must_alloc(f, 6 * MiB);
     must_free(f, a);
-    uint64_t b = must_alloc(f, 2 * MiB);  /* a moves, b carved: 4 MiB of free span spare */
+    uint64_t b = must_alloc(f, 2 * MiB);  /* b carved out of a's span: 4 MiB of it spare */
     work_on(b);
     must_free(f, b);  /* busy: 6 in use + 2 idle + 4 spare = 12 */
     cacheshim_stats before = stats(f);
@@ -807,7 +807,7 @@ static void test_oom_trims_spare_and_retries(void **state)
     sim.capacity = 8 * MiB;
     uint64_t a = must_alloc(f, 6 * MiB);
     must_free(f, a);
-    must_alloc(f, 2 * MiB);  /* a moves: 4 MiB of free span, spare, in the first heap */
+    must_alloc(f, 2 * MiB);  /* carved out of a's span: 4 MiB of it spare, in the first heap */
     assert_int_equal(sim.used, 6 * MiB);
     /* 6 + 4 > 8: the second granule is out of memory; the first heap's spare goes and the
      * block is made anew. */
@@ -877,7 +877,7 @@ static void test_threshold_trims_spare_first(void **state)
     fx *f = *state;
     uint64_t x = must_alloc(f, 2 * MiB), a = must_alloc(f, 6 * MiB);
     must_free(f, a);  /* 6 MiB idle: at the threshold */
-    uint64_t b = must_alloc(f, 2 * MiB);  /* a moves, b is carved: 4 MiB spare */
+    uint64_t b = must_alloc(f, 2 * MiB);  /* b carved out of a's span: 4 MiB spare */
     assert_int_equal(b, a);
     must_free(f, b);  /* 2 idle + 4 spare: at the threshold */
     int releases = sim.calls[SIM_RELEASE];
@@ -1109,7 +1109,7 @@ static void test_mem_view_counts_spare(void **state)
     fx *f = *state;
     uint64_t a = must_alloc(f, 6 * MiB);
     must_free(f, a);
-    must_alloc(f, 2 * MiB);  /* a moves, 2 carved: 2 in use, 4 of free span spare */
+    must_alloc(f, 2 * MiB);  /* carved out of a's span: 2 in use, 4 of free span spare */
     uint64_t free_b, total_b;
     cs_cache_mem_view(f->cache, 0, 1 * MiB, 80 * 1024 * MiB, &free_b, &total_b);
     assert_int_equal(total_b, 16 * MiB);
@@ -1167,7 +1167,7 @@ static void test_forget_heap_with_spare(void **state)
     must_alloc(f, 8 * KiB);
     uint64_t a = must_alloc(f, 6 * MiB);
     must_free(f, a);
-    uint64_t b = must_alloc(f, 2 * MiB);  /* a moves, b carved: 4 MiB of free span spare */
+    uint64_t b = must_alloc(f, 2 * MiB);  /* b carved out of a's span: 4 MiB of it spare */
     must_free(f, s);
     cacheshim_stats st = stats(f);
     assert_true(st.bytes_cached > 4 * MiB);  /* spare chunk, free slots, an idle slot */
