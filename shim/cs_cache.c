@@ -367,7 +367,8 @@ static uint64_t trimmable_spare(cs_cache *c, int device)
  * lock held, returns with it held (dropped around the driver calls). Bytes released. Free
  * memory the GPU still works on goes only after a wait for the whole device: only if `wait`,
  * and never while a capture runs (the wait would break it). */
-static uint64_t trim_spare(cs_cache *c, int device, uint64_t bytes, bool wait)
+static uint64_t trim_spare(cs_cache *c, int device, uint64_t bytes, bool wait,
+                           cs_release_reason why)
 {
     uint64_t total = 0;
     bool may_wait = wait && !capture_running(c);
@@ -385,6 +386,8 @@ static uint64_t trim_spare(cs_cache *c, int device, uint64_t bytes, bool wait)
             total += n;
             c->devices[device].st.driver_frees++;
             c->devices[device].st.releases++;
+            if (c->config.on_release)
+                c->config.on_release(c->config.release_arg, device, 0, n, why);
         }
     }
     group_settle(c, device);
@@ -861,7 +864,7 @@ static bool reserve_under_cap(cs_cache *c, device_state *d, int device, uint64_t
     uint64_t over;
     while ((over = over_cap(c, d, device, need)) != 0) {
         /* Spare memory first: no block loses its memory for it. */
-        if (d->spare_bytes && trim_spare(c, device, over, true))
+        if (d->spare_bytes && trim_spare(c, device, over, true, CS_RELEASE_CAP))
             continue;
         /* With the threads' idle blocks back here, base is what is in use (and what a thread
          * freed to its own cache since, counted as in use: room is never overstated), and
@@ -901,7 +904,7 @@ static int recover_oom(cs_cache *c, cs_heap *h, uint64_t bytes, uint64_t *addr,
         pthread_mutex_unlock(&c->lock);
         finish_releases(c, h->device, released, CS_RELEASE_OOM);
         pthread_mutex_lock(&c->lock);
-        n += trim_spare(c, h->device, UINT64_MAX, true);
+        n += trim_spare(c, h->device, UINT64_MAX, true, CS_RELEASE_OOM);
         uint64_t most = most_new(h, bytes);
         if (n == 0 || !reserve_under_cap(c, d, h->device, most))
             continue;
@@ -1279,7 +1282,8 @@ cs_result cs_cache_free(cs_cache *c, uint64_t addr)
         /* Spare memory first (what needs no wait: a free never waits for the whole device),
          * then the blocks the GPU is done with: giving back a busy one waits for it. */
         if (spare)
-            trim_spare(c, device, d->idle_bytes + spare - d->threshold, false);
+            trim_spare(c, device, d->idle_bytes + spare - d->threshold, false,
+                       CS_RELEASE_THRESHOLD);
         spare = trimmable_spare(c, device);
         if (d->idle_bytes + spare > d->threshold) {
             uint64_t target = spare < d->threshold ? d->threshold - spare : 0;
@@ -1387,7 +1391,7 @@ uint64_t cs_cache_release_idle(cs_cache *c, cs_heap *h)
     uint64_t released = finish_releases(c, device, list, CS_RELEASE_OOM);
     pthread_mutex_lock(&c->lock);
     if (c->devices[device].present)
-        released += trim_spare(c, device, UINT64_MAX, true);
+        released += trim_spare(c, device, UINT64_MAX, true, CS_RELEASE_OOM);
     pthread_mutex_unlock(&c->lock);
     return released;
 }
@@ -1438,7 +1442,7 @@ uint64_t cs_cache_trim(cs_cache *c)
         released += finish_releases(c, i, list, CS_RELEASE_TRIM);
         pthread_mutex_lock(&c->lock);
         if (c->devices[i].present)
-            released += trim_spare(c, i, UINT64_MAX, true);
+            released += trim_spare(c, i, UINT64_MAX, true, CS_RELEASE_TRIM);
         pthread_mutex_unlock(&c->lock);
     }
     return released;

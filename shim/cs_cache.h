@@ -62,7 +62,8 @@ typedef struct cs_cache_config {
     uint64_t (*cap_for)(void *arg, uint64_t device_total);
     uint64_t (*threshold_for)(void *arg, uint64_t device_total);
     void *limit_arg;
-    /* Told about every block given back to the driver (may be NULL). Called under the lock. */
+    /* Told about every block given back to the driver (may be NULL), and about a pool's free
+     * memory given back (addr 0, size its bytes). Called under the lock. */
     void (*on_release)(void *arg, int device, uint64_t addr, uint64_t size, cs_release_reason why);
     void *release_arg;
     cs_reuse_mode reuse;

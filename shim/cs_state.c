@@ -79,8 +79,12 @@ static void on_release(void *arg, int device, uint64_t addr, uint64_t size, cs_r
         return;
     char sz[32];
     cs_bytes_format(size, sz, sizeof sz);
-    cs_log("released %s at 0x%llx on device %d (%s)", sz, (unsigned long long)addr, device,
-           reason_name(why));
+    if (addr == 0)
+        cs_log("released %s of pooled free memory on device %d (%s)", sz, device,
+               reason_name(why));
+    else
+        cs_log("released %s at 0x%llx on device %d (%s)", sz, (unsigned long long)addr, device,
+               reason_name(why));
 }
 
 static const char *host_reason_name(cs_release_reason why)
