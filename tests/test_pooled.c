@@ -575,6 +575,40 @@ static void test_busy_free_memory_waits_for_busy_streams(void **state)
     assert_exact(f);
 }
 
+/* ... but at the cap new memory is no choice: busy free memory is carved for the block, ordered
+ * after its work, where giving it back first would wait for the whole device. Here the free
+ * memory shares a granule with a block in use, so it could not even go back: the cap would
+ * refuse the request. */
+static int setup_ordered_busy2_cap5(void **state)
+{
+    int r = setup_config(state, (config){.cap = 5 * MiB, .headroom_permille = 1000});
+    be.busy = 2;
+    return r;
+}
+
+static void test_busy_free_memory_taken_at_cap(void **state)
+{
+    fx *f = *state;
+    be.busy = 1;
+    uint64_t a = must_alloc(f, 2560 * KiB), z = must_alloc(f, 1536 * KiB);
+    assert_int_equal(z, a + 2560 * KiB);  /* the rest of a's second granule */
+    work_on(a);
+    must_free(f, a);
+    assert_in_free_span(f, a);
+    be.busy = 2;
+    int syncs = sim.calls[SIM_SYNC], creates = sim.calls[SIM_CREATE];
+    uint64_t b = must_alloc(f, 2560 * KiB);
+    assert_int_equal(b, a);
+    assert_int_equal(unordered_reuse(b, 2560 * KiB), 0);
+    assert_int_equal(stats(f).ordered_hits, 1);
+    assert_int_equal(stats(f).cap_refusals, 0);
+    assert_int_equal(sim.calls[SIM_SYNC], syncs);
+    assert_int_equal(sim.calls[SIM_CREATE], creates);
+    must_free(f, b);
+    must_free(f, z);
+    assert_exact(f);
+}
+
 /* Several busy streams: up to two blocks per busy stream (three blocks of the size asked for,
  * here) may be new memory beyond the headroom (0 here), as whole blocks are kept one per busy
  * stream before they are reused ordered; past that, the busy blocks' memory is carved,
@@ -1341,6 +1375,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_busy_block_carved_ordered, setup_ordered, teardown),
         cmocka_unit_test_setup_teardown(test_busy_free_memory_waits_for_busy_streams,
                                         setup_ordered_busy2, teardown),
+        cmocka_unit_test_setup_teardown(test_busy_free_memory_taken_at_cap,
+                                        setup_ordered_busy2_cap5, teardown),
         cmocka_unit_test_setup_teardown(test_busy_memory_beyond_busy_streams,
                                         setup_ordered_busy2_tight, teardown),
         cmocka_unit_test_setup_teardown(test_busy_memory_unordered_when_order_fails,
