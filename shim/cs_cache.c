@@ -890,14 +890,24 @@ static uint64_t most_new(const cs_heap *h, uint64_t bytes)
     return h->pool ? cs_pool_most_new(h->pool, bytes) : bytes;
 }
 
-/* The driver is out of memory: give idle memory back and retry at the same size, first the
- * blocks the GPU is done with, then all (their fences waited for). With the lock held; it is
- * dropped meanwhile. */
-static int recover_oom(cs_cache *c, cs_heap *h, uint64_t bytes, uint64_t *addr,
-                       uint64_t *pending, int *raw)
+/* The driver is out of memory: first, where the miss left the pool's free memory the GPU
+ * still works on for new memory (busy_tried false: move_busy), a block out of it, ordered
+ * after that work, with no new memory (giving that memory back would wait for the whole
+ * device, or fail where it shares a granule with a block in use). Then give idle memory back
+ * and retry at the same size, first the blocks the GPU is done with, then all (their fences
+ * waited for). With the lock held; it is dropped meanwhile. */
+static int recover_oom(cs_cache *c, cs_heap *h, uint64_t bytes, bool busy_tried,
+                       uint64_t *addr, uint64_t *pending, int *raw)
 {
     device_state *d = &c->devices[h->device];
-    int r = CS_BE_OOM;
+    int r = CS_BE_OOM, ignored;
+    if (!busy_tried && h->pool && pool_ordered(c, h)) {
+        pthread_mutex_unlock(&c->lock);
+        if (backend_take(c, h, bytes, 0, true, addr, NULL, pending, &ignored) == CS_BE_OK) {
+            d->st.oom_recoveries++;
+            return CS_BE_OK;
+        }
+    }
     for (int step = 1; step <= 2 && r == CS_BE_OOM; step++) {
         cs_block *released = NULL;
         uint64_t n = release_idle_to(c, h->device, step == 1, 0, &released);
@@ -1110,11 +1120,11 @@ static cs_result alloc_miss(cs_cache *c, cs_heap *h, uint64_t size, uint64_t byt
     device_state *d = &c->devices[h->device];
     uint64_t a = 0, pending = 0;
     int r = CS_BE_SHORT;
-    bool carved = false;
+    bool carved = false, busy_ok = true;
     for (int attempt = 0; r == CS_BE_SHORT; attempt++) {
         /* The pool's spare may go to another thread meanwhile (CS_BE_SHORT): after a few
          * tries, reserve the whole block. */
-        bool busy_ok = true;  /* a whole new block: whatever memory it can get */
+        busy_ok = true;  /* a whole new block: whatever memory it can get */
         uint64_t need = h->pool && attempt < 3 ? move_for(c, h, bytes, &busy_ok)
                                                : most_new(h, bytes);
         /* At the cap, a busy block worth waiting for beats a refusal (the threads' too). */
@@ -1147,14 +1157,15 @@ static cs_result alloc_miss(cs_cache *c, cs_heap *h, uint64_t size, uint64_t byt
     }
     if (r == CS_BE_OOM && !h->dead) {
         /* Out of memory. First a cached block that fits, once the GPU is done with it: no
-         * memory changes hands. Then give idle memory back and retry. */
+         * memory changes hands. Then free memory the GPU works on, ordered, or give idle
+         * memory back and retry. */
         cs_tc_reclaim(c, h->device, false);
         if (wait_for_block(c, h, cls, size, bytes, addr)) {
             d->st.oom_recoveries++;
             pthread_mutex_unlock(&c->lock);
             return CS_OK;
         }
-        r = recover_oom(c, h, bytes, &a, &pending, raw);
+        r = recover_oom(c, h, bytes, busy_ok, &a, &pending, raw);
     }
     if (h->dead) {
         /* The context was destroyed while the driver was asked: whatever it gave went with

@@ -575,6 +575,24 @@ static void test_busy_free_memory_waits_for_busy_streams(void **state)
     assert_exact(f);
 }
 
+/* Block a (one stream busy) is freed while work on it is under way, then asked for again at
+ * `size` once two streams are busy: carved out of its memory, ordered after that work, with
+ * no wait for the device and `creates` calls to cuMemCreate. */
+static uint64_t busy_carved_again(fx *f, uint64_t a, uint64_t size, int creates)
+{
+    work_on(a);
+    must_free(f, a);
+    assert_in_free_span(f, a);
+    be.busy = 2;
+    int syncs = sim.calls[SIM_SYNC], before = sim.calls[SIM_CREATE];
+    uint64_t b = must_alloc(f, size);
+    assert_int_equal(b, a);
+    assert_int_equal(unordered_reuse(b, size), 0);
+    assert_int_equal(sim.calls[SIM_SYNC], syncs);
+    assert_int_equal(sim.calls[SIM_CREATE], before + creates);
+    return b;
+}
+
 /* ... but at the cap new memory is no choice: busy free memory is carved for the block, ordered
  * after its work, where giving it back first would wait for the whole device. Here the free
  * memory shares a granule with a block in use, so it could not even go back: the cap would
@@ -592,19 +610,34 @@ static void test_busy_free_memory_taken_at_cap(void **state)
     be.busy = 1;
     uint64_t a = must_alloc(f, 2560 * KiB), z = must_alloc(f, 1536 * KiB);
     assert_int_equal(z, a + 2560 * KiB);  /* the rest of a's second granule */
-    work_on(a);
-    must_free(f, a);
-    assert_in_free_span(f, a);
-    be.busy = 2;
-    int syncs = sim.calls[SIM_SYNC], creates = sim.calls[SIM_CREATE];
-    uint64_t b = must_alloc(f, 2560 * KiB);
-    assert_int_equal(b, a);
-    assert_int_equal(unordered_reuse(b, 2560 * KiB), 0);
+    uint64_t b = busy_carved_again(f, a, 2560 * KiB, 0);
     assert_int_equal(stats(f).ordered_hits, 1);
     assert_int_equal(stats(f).cap_refusals, 0);
-    assert_int_equal(sim.calls[SIM_SYNC], syncs);
-    assert_int_equal(sim.calls[SIM_CREATE], creates);
     must_free(f, b);
+    must_free(f, z);
+    assert_exact(f);
+}
+
+/* ... and out of memory on the device, where new memory was tried first, before anything
+ * goes back: here the free memory shares both its granules with blocks in use, so nothing could
+ * go back, and the request would fail although that memory serves it. */
+static void test_busy_free_memory_taken_out_of_memory(void **state)
+{
+    fx *f = *state;
+    sim.capacity = 6 * MiB;
+    be.busy = 1;
+    uint64_t y = must_alloc(f, 1536 * KiB), a = must_alloc(f, 1536 * KiB),
+             z = must_alloc(f, 2560 * KiB);
+    assert_int_equal(a, y + 1536 * KiB);  /* in y's granule and the next, z's first */
+    assert_int_equal(z, a + 1536 * KiB);
+    assert_int_equal(sim.used, 6 * MiB);
+    uint64_t b = busy_carved_again(f, a, 1536 * KiB, 1);  /* the create that failed */
+    cacheshim_stats st = stats(f);
+    assert_int_equal(st.ordered_hits, 0);  /* a miss: the driver was asked first */
+    assert_int_equal(st.oom_recoveries, 1);
+    assert_int_equal(st.oom_failures, 0);
+    must_free(f, b);
+    must_free(f, y);
     must_free(f, z);
     assert_exact(f);
 }
@@ -1377,6 +1410,8 @@ int main(void)
                                         setup_ordered_busy2, teardown),
         cmocka_unit_test_setup_teardown(test_busy_free_memory_taken_at_cap,
                                         setup_ordered_busy2_cap5, teardown),
+        cmocka_unit_test_setup_teardown(test_busy_free_memory_taken_out_of_memory,
+                                        setup_ordered_busy2, teardown),
         cmocka_unit_test_setup_teardown(test_busy_memory_beyond_busy_streams,
                                         setup_ordered_busy2_tight, teardown),
         cmocka_unit_test_setup_teardown(test_busy_memory_unordered_when_order_fails,
