@@ -968,9 +968,9 @@ static uint64_t headroom_budget(const cs_cache *c, const device_state *d)
  * count changes from one call to the next; at most CS_ORDERED_DEPTH blocks), as whole blocks
  * are kept one per busy stream before ordered reuse (cs_class_deep_enough): memory is bounded
  * by the busy streams, never by how far the GPU lags behind. Also when new memory would pass
- * the cap: memory would first go back, busy free memory only after a wait for the whole
- * device, or not at all where it shares a granule with a block in use (a refusal). Lock
- * held. */
+ * the cap (a group's other members' memory counted): memory would first go back, busy free
+ * memory only after a wait for the whole device, or not at all where it shares a granule
+ * with a block in use (a refusal). Lock held. */
 static bool move_busy(cs_cache *c, cs_heap *h, uint64_t bytes, uint64_t budget)
 {
     if (!pool_ordered(c, h))
@@ -980,8 +980,12 @@ static bool move_busy(cs_cache *c, cs_heap *h, uint64_t bytes, uint64_t budget)
         return true;
     const device_state *d = &c->devices[h->device];
     uint64_t after = held(d) + bytes;
-    if (d->cap != CS_UNLIMITED && after > d->cap)
-        return true;
+    if (d->cap != CS_UNLIMITED) {
+        uint64_t others =
+            c->config.group_others ? c->config.group_others(c->config.group_arg, h->device) : 0;
+        if (after + others > d->cap)
+            return true;
+    }
     int spare_blocks = 2 * busy > CS_ORDERED_DEPTH ? CS_ORDERED_DEPTH - 1 : 2 * busy - 1;
     return after > budget + (uint64_t)spare_blocks * bytes;
 }

@@ -154,8 +154,23 @@ typedef struct {
     cs_heap *heap;
 } fx;
 
+/* A cap shared with other processes (cs_group.h): the other members hold group_others bytes,
+ * this cache is charged group_mine. */
+static uint64_t group_mine, group_others;
+static bool group_charge(void *a, int d, uint64_t bytes, uint64_t cap, uint64_t *short_by)
+{
+    (void)a; (void)d;
+    uint64_t total = group_others + group_mine + bytes;
+    *short_by = cap != CS_UNLIMITED && total > cap ? total - cap : 0;
+    group_mine += *short_by ? 0 : bytes;
+    return *short_by == 0;
+}
+static void group_uncharge(void *a, int d, uint64_t bytes) { (void)a; (void)d; group_mine -= bytes; }
+static uint64_t others_of(void *a, int d) { (void)a; (void)d; return group_others; }
+
 typedef struct {
     uint64_t cap, threshold, device;
+    uint64_t group_others;  /* with a group whose other members hold this (0: no group) */
     unsigned headroom_permille;
     cs_reuse_mode reuse;
 } config;
@@ -171,6 +186,13 @@ static int setup_config(void **state, config k)
     cs_cache_config cfg = {.cap_for = cap_for, .threshold_for = thr_for, .on_release = on_release,
                            .reuse = k.reuse, .capturing = fb_capturing,
                            .pool_headroom_permille = k.headroom_permille};
+    group_mine = 0;
+    group_others = k.group_others;
+    if (k.group_others) {
+        cfg.group_charge = group_charge;
+        cfg.group_uncharge = group_uncharge;
+        cfg.group_others = others_of;
+    }
     fx *f = calloc(1, sizeof *f);
     f->cache = cs_cache_create(&cfg);
     f->heap = cs_cache_add_heap(f->cache, (void *)0x1, 0, 80 * 1024 * MiB, &pooled_ops, &sim, 0);
@@ -596,10 +618,17 @@ static uint64_t busy_carved_again(fx *f, uint64_t a, uint64_t size, int creates)
 /* ... but at the cap new memory is no choice: busy free memory is carved for the block, ordered
  * after its work, where giving it back first would wait for the whole device. Here the free
  * memory shares a granule with a block in use, so it could not even go back: the cap would
- * refuse the request. */
+ * refuse the request. The same with a cap shared by a group (8 MiB, 3 of it the others'). */
 static int setup_ordered_busy2_cap5(void **state)
 {
     int r = setup_config(state, (config){.cap = 5 * MiB, .headroom_permille = 1000});
+    be.busy = 2;
+    return r;
+}
+static int setup_ordered_busy2_group_cap(void **state)
+{
+    int r = setup_config(state, (config){.cap = 8 * MiB, .group_others = 3 * MiB,
+                                         .headroom_permille = 1000});
     be.busy = 2;
     return r;
 }
@@ -1410,6 +1439,8 @@ int main(void)
                                         setup_ordered_busy2, teardown),
         cmocka_unit_test_setup_teardown(test_busy_free_memory_taken_at_cap,
                                         setup_ordered_busy2_cap5, teardown),
+        cmocka_unit_test_setup_teardown(test_busy_free_memory_taken_at_cap,
+                                        setup_ordered_busy2_group_cap, teardown),
         cmocka_unit_test_setup_teardown(test_busy_free_memory_taken_out_of_memory,
                                         setup_ordered_busy2, teardown),
         cmocka_unit_test_setup_teardown(test_busy_memory_beyond_busy_streams,
