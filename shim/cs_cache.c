@@ -365,20 +365,21 @@ static uint64_t trimmable_spare(cs_cache *c, int device)
 
 /* Give the pools' spare memory of a device back to the driver, up to `bytes`. Called with the
  * lock held, returns with it held (dropped around the driver calls). Bytes released. Free
- * memory the GPU still works on goes only after a wait for the whole device: only if `wait`,
- * and never while a capture runs (the wait would break it). */
+ * memory the GPU still works on goes only after a wait for the whole device, only if `wait`.
+ * Nothing while a capture runs: a free or a wait could break it. */
 static uint64_t trim_spare(cs_cache *c, int device, uint64_t bytes, bool wait,
                            cs_release_reason why)
 {
     uint64_t total = 0;
-    bool may_wait = wait && !capture_running(c);
+    if (capture_running(c))
+        return 0;
     /* Heaps are never freed, and a forgotten one (dead, on the dead list that h->next may
      * lead to while the lock was dropped) is skipped: the walk ends. */
     for (cs_heap *h = c->heaps; h && total < bytes; h = h->next) {
         if (h->device != device || h->dead || !h->pool || !h->spare_bytes)
             continue;
         pthread_mutex_unlock(&c->lock);
-        uint64_t n = cs_pool_trim(h->pool, bytes - total, may_wait);
+        uint64_t n = cs_pool_trim(h->pool, bytes - total, wait);
         pthread_mutex_lock(&c->lock);
         if (!h->dead)
             spare_add(c, h, -(int64_t)n);

@@ -991,6 +991,27 @@ static void test_threshold_trims_spare_first(void **state)
     assert_exact(f);
 }
 
+/* While a stream capture runs nothing goes back to the driver, the pool's free memory whose
+ * work is done included (usage.md: a free could break the capture); the next free after it
+ * gives back what is over the threshold. */
+static void test_threshold_gives_nothing_back_while_capturing(void **state)
+{
+    fx *f = *state;
+    uint64_t x = must_alloc(f, 2 * MiB), y = must_alloc(f, 2 * MiB), a = must_alloc(f, 6 * MiB);
+    must_free(f, a);  /* 6 MiB spare: at the threshold */
+    int unmaps = sim.calls[SIM_UNMAP], releases = sim.calls[SIM_RELEASE];
+    be.capturing = true;
+    must_free(f, x);  /* 8 MiB spare: over, but a capture runs */
+    assert_int_equal(sim.calls[SIM_UNMAP], unmaps);
+    assert_int_equal(sim.calls[SIM_RELEASE], releases);
+    assert_int_equal(stats(f).bytes_cached, 8 * MiB);
+    be.capturing = false;
+    must_free(f, y);  /* 10 MiB spare: 4 MiB go back */
+    assert_true(sim.calls[SIM_RELEASE] > releases);
+    assert_int_equal(stats(f).bytes_cached, 6 * MiB);
+    assert_exact(f);
+}
+
 /* Ordered, with the release threshold: a free over it gives back what needs no wait first.
  * Free memory the GPU still works on is spare too, but a free never waits for the whole device
  * to give it back while an idle block whose work is done can go instead. */
@@ -1460,6 +1481,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_oom_waits_before_unmapping, setup, teardown),
         cmocka_unit_test_setup_teardown(test_oom_small_block_after_large, setup, teardown),
         cmocka_unit_test_setup_teardown(test_threshold_trims_spare_first, setup_threshold6, teardown),
+        cmocka_unit_test_setup_teardown(test_threshold_gives_nothing_back_while_capturing,
+                                        setup_threshold6, teardown),
         cmocka_unit_test_setup_teardown(test_threshold_gives_back_busy_block,
                                         setup_threshold0_ordered, teardown),
         cmocka_unit_test_setup_teardown(test_threshold_never_syncs_for_busy_spare,
