@@ -265,7 +265,7 @@ def part_live():
     _, err = rep.communicate(timeout=120)
     said = f"is still being written by process {prog.pid}: read as far as it is"
     check(f"report on a live trace ({err.strip()[-300:]!r})", said in err, True)
-    check("report's exit status on a live trace", rep.returncode, 0)
+    check(f"report's exit status on a live trace ({err.strip()[-400:]!r})", rep.returncode, 0)
     check("the program's exit status", prog.returncode, -signal.SIGTERM)
     check("TRACE.pending after the program finished its trace",
           os.path.exists(path + ".pending"), False)
