@@ -9,10 +9,7 @@
  * A freed block waits in its class's idle list with the fence epoch the backend gave at its
  * free. It is reused once that epoch has completed or, in ordered mode,
  * at once, after the backend has arranged that every stream's next work waits for the epoch
- * on the GPU (see "reuse"). A large block of a pooled heap mostly does not wait whole: at
- * its free its memory joins the pool's free spans with its epoch (joins_at_free), and a large
- * request is first carved out of the smallest free span it fits, by the same rule
- * (carve_block).
+ * on the GPU (see "reuse").
  *
  * A large block of a pooled heap does not wait whole: at its free its memory joins the pool's
  * free spans, with its epoch (joins_at_free), and a large request is carved out of the
@@ -773,6 +770,26 @@ static bool pool_ordered(const cs_cache *c, const cs_heap *h)
     return h->ordered && !capture_running(c);
 }
 
+/* Memory just taken from the heap's pool at addr, the work on it completing at `epoch` (from
+ * the pool; 0: none): every stream's next work is made to wait for that work, as for a block
+ * reused whole, *pending then its epoch (0: nothing to wait for). False when nothing can be
+ * ordered after it now (a fence lost, a capture began): the memory is back in the pool, still
+ * pending, and reuse does not wait on the host. */
+static bool order_taken(cs_heap *h, uint64_t addr, uint64_t epoch, uint64_t *pending)
+{
+    *pending = 0;
+    if (!epoch || cs_epoch_ready(h, epoch))
+        return true;
+    if (h->ops->order_after(h->dev, epoch) == 0) {
+        *pending = epoch;
+        return true;
+    }
+    uint64_t back;
+    int ignored;
+    cs_pool_free(h->pool, addr, true, false, epoch, &back, &ignored);
+    return false;
+}
+
 /* A block from the heap's pool (see backend_take). busy_ok: it may take free memory whose
  * work is still under way (move_busy decided). *pending: the epoch of that work, every
  * stream's next work made to wait for it (0: none). */
@@ -783,19 +800,10 @@ static int pool_take(cs_cache *c, cs_heap *h, uint64_t bytes, uint64_t need, boo
     uint64_t epoch = 0;
     int r = cs_pool_alloc(h->pool, bytes, need, busy_ok && pool_ordered(c, h), addr, created,
                           released, carved, &epoch, raw);
-    *pending = 0;
-    if (r != CS_BE_OK || !epoch || cs_epoch_ready(h, epoch))
+    if (r != CS_BE_OK || order_taken(h, *addr, epoch, pending))
         return r;
-    if (h->ops->order_after(h->dev, epoch) == 0) {
-        *pending = epoch;
-        return r;
-    }
-    /* Nothing can be ordered after its work now (a fence lost, a capture began): as for a
-     * whole block, reuse does not wait on the host. The memory goes back, still pending, and
-     * the block is made of memory whose work is done, or new. */
-    uint64_t back, more = 0, gone = 0;
-    int ignored;
-    cs_pool_free(h->pool, *addr, true, false, epoch, &back, &ignored);
+    /* Not ordered: the block is made of memory whose work is done, or new. */
+    uint64_t more = 0, gone = 0;
     r = cs_pool_alloc(h->pool, bytes, need > *created ? need - *created : 0, false, addr, &more,
                       &gone, carved, NULL, raw);
     *created += more;
@@ -976,7 +984,7 @@ static bool move_busy(cs_cache *c, cs_heap *h, uint64_t bytes, uint64_t budget)
 {
     if (!pool_ordered(c, h))
         return false;
-    int busy = h->ops->busy_streams ? h->ops->busy_streams(h->dev) : 1;
+    int busy = cs_busy_streams(h);
     if (busy <= 1)
         return true;
     const device_state *d = &c->devices[h->device];
@@ -1066,7 +1074,7 @@ static uint64_t move_for(cs_cache *c, cs_heap *h, uint64_t bytes, bool *busy_ok)
  * stream, moved at a miss, or given back over the threshold). Lock held. */
 static bool one_busy_stream(cs_heap *h)
 {
-    return !h->ops->busy_streams || h->ops->busy_streams(h->dev) <= 1;
+    return cs_busy_streams(h) <= 1;
 }
 
 static bool joins_at_free(cs_cache *c, cs_heap *h, const cs_block *b)
@@ -1102,20 +1110,20 @@ static bool join_pool(cs_cache *c, cs_heap *h, cs_block *b)
  * Busy free memory is taken only with one busy stream: with several, the miss's path decides. */
 static cs_block *carve_block(cs_cache *c, cs_heap *h, int cls, uint64_t bytes)
 {
-    uint64_t addr, epoch, released;
+    uint64_t addr, epoch, pending, released;
     int raw;
-    if (!cs_pool_carve(h->pool, bytes, pool_ordered(c, h) && one_busy_stream(h), &addr, &epoch))
+    if (!cs_pool_carve(h->pool, bytes, pool_ordered(c, h) && one_busy_stream(h), &addr,
+                       &epoch) ||
+        !order_taken(h, addr, epoch, &pending))
         return NULL;
-    bool pending = epoch && !cs_epoch_ready(h, epoch);
-    cs_block *b = NULL;
-    if ((!pending || h->ops->order_after(h->dev, epoch) == 0) &&
-        (b = new_block(c, h, addr, bytes, cls))) {
-        spare_add(c, h, -(int64_t)bytes);
-        c->devices[h->device].st.ordered_hits += pending;
-        return b;
+    cs_block *b = new_block(c, h, addr, bytes, cls);
+    if (!b) {
+        cs_pool_free(h->pool, addr, true, !pending, pending, &released, &raw);  /* as it was */
+        return NULL;
     }
-    cs_pool_free(h->pool, addr, true, !pending, epoch, &released, &raw);  /* as it was */
-    return NULL;
+    spare_add(c, h, -(int64_t)bytes);
+    c->devices[h->device].st.ordered_hits += pending != 0;
+    return b;
 }
 
 /* A miss: called with the lock held, returns with it released. */

@@ -227,10 +227,16 @@ static inline cs_block *cs_list_fit(const cs_heap *h, cs_block *b, uint64_t byte
  * streams keep running side by side. Memory stays bounded by the number of busy streams,
  * never by how far the GPU lags. `first` is the oldest idle block of the size; `most` the
  * depth at most: CS_ORDERED_DEPTH in the shared lists, a thread cache's own bound in its. */
+/* Streams with work in flight now, as the backend counts them (1 when it cannot). */
+static inline int cs_busy_streams(const cs_heap *h)
+{
+    return h->ops->busy_streams ? h->ops->busy_streams(h->dev) : 1;
+}
+
 #define CS_ORDERED_DEPTH 8
 static inline bool cs_class_deep_enough(const cs_heap *h, const cs_block *first, int most)
 {
-    int want = h->ops->busy_streams ? h->ops->busy_streams(h->dev) : 1;
+    int want = cs_busy_streams(h);
     if (want > most)
         want = most;
     int n = 0;

@@ -12,11 +12,11 @@
  * is at most an eighth of it) cut into equal slots of one size class. A freed block's span
  * turns free and joins the free spans beside it, so memory freed at one size serves the next
  * request of any size without a driver call: a block is carved out of the smallest free span
- * it fits (best fit). A free span remembers the fence of the work last done on its memory (an epoch,
- * as the cache counts them): memory freed while the GPU still works on it joins the free space
- * at once, and a block carved out of it is handed out with that epoch, for the cache to order
- * the block's next work after it (or, not ordered, is carved only once the epoch completed).
- * Only when none fits does the pool map memory: into the place that needs the
+ * it fits (best fit). A free span remembers the fence of the work last done on its memory (an
+ * epoch, as the cache counts them): memory freed while the GPU still works on it joins the
+ * free space at once, and a block carved out of it is handed out with that epoch, for the
+ * cache to order the block's next work after it (or, not ordered, is carved only once the
+ * epoch completed). Only when none fits does the pool map memory: into the place that needs the
  * least of it (a window of free spans and holes), filling its holes with spare chunks first,
  * then with new ones, and, when the cache allows no new memory, with chunks unmapped from
  * free spans elsewhere (a move). A chunk is one physical allocation of the granularity times
