@@ -759,6 +759,28 @@ static void test_no_host_memory_for_ordered_block(void **state)
     assert_exact(f);
 }
 
+/* No host memory for the bookkeeping of a block carved, ordered, out of busy free memory (the
+ * path taken before any miss): the memory is back in the pool as it was, busy, and the request
+ * fails as out of memory; once the host has memory, the same carve serves it. */
+static void test_no_host_memory_for_carved_block(void **state)
+{
+    fx *f = *state;
+    uint64_t a = busy_freed(f, 4 * MiB);
+    assert_in_free_span(f, a);
+    uint64_t b = 0;
+    int raw = 0;
+    fail_lines = 1;  /* the miss's path after it fails the same way: new memory, given back */
+    cs_result r = cs_cache_alloc(f->cache, f->heap, 4 * MiB, &b, &raw, NULL);
+    fail_lines = 0;
+    assert_int_equal(r, CS_OOM);
+    assert_in_free_span(f, a);
+    assert_int_equal(sim.unsafe_unmaps, 0);
+    assert_int_equal(stats(f).bytes_in_use, 0);
+    assert_exact(f);
+    assert_int_equal(must_alloc(f, 4 * MiB), a);
+    assert_exact(f);
+}
+
 /* While a capture runs, a trim gives back only free memory whose work is done: waiting for
  * the device (a context synchronize) would break the capture. */
 static void test_trim_never_waits_while_capturing(void **state)
@@ -1471,6 +1493,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_trim_waits_for_busy_free_memory, setup_ordered,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_no_host_memory_for_ordered_block, setup_ordered,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_no_host_memory_for_carved_block, setup_ordered,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_trim_never_waits_while_capturing, setup_ordered,
                                         teardown),
