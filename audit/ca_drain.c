@@ -56,6 +56,11 @@ static size_t drain_locked(int final)
     const char *text;
     unsigned skipped = 0;
     size_t count = 0, n = 0, batch = 0;
+    /* The times of this batch's records made ns with a pair read now (the records were
+     * sealed before it, but for those put while the batch goes, a little past it). */
+    ca_clock_state clock;
+    ca_clock_note(0);
+    ca_clock_snapshot(&clock);
     /* A record not sealed yet stops the formatting until its thread seals it (a thread
      * paused in the middle of its put, by a signal handler or a debugger, holds it up; its
      * room must not be given back while it may still write there). Only at the end, once
@@ -67,6 +72,8 @@ static size_t drain_locked(int final)
             memcpy(g_text + n, text, (size_t)r.bytes);
             n += (size_t)r.bytes;
         } else {
+            r.t0 = ca_clock_ns(&clock, r.t0);
+            r.t1 = ca_clock_ns(&clock, r.t1);
             n += ca_format_entry(g_ctx, &r, tid, &g_ids, g_text + n);
             batch++;
         }
@@ -81,6 +88,7 @@ static size_t drain_locked(int final)
     if ((count || skipped) && end != SIZE_MAX) {
         const char *error;
         uint64_t lost = ca_out_lost(&error);
+        ca_ring_clock(&clock);
         ca_ring_consumed(end, lost, error);
     }
     return count;

@@ -4,8 +4,8 @@
 #define CA_REC_H
 
 #include <string.h>
-#include <time.h>
 
+#include "ca_clock.h"
 #include "ca_desc.h"
 
 #define CA_MAX_OUTS 4
@@ -20,7 +20,7 @@ typedef struct {
     uint8_t nout;
     uint8_t out_idx[CA_MAX_OUTS]; /* parameter index of each recorded out-value */
     int32_t result;
-    uint64_t t0, t1;              /* CLOCK_MONOTONIC ns */
+    uint64_t t0, t1;              /* ca_clock_read: ticks until formatted, then ns */
     int64_t bytes;                /* device bytes after the call (Perfetto counter), or -1 */
     uint64_t out[CA_MAX_OUTS];
     uint64_t arg[CA_MAX_PARAMS];
@@ -28,14 +28,6 @@ typedef struct {
     uint8_t nstack;               /* call site: return addresses recorded in stack */
     uint64_t stack[CA_STACK_MAX];
 } ca_rec;
-
-/* CLOCK_MONOTONIC in ns: the times of a record. */
-static inline uint64_t ca_now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
 
 static inline uint64_t ca_raw(const void *v, size_t n, int kind)
 {

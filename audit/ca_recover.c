@@ -88,6 +88,7 @@ static size_t format_rest(const ca_ring_head *h, const ca_ring_done *done,
 {
     ca_fmt_ctx ctx = {.format = h->format, .pid = h->pid, .t_origin = h->t_origin};
     ca_fmt_ids ids = {0};
+    const ca_clock_state *clock = &h->clock[h->clock_gen & 1];
     static char text[CA_REC_TEXT_MAX + 256];
     ca_rec r;
     long tid;
@@ -102,6 +103,8 @@ static size_t format_rest(const ca_ring_head *h, const ca_ring_done *done,
         }
         if (!ca_format_ready(r.fn))
             break;
+        r.t0 = ca_clock_ns(clock, r.t0);
+        r.t1 = ca_clock_ns(clock, r.t1);
         put(o, text, ca_format_entry(&ctx, &r, tid, &ids, text));
         count++;
     }

@@ -18,6 +18,8 @@ static char g_path[4200];
 static ca_ring_head *g_head;   /* the header page */
 static unsigned char *g_ring;  /* the ring, mapped twice in a row */
 static size_t g_size;
+_Static_assert((CA_RING_SIZE & (CA_RING_SIZE - 1)) == 0, "ring sizes are powers of two");
+static size_t g_mask; /* g_size - 1: the sizes are powers of two (a division costs the writers) */
 /* Each on a cache line of its own: the writers' (put), the consumer's (read, read_end), and
  * the one the consumer writes once a batch for the writers to read (taken). */
 static struct {
@@ -107,19 +109,20 @@ int ca_ring_create(const char *path, int format, int pid, uint64_t t_origin)
     h->t_origin = t_origin;
     g_fd = fd;
     g_head = h;
+    g_mask = size - 1;
     g_size = size; /* the positions are 0: at the start, and after fork (ca_ring_fork_child) */
     __atomic_store_n(&g_ring, ring, __ATOMIC_RELEASE);
     return 0;
 }
 
-void ca_ring_prefetch(unsigned fn)
+__attribute__((hot)) void ca_ring_prefetch(unsigned fn)
 {
     /* Acquire: g_size, written before the ring is published, is read below (a plain load
      * that may otherwise come first, and find 0). */
     unsigned char *ring = __atomic_load_n(&g_ring, __ATOMIC_ACQUIRE);
     if (!ring)
         return;
-    const unsigned char *at = ring + __atomic_load_n(&g_pos.put, __ATOMIC_RELAXED) % g_size;
+    const unsigned char *at = ring + (__atomic_load_n(&g_pos.put, __ATOMIC_RELAXED) & g_mask);
     __builtin_prefetch(at, 1);
     __builtin_prefetch(at + 64, 1);
     __builtin_prefetch(at + 128, 1);
@@ -139,7 +142,7 @@ static ca_raw_head *reserve(size_t len, uint64_t *pos, size_t *used)
             return NULL;
     } while (!__atomic_compare_exchange_n(&g_pos.put, &p, p + len, 1, __ATOMIC_RELAXED,
                                           __ATOMIC_RELAXED));
-    ca_raw_head *h = (ca_raw_head *)(g_ring + p % g_size);
+    ca_raw_head *h = (ca_raw_head *)(g_ring + (p & g_mask));
     __atomic_store_n(&h->len, (uint32_t)len, __ATOMIC_RELAXED);
     *pos = p;
     return h;
@@ -161,7 +164,9 @@ size_t ca_ring_put_text(const char *text, size_t n, long tid)
     return used;
 }
 
-size_t ca_ring_put(const ca_rec *r, long tid)
+/* Not vectorized (nor unrolled, below): the few words here gain nothing from it, and the
+ * code would be three times the size, read from memory again at each call of a real program. */
+__attribute__((hot, optimize("no-tree-vectorize"))) size_t ca_ring_put(const ca_rec *r, long tid)
 {
     unsigned nargs = ca_desc(r->fn)->nparams;
     unsigned nstr = r->str[0] ? (unsigned)strnlen(r->str, CA_STR_MAX) : 0;
@@ -187,10 +192,13 @@ size_t ca_ring_put(const ca_rec *r, long tid)
     /* Loops, not memcpy: the compiler would make a copy of unknown length a rep movs, slow
      * to start for the few words here. */
     uint64_t *v = (uint64_t *)(h + 1);
+#pragma GCC unroll 1
     for (unsigned i = 0; i < nargs; i++)
         *v++ = r->arg[i];
+#pragma GCC unroll 1
     for (unsigned i = 0; i < r->nout; i++)
         *v++ = r->out[i];
+#pragma GCC unroll 1
     for (unsigned i = 0; i < r->nstack; i++)
         *v++ = r->stack[i];
     if (nstr)
@@ -200,7 +208,7 @@ size_t ca_ring_put(const ca_rec *r, long tid)
     return used;
 }
 
-size_t ca_ring_size(void)
+__attribute__((hot)) size_t ca_ring_size(void)
 {
     return g_size;
 }
@@ -241,6 +249,16 @@ void ca_ring_consumed(uint64_t text_end, uint64_t lost, const char *error)
      * each with its records still in the ring. */
     __atomic_store_n(&h->done_gen, gen + 1, __ATOMIC_RELEASE);
     __atomic_store_n(&g_pos.taken, g_pos.read, __ATOMIC_RELEASE);
+}
+
+void ca_ring_clock(const ca_clock_state *clock)
+{
+    ca_ring_head *h = g_head;
+    if (!h)
+        return;
+    uint64_t gen = h->clock_gen;
+    h->clock[(gen + 1) & 1] = *clock;
+    __atomic_store_n(&h->clock_gen, gen + 1, __ATOMIC_RELEASE);
 }
 
 void ca_ring_remove(void)

@@ -18,6 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "ca_clock.h"
 #include "ca_rec.h"
 
 #define CA_RING_MAGIC "cacheshim-pending-1\n"
@@ -63,6 +64,10 @@ typedef struct {
     uint64_t done_gen;
     ca_ring_done done[2];
     char error[160];       /* the write error the lost calls met ("" while none) */
+    /* What makes the records' ticks ns (ca_clock.h), in two slots as done is: clock_gen's
+     * parity names the current one. All zero (a file of a build before it): times in ns. */
+    uint64_t clock_gen;
+    ca_clock_state clock[2];
 } ca_ring_head;
 
 typedef struct {
@@ -103,6 +108,8 @@ int ca_ring_take(ca_rec *r, long *tid, const char **text, int skip, unsigned *sk
 /* The records taken so far are in the file, whose text now ends at text_end: noted in the
  * header, and their room given back. */
 void ca_ring_consumed(uint64_t text_end, uint64_t lost, const char *error);
+/* The clock's state, for the records still in the ring (the tools format them with it). */
+void ca_ring_clock(const ca_clock_state *clock);
 /* Everything put is formatted: the file is removed (the process ends). */
 void ca_ring_remove(void);
 /* The child of fork: the parent's ring is the parent's (unmapped here, its lock released). */

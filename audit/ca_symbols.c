@@ -174,7 +174,7 @@ void ca_note_caller(const struct link_map *l, int from)
     __atomic_store_n(&g_range[from].lo, lo, __ATOMIC_RELAXED);
 }
 
-int ca_from_of(const void *ret)
+__attribute__((hot)) int ca_from_of(const void *ret)
 {
     uintptr_t a = (uintptr_t)ret;
     for (int f = CA_FROM_SHIM; f <= CA_FROM_CUDART; f++)

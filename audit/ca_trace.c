@@ -47,6 +47,9 @@ typedef struct ca_thread {
 } ca_thread;
 
 unsigned char ca_traced[CA_FN_COUNT];
+/* atomic: 1 once fn's format plan is made (ca_format_ready): a byte here instead of a call
+ * into the formatter's table at each call. */
+static unsigned char g_planned[CA_FN_COUNT];
 
 /* initial-exec: a plain %fs-relative load on the hot path instead of __tls_get_addr calls;
  * 8 bytes of the static TLS surplus that glibc keeps for libraries loaded after start. */
@@ -64,6 +67,18 @@ static pthread_mutex_t g_ring_lock = PTHREAD_MUTEX_INITIALIZER;
 /* The ring's file: "" for TRACE.pending beside the trace file (ca_trace_init_fd: its own). */
 static char g_ring_path[CS_TRACE_TEXT_MAX + 64];
 
+
+#ifdef CA_TRACE_BENCH
+/* Benchmark builds only (meson -Dtrace_bench=true): SIGUSR2 turns recording off and on, so
+ * that scripts/bench-trace-torch compares traced and untraced blocks of one process. */
+static int g_bench_off; /* atomic */
+
+static void on_bench_toggle(int sig)
+{
+    (void)sig;
+    __atomic_xor_fetch(&g_bench_off, 1, __ATOMIC_RELAXED);
+}
+#endif
 
 static void report_line(const char *line, void *arg)
 {
@@ -146,10 +161,14 @@ static void catch_fatal_signals(void)
 
 /* ---- init ------------------------------------------------------------------------------------ */
 
-static void init_common(int format, const char *filter)
+static void init_common(int format, const char *filter, int clock)
 {
+    const char *why;
     g_ctx.format = format;
-    g_ctx.t_origin = ca_now_ns();
+    g_ctx.t_origin = ca_now_ns(); /* before the clock's first pair: no time comes before it */
+    ca_clock_init(clock, &why);
+    if (why)
+        ca_out_say(why);
     g_ctx.pid = (int)getpid();
     set_filter(filter);
     ca_mem_init(format == CS_TRACE_PERFETTO);
@@ -171,16 +190,21 @@ void ca_trace_init(void)
         return;
     cs_options o;
     cs_options_load(&o, get_variable, report_line, NULL);
-    init_common(o.trace_format, o.trace_filter);
+    init_common(o.trace_format, o.trace_filter, o.trace_clock);
     ca_stack_init(o.trace_format == CS_TRACE_JSONL ? o.trace_stack : 0);
     ca_out_open(o.trace_file, o.trace_format);
     catch_fatal_signals();
+#ifdef CA_TRACE_BENCH
+    signal(SIGUSR2, on_bench_toggle);
+#endif
 }
 
 void ca_trace_init_fd(int fd, int format, const char *filter, const char *ring)
 {
     snprintf(g_ring_path, sizeof g_ring_path, "%s", ring ? ring : "");
-    init_common(format, filter);
+    cs_options o;
+    cs_options_load(&o, get_variable, report_line, NULL);
+    init_common(format, filter, o.trace_clock);
     ca_out_open_fd(fd, format);
 }
 
@@ -201,10 +225,14 @@ static ca_thread *thread_new(void)
     return t;
 }
 
-ca_rec *ca_begin(unsigned fn, int lib, int from)
+__attribute__((hot)) ca_rec *ca_begin(unsigned fn, int lib, int from)
 {
     if (!ca_traced[fn] || __atomic_load_n(&g_ended, __ATOMIC_RELAXED))
         return NULL;
+#ifdef CA_TRACE_BENCH
+    if (__atomic_load_n(&g_bench_off, __ATOMIC_RELAXED))
+        return NULL;
+#endif
     ca_thread *t = t_self;
     if (__builtin_expect(t == NULL, 0) && (t = thread_new()) == NULL)
         return NULL;
@@ -251,6 +279,12 @@ __attribute__((noinline, cold)) static int start_ring(void)
         if (pending[0]) {
             int err = ca_ring_create(pending, g_ctx.format, g_ctx.pid, g_ctx.t_origin);
             if (err == 0) {
+                /* A rate for the ticks of the first records, in the file for the tools
+                 * too, should the process be killed before the formatter runs. */
+                ca_clock_state clock;
+                ca_clock_note(1);
+                ca_clock_snapshot(&clock);
+                ca_ring_clock(&clock);
                 ca_out_single_writer();
                 ca_drain_start(&g_ctx);
                 state = 1;
@@ -267,9 +301,16 @@ __attribute__((noinline, cold)) static int start_ring(void)
     return state;
 }
 
-/* No ring: the record formatted and written here. */
-__attribute__((noinline)) static void write_here(ca_thread *t, const ca_rec *r)
+/* No ring: the record formatted and written here, its times made ns first. */
+__attribute__((noinline)) static void write_here(ca_thread *t, ca_rec *r)
 {
+    if (ca_clock_ticks) {
+        ca_clock_state clock;
+        ca_clock_note(1);
+        ca_clock_snapshot(&clock);
+        r->t0 = ca_clock_ns(&clock, r->t0);
+        r->t1 = ca_clock_ns(&clock, r->t1);
+    }
     /* JSON Lines: the objects of its call site not yet described in this file, before it */
     size_t n = r->nstack ? ca_stack_objects(g_ctx.pid, r, t->text, CA_REC_TEXT_MAX) : 0;
     n += ca_format_entry(&g_ctx, r, t->tid, &t->ids, t->text + n);
@@ -287,7 +328,17 @@ __attribute__((noinline)) static void put_objects(ca_thread *t, const ca_rec *r)
         ca_drain_full(NULL, t->text, n, t->tid);
 }
 
-void ca_end(ca_rec *r, int result)
+static int planned(unsigned fn)
+{
+    if (__builtin_expect(__atomic_load_n(&g_planned[fn], __ATOMIC_RELAXED), 1))
+        return 1;
+    if (!ca_format_ready(fn))
+        return 0;
+    __atomic_store_n(&g_planned[fn], 1, __ATOMIC_RELAXED);
+    return 1;
+}
+
+__attribute__((hot)) void ca_end(ca_rec *r, int result)
 {
     ca_thread *t = t_self;
     r->result = result;
@@ -297,7 +348,7 @@ void ca_end(ca_rec *r, int result)
     __atomic_store_n(&t->busy, 1, __ATOMIC_SEQ_CST);
     /* The function's plan is made here, on the calling thread, so that whoever formats the
      * record later (a fatal signal's handler too) never allocates. */
-    if (!__atomic_load_n(&g_ended, __ATOMIC_SEQ_CST) && ca_format_ready(r->fn)) {
+    if (!__atomic_load_n(&g_ended, __ATOMIC_SEQ_CST) && planned(r->fn)) {
         int ring = __atomic_load_n(&g_ring, __ATOMIC_ACQUIRE);
         if (__builtin_expect(ring == 0, 0))
             ring = start_ring();
@@ -390,4 +441,5 @@ void ca_fork_child(void)
     g_ctx.pid = (int)getpid();
     ca_mem_after_fork();
     ca_stack_fork_child();
+    ca_clock_fork_child();
 }

@@ -12,10 +12,10 @@ extern unsigned char ca_traced[CA_FN_COUNT];
 /* A record to fill for a call of fn into lib made by from (CA_FROM_*), or NULL when this
  * call is not traced (filtered out, tracing finished, too deeply nested, out of memory). */
 ca_rec *ca_begin(unsigned fn, int lib, int from);
-/* The call's start and end (ca_now_ns), inline in each wrapper: on the hot path a call
+/* The call's start and end (ca_clock_read), inline in each wrapper: on the hot path a call
  * less each. */
-static inline void ca_started(ca_rec *r) { r->t0 = ca_now_ns(); }
-static inline void ca_stopped(ca_rec *r) { r->t1 = ca_now_ns(); }
+static inline void ca_started(ca_rec *r) { r->t0 = ca_clock_read(); }
+static inline void ca_stopped(ca_rec *r) { r->t1 = ca_clock_read(); }
 /* The call returned result: the record is written. */
 void ca_end(ca_rec *r, int result);
 
@@ -23,7 +23,7 @@ void ca_end(ca_rec *r, int result);
  * signals that end a program by default so that the file is finished first. */
 void ca_trace_init(void);
 /* For tests: trace to fd (mapped when it is a regular file) with the given format and filter
- * instead of the options; ring: the file of the ring of raw records (created at the first
+ * instead of the options (the clock: CACHESHIM_TRACE_CLOCK, else auto); ring: the file of the ring of raw records (created at the first
  * record), or NULL for none (each record formatted on its calling thread). */
 void ca_trace_init_fd(int fd, int format, const char *filter, const char *ring);
 /* The process ends (exit, _exit, a fatal signal): record nothing more, let calls being

@@ -29,6 +29,7 @@ enum {
     OPT_HOST_CAP,
     OPT_HOST_RELEASE_THRESHOLD,
     OPT_TRACE_STACK,
+    OPT_TRACE_CLOCK,
     OPT_COUNT
 };
 
@@ -126,6 +127,12 @@ static const cs_option_desc option_table[OPT_COUNT] = {
                          "frames of the program's stack are recorded with every allocation "
                          "call (JSON Lines), for cacheshim-report's allocation sites; 0 "
                          "records none."},
+    [OPT_TRACE_CLOCK] = {"CACHESHIM_TRACE_CLOCK", "choice", "auto", "auto, tsc or monotonic",
+                         "Tracer: how a call's start and end are read. tsc: the CPU's "
+                         "time-stamp counter (x86-64, invariant), made CLOCK_MONOTONIC "
+                         "nanoseconds off the program's threads, half the cost of monotonic; "
+                         "monotonic: clock_gettime(CLOCK_MONOTONIC) at each; auto: tsc where "
+                         "the kernel keeps its own clock with that counter, else monotonic."},
 };
 
 /* How each row is parsed and where its value goes; indexed like option_table. */
@@ -146,6 +153,7 @@ typedef struct {
 static const char *const trace_formats[] = {"text", "jsonl", "perfetto", NULL};
 static const char *const reuse_modes[] = {"ordered", "completed", NULL};
 static const char *const backends[] = {"pooled", "classic", NULL};
+static const char *const trace_clocks[] = {"auto", "tsc", "monotonic", NULL};
 static const char *const debug_modes[] = {"uaf", "uaf-report", "leaks", NULL};
 
 static const option_slot option_slots[OPT_COUNT] = {
@@ -169,6 +177,8 @@ static const option_slot option_slots[OPT_COUNT] = {
     [OPT_TRACE_FILE] = {VALUE_PATH, offsetof(cs_options, trace_file), 0, 0, false},
     [OPT_TRACE_FILTER] = {VALUE_FILTER, offsetof(cs_options, trace_filter), 0, 0, false},
     [OPT_TRACE_STACK] = {VALUE_INT, offsetof(cs_options, trace_stack), 0, 16, false},
+    [OPT_TRACE_CLOCK] = {VALUE_CHOICE, offsetof(cs_options, trace_clock), 0, 0, false,
+                         trace_clocks},
 };
 
 const cs_option_desc *cs_option_table(size_t *count)

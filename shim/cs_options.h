@@ -24,6 +24,7 @@ typedef struct {
 enum { CS_DEBUG_UAF = 1, CS_DEBUG_UAF_REPORT = 2, CS_DEBUG_LEAKS = 4 };
 
 enum { CS_TRACE_TEXT = 0, CS_TRACE_JSONL = 1, CS_TRACE_PERFETTO = 2 };
+enum { CS_TRACE_CLOCK_AUTO = 0, CS_TRACE_CLOCK_TSC = 1, CS_TRACE_CLOCK_MONOTONIC = 2 };
 /* Longest value kept for the tracer's text variables (path, filter), terminator included. */
 #define CS_TRACE_TEXT_MAX 1024
 
@@ -47,6 +48,7 @@ typedef struct cs_options {
     char trace_file[CS_TRACE_TEXT_MAX];   /* CACHESHIM_TRACE_FILE: "" for stderr; %p = pid */
     char trace_filter[CS_TRACE_TEXT_MAX]; /* CACHESHIM_TRACE_FILTER: "memory", "all" or globs */
     int trace_stack;                /* CACHESHIM_TRACE_STACK: frames recorded per allocation, 0 off */
+    int trace_clock;                /* CACHESHIM_TRACE_CLOCK: CS_TRACE_CLOCK_AUTO, _TSC or _MONOTONIC */
 } cs_options;
 
 /* How the parser reads a variable; the library passes secure_getenv, tests pass their own. */

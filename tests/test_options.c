@@ -93,6 +93,7 @@ static void assert_defaults(const cs_options *o)
     assert_int_equal(o->host_cap.kind, CS_SIZE_UNLIMITED);
     assert_int_equal(o->host_release_threshold.kind, CS_SIZE_UNLIMITED);
     assert_int_equal(o->trace_stack, 0);
+    assert_int_equal(o->trace_clock, CS_TRACE_CLOCK_AUTO);
 }
 
 /* ---- the table ------------------------------------------------------------------------- */
@@ -110,11 +111,11 @@ static void test_table(void **state)
                                         "CACHESHIM_TRACE_FILE", "CACHESHIM_TRACE_FILTER",
                                         "CACHESHIM_HOST_CAP",
                                         "CACHESHIM_HOST_RELEASE_THRESHOLD",
-                                        "CACHESHIM_TRACE_STACK"};
+                                        "CACHESHIM_TRACE_STACK", "CACHESHIM_TRACE_CLOCK"};
     size_t n = 0;
     const cs_option_desc *t = cs_option_table(&n);
     assert_non_null(t);
-    assert_int_equal(n, 18);
+    assert_int_equal(n, 19);
     assert_ptr_equal(cs_option_table(NULL), t);
     for (size_t i = 0; i < n; i++) {
         assert_string_equal(t[i].name, names[i]);
@@ -162,7 +163,7 @@ static void test_defaults_when_nothing_set(void **state)
     assert_int_equal(cs_options_load(&o, fake_getenv, collect, &r), 0);
     assert_int_equal(r.count, 0);
     assert_defaults(&o);
-    assert_int_equal(env.misses, 18); /* each variable asked for exactly once */
+    assert_int_equal(env.misses, 19); /* each variable asked for exactly once */
 
     memset(&o, 0xa5, sizeof o);
     assert_int_equal(cs_options_load(&o, NULL, collect, &r), 0);
@@ -184,7 +185,7 @@ static void test_each_variable_read_once(void **state)
     for (int i = 0; i < 5; i++)
         assert_int_equal(env.lookups[i], 1);
     assert_int_equal(env.lookups[5], 0);
-    assert_int_equal(env.misses, 13); /* REUSE, SYNC_FREE, BACKEND, HEADROOM, DEBUG, QUARANTINE,
+    assert_int_equal(env.misses, 14); /* REUSE, SYNC_FREE, BACKEND, HEADROOM, DEBUG, QUARANTINE,
                                          GROUP, TRACE_*, HOST_*: unset */
 }
 
@@ -488,6 +489,7 @@ static void test_parse_size_bad_arguments(void **state)
     "machine's memory like 25%, or none; using the default (unlimited)"
 
 #define TAIL_FORMAT "is not valid: expected text, jsonl or perfetto; using the default (text)"
+#define TAIL_CLOCK "is not valid: expected auto, tsc or monotonic; using the default (auto)"
 #define TAIL_REUSE "is not valid: expected ordered or completed; using the default (ordered)"
 #define TAIL_BACKEND "is not valid: expected pooled or classic; using the default (pooled)"
 #define TAIL_STACK "is not valid: expected a whole number of frames from 0 to 16; using the default (0)"
@@ -614,6 +616,8 @@ static const struct {
     BAD_SHOWN("GROUP", "x1234567890123456789012345678901234567890123456789012345678901234",
               "x123456789012345678901234567890123456789012345678901234567890123...", TAIL_GROUP),
     BAD("TRACE_FORMAT", "json", TAIL_FORMAT),
+    BAD("TRACE_CLOCK", "rdtsc", TAIL_CLOCK),
+    BAD("TRACE_CLOCK", "tsc,monotonic", TAIL_CLOCK),
     BAD("TRACE_FORMAT", "chrome", TAIL_FORMAT),
     BAD("TRACE_FORMAT", "text,jsonl", TAIL_FORMAT),
     BAD("TRACE_FORMAT", "   ", TAIL_FORMAT),
@@ -746,6 +750,10 @@ static void test_option_parse(void **state)
     assert_int_equal(o.headroom, 150);
     assert_int_equal(cs_option_parse(&o, "CACHESHIM_TRACE_FORMAT", "perfetto"), 0);
     assert_int_equal(o.trace_format, CS_TRACE_PERFETTO);
+    assert_int_equal(cs_option_parse(&o, "CACHESHIM_TRACE_CLOCK", " Monotonic "), 0);
+    assert_int_equal(o.trace_clock, CS_TRACE_CLOCK_MONOTONIC);
+    assert_int_equal(cs_option_parse(&o, "CACHESHIM_TRACE_CLOCK", "tsc"), 0);
+    assert_int_equal(o.trace_clock, CS_TRACE_CLOCK_TSC);
     assert_int_equal(cs_option_parse(&o, "CACHESHIM_TRACE_FILE", "t.%p.jsonl"), 0);
     assert_string_equal(o.trace_file, "t.%p.jsonl");
     assert_int_equal(cs_option_parse(&o, "CACHESHIM_TRACE_FILTER", " cuMemAlloc* , cuInit"), 0);
@@ -909,7 +917,7 @@ static void test_print_defaults(void **state)
     assert_int_equal(cs_options_load(&o, fake_getenv, NULL, NULL), 0);
     reports r = {0};
     cs_options_print(&o, collect, &r);
-    assert_int_equal(r.count, 18);
+    assert_int_equal(r.count, 19);
     assert_string_equal(r.line[0], "cacheshim: CACHESHIM_DISABLE = 0 (default)");
     assert_string_equal(r.line[1], "cacheshim: CACHESHIM_CAP = unlimited (default)");
     assert_string_equal(r.line[2], "cacheshim: CACHESHIM_RELEASE_THRESHOLD = unlimited (default)");
@@ -956,7 +964,7 @@ static void test_print_set(void **state)
     assert_int_equal(cs_options_load(&o, fake_getenv, NULL, NULL), 0);
     reports r = {0};
     cs_options_print(&o, collect, &r);
-    assert_int_equal(r.count, 18);
+    assert_int_equal(r.count, 19);
     assert_string_equal(r.line[0], "cacheshim: CACHESHIM_DISABLE = 1 (set)");
     assert_string_equal(r.line[1], "cacheshim: CACHESHIM_CAP = 8 GiB (set)");
     assert_string_equal(r.line[2],
@@ -981,7 +989,7 @@ static void test_print_set(void **state)
 
     cs_options_print(NULL, collect, &r); /* nothing, no crash */
     cs_options_print(&o, NULL, NULL);
-    assert_int_equal(r.count, 18);
+    assert_int_equal(r.count, 19);
 }
 
 /* ---- formatting ------------------------------------------------------------------------------- */

@@ -320,6 +320,27 @@ static void die(const char *how, int n)
     exit(2); /* unknown HOW */
 }
 
+/* clock N HOW: N allocations 5 ms apart, each between two reads of CLOCK_MONOTONIC printed
+ * as "a b" (ns), then ends as HOW says ("exit", or "kill": the records not yet formatted stay
+ * in TRACE.pending, whose clock the tools use). check_trace.py compares the trace's times. */
+static void clock_pairs(int n, const char *how)
+{
+    for (int i = 0; i < n; i++) {
+        struct timespec a, b;
+        CUdeviceptr p = 0;
+        clock_gettime(CLOCK_MONOTONIC, &a);
+        CHECK(cuMemAlloc(&p, MiB) == CUDA_SUCCESS && p);
+        clock_gettime(CLOCK_MONOTONIC, &b);
+        printf("%lld %lld\n", (long long)a.tv_sec * 1000000000LL + a.tv_nsec,
+               (long long)b.tv_sec * 1000000000LL + b.tv_nsec);
+        if (i + 1 < n)
+            usleep(5000);
+    }
+    fflush(stdout);
+    if (strcmp(how, "kill") == 0)
+        raise(SIGKILL);
+}
+
 /* die-busy HOW: THREADS threads allocate and free without end; once each has made 200
  * pairs, the main thread ends the process as die does, in the middle of their calls. */
 static int started_pairs[THREADS];
@@ -480,6 +501,8 @@ int main(int argc, char **argv)
         exit_from_thread();
     else if (strcmp(s, "die") == 0 && argc > 3)
         die(argv[2], atoi(argv[3]));
+    else if (strcmp(s, "clock") == 0 && argc > 3)
+        clock_pairs(atoi(argv[2]), argv[3]);
     else if (strcmp(s, "die-busy") == 0 && argc > 2)
         die_busy(argv[2]);
     else if (strcmp(s, "bench") == 0 && argc > 3)

@@ -659,6 +659,52 @@ def case_die_segv():
     die_case("segv")
 
 
+def clock_case(how):
+    """The trace's times against CLOCK_MONOTONIC read by the program around each call, with
+    each clock the tracer can take: the start of each call after the first, counted from the
+    first's, within the program's own reads (and their distance); no call longer than the
+    program saw it. kill: the last records are made ns by `cacheshim finish`, with the clock
+    the pending file holds."""
+    n = 12
+    clocks = ["monotonic", "auto"]
+    if invariant_tsc():
+        clocks.append("tsc")
+    for clock in clocks:
+        path = trace_file(f"clock-{how}-{clock}.jsonl")
+        p = run("clock", DEATHS["kill"] if how == "kill" else 0, args=(str(n), how),
+                CACHESHIM_TRACE_FORMAT="jsonl", CACHESHIM_TRACE_FILE=path,
+                CACHESHIM_TRACE_CLOCK=clock)
+        check("CACHESHIM_TRACE_CLOCK" not in p.stderr, f"{clock}: {p.stderr[-500:]}")
+        if how == "kill":
+            finish_killed("jsonl", path, b"")
+        seen = [tuple(map(int, l.split())) for l in p.stdout.splitlines()]
+        ev = [e for e in jsonl(read(path)) if e["name"] == "cuMemAlloc_v2"]
+        check(len(ev) == n and len(seen) == n, f"{clock}: {len(ev)} records, {len(seen)} reads")
+        a0, b0 = seen[0]
+        for e, (a, b) in zip(ev, seen):
+            check(0 <= e["dur_ns"] <= b - a, f"{clock}: dur_ns {e['dur_ns']}, the program saw "
+                                             f"{b - a}")
+            # The call began after a and before b; the first between a0 and b0.
+            lo, hi = (a - b0), (b - a0)
+            t = e["ts_ns"] - ev[0]["ts_ns"]
+            check(lo - 2000 <= t <= hi + 2000,
+                  f"{clock}: start {t} ns after the first's, the program saw {lo}..{hi}")
+
+
+def invariant_tsc():
+    with open("/proc/cpuinfo") as f:
+        flags = f.read()
+    return " constant_tsc" in flags and " nonstop_tsc" in flags
+
+
+def case_clock():
+    clock_case("exit")
+
+
+def case_clock_kill():
+    clock_case("kill")
+
+
 def limit_file_size(n):
     return lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (n, n))
 
