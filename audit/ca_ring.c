@@ -19,6 +19,9 @@ static ca_ring_head *g_head;   /* the header page */
 static unsigned char *g_ring;  /* the ring, mapped twice in a row */
 static size_t g_size;
 _Static_assert((CA_RING_SIZE & (CA_RING_SIZE - 1)) == 0, "ring sizes are powers of two");
+/* Each function's parameter count (ca_desc(fn)->nparams), filled when the ring is made: a
+ * byte a call instead of the function's descriptor, far off in the tables. */
+static unsigned char g_nargs[CA_FN_COUNT];
 static size_t g_mask; /* g_size - 1: the sizes are powers of two (a division costs the writers) */
 /* Each on a cache line of its own: the writers' (put), the consumer's (read, read_end), and
  * the one the consumer writes once a batch for the writers to read (taken). */
@@ -99,6 +102,8 @@ int ca_ring_create(const char *path, int format, int pid, uint64_t t_origin)
         close(fd);
         return err;
     }
+    for (unsigned fn = 0; fn < CA_FN_COUNT; fn++)
+        g_nargs[fn] = ca_desc(fn)->nparams;
     ca_ring_head *h = head;
     memcpy(h->magic, CA_RING_MAGIC, sizeof CA_RING_MAGIC - 1);
     h->head_size = CA_RING_HEAD_SIZE;
@@ -115,7 +120,7 @@ int ca_ring_create(const char *path, int format, int pid, uint64_t t_origin)
     return 0;
 }
 
-__attribute__((hot)) void ca_ring_prefetch(unsigned fn)
+__attribute__((hot)) void ca_ring_prefetch(void)
 {
     /* Acquire: g_size, written before the ring is published, is read below (a plain load
      * that may otherwise come first, and find 0). */
@@ -127,7 +132,6 @@ __attribute__((hot)) void ca_ring_prefetch(unsigned fn)
     __builtin_prefetch(at + 64, 1);
     __builtin_prefetch(at + 128, 1);
     __builtin_prefetch(&g_pos.taken, 0);
-    __builtin_prefetch(ca_desc(fn), 0);
 }
 
 /* len bytes of the ring for the caller alone: its head with the length set (so that a
@@ -174,7 +178,7 @@ size_t ca_ring_put_text(const char *text, size_t n, long tid)
 #endif
 __attribute__((hot)) NOT_VECTORIZED size_t ca_ring_put(const ca_rec *r, long tid)
 {
-    unsigned nargs = ca_desc(r->fn)->nparams;
+    unsigned nargs = g_nargs[r->fn];
     unsigned nstr = r->str[0] ? (unsigned)strnlen(r->str, CA_STR_MAX) : 0;
     uint64_t pos;
     size_t used;

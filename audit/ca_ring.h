@@ -89,10 +89,9 @@ typedef struct {
  * error now, not a SIGBUS later), mapped; holds an exclusive flock on it while the process
  * lives, which tells the tools that its owner still writes. 0, or an errno. */
 int ca_ring_create(const char *path, int format, int pid, uint64_t t_origin);
-/* A hint while a call of fn runs: what ca_ring_put will write and read, fetched into the
- * cache (the memory a record goes to was last read by the formatter's thread, on another
- * core). */
-void ca_ring_prefetch(unsigned fn);
+/* A hint while a call runs: what ca_ring_put will write and read, fetched into the cache
+ * (the memory a record goes to was last read by the formatter's thread, on another core). */
+void ca_ring_prefetch(void);
 /* r (of thread tid) into the ring: the bytes in use with it, or 0 when the ring has no room
  * for it now. Any thread, no lock; async-signal-safe. */
 size_t ca_ring_put(const ca_rec *r, long tid);

@@ -253,7 +253,7 @@ __attribute__((hot)) ca_rec *ca_begin(unsigned fn, int lib, int from)
     r->bytes = -1;
     r->str[0] = '\0';
     r->nstack = ca_stack_fn[fn] ? (uint8_t)ca_stack_capture(r->stack) : 0;
-    ca_ring_prefetch(fn);
+    ca_ring_prefetch();
     return r;
 }
 
