@@ -165,8 +165,15 @@ size_t ca_ring_put_text(const char *text, size_t n, long tid)
 }
 
 /* Not vectorized (nor unrolled, below): the few words here gain nothing from it, and the
- * code would be three times the size, read from memory again at each call of a real program. */
-__attribute__((hot, optimize("no-tree-vectorize"))) size_t ca_ring_put(const ca_rec *r, long tid)
+ * code would be three times the size, read from memory again at each call of a real program.
+ * GCC's attribute (the library is built with GCC; clang, which builds the fuzzers, has no
+ * such attribute and fails on it with -Werror). */
+#if defined(__GNUC__) && !defined(__clang__)
+#define NOT_VECTORIZED optimize("no-tree-vectorize")
+#else
+#define NOT_VECTORIZED
+#endif
+__attribute__((hot, NOT_VECTORIZED)) size_t ca_ring_put(const ca_rec *r, long tid)
 {
     unsigned nargs = ca_desc(r->fn)->nparams;
     unsigned nstr = r->str[0] ? (unsigned)strnlen(r->str, CA_STR_MAX) : 0;
