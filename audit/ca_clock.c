@@ -109,10 +109,27 @@ void ca_clock_init(int want, const char **why)
 
 /* ---- pairs --------------------------------------------------------------------------------- */
 
+/* Another thread notes a pair: where it waits out the first millisecond, the first records
+ * of this one wait for its pair too (their times would otherwise all be the first pair's).
+ * At most 5 ms: the one noting may be this very thread, interrupted by a signal handler
+ * that traces. */
+static void wait_for_a_rate(void)
+{
+    for (int i = 0; i < 100 && __atomic_load_n(&g_state.n, __ATOMIC_RELAXED) == 0; i++) {
+        struct timespec pause = {0, 50000};
+        nanosleep(&pause, NULL);
+    }
+}
+
 void ca_clock_note(int wait)
 {
-    if (!__atomic_load_n(&ca_clock_ticks, __ATOMIC_RELAXED) || pthread_mutex_trylock(&g_lock) != 0)
+    if (!__atomic_load_n(&ca_clock_ticks, __ATOMIC_RELAXED))
         return;
+    if (pthread_mutex_trylock(&g_lock) != 0) {
+        if (wait)
+            wait_for_a_rate();
+        return;
+    }
     ca_clock_state s;
     load_state(&g_state, &s);
     ca_clock_pair newest = s.n ? s.recent[s.n - 1] : s.first;

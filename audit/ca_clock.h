@@ -62,7 +62,8 @@ void ca_clock_init(int want, const char **why);
 /* A pair now, kept when 1 ms or more has passed since the newest (and, while there is none
  * that old, after waiting out the rest of that millisecond: wait, for the first records of
  * a process, so that they never need a rate of less than a millisecond). Never blocks on
- * another thread: when one is noting a pair, returns at once. */
+ * another thread: when one is noting a pair, returns at once (with wait, while there is
+ * none, once that thread's pair is in, or after 5 ms). */
 void ca_clock_note(int wait);
 /* A copy of the state, consistent, without a lock (any thread, signal handlers too). */
 void ca_clock_snapshot(ca_clock_state *s);

@@ -1,5 +1,6 @@
 /* The tracer's clock (audit/ca_clock.c): ticks made ns along the pairs of a state, and the
  * clock itself against CLOCK_MONOTONIC on this machine. */
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -163,6 +164,39 @@ static void test_live_tsc(void **state)
     assert_non_null(strstr(why, "CACHESHIM_TRACE_CLOCK=tsc"));
 }
 
+static void *note_first(void *arg)
+{
+    (void)arg;
+    ca_clock_note(1);
+    return NULL;
+}
+
+/* Two threads at their first records (no ring: each thread makes its own record's times
+ * ns, ca_trace.c write_here): one waits out the first millisecond in ca_clock_note(1),
+ * holding the state; the other, which finds it held, still makes its times ns with a rate,
+ * not all at the first pair's time. */
+static void test_first_records_of_two_threads(void **state)
+{
+    (void)state;
+    const char *why;
+    ca_clock_init(CS_TRACE_CLOCK_AUTO, &why);
+    if (!ca_clock_ticks)
+        skip(); /* monotonic: nothing to make ns */
+    pthread_t other;
+    assert_int_equal(pthread_create(&other, NULL, note_first, NULL), 0);
+    usleep(300); /* the other thread (most likely) in its wait now */
+    uint64_t lo = now(), t = ca_clock_read(), hi = now();
+    ca_clock_note(1);
+    ca_clock_state s;
+    ca_clock_snapshot(&s);
+    uint64_t ns = ca_clock_ns(&s, t);
+    pthread_join(other, NULL);
+    if (ns + 1000 < lo || ns > hi + 1000)
+        fail_msg("%llu ns, between %llu and %llu (the first pair at %llu)",
+                 (unsigned long long)ns, (unsigned long long)lo, (unsigned long long)hi,
+                 (unsigned long long)s.first.ns);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -174,6 +208,7 @@ int main(void)
         cmocka_unit_test(test_live_auto),
         cmocka_unit_test(test_live_monotonic),
         cmocka_unit_test(test_live_tsc),
+        cmocka_unit_test(test_first_records_of_two_threads),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
