@@ -1,7 +1,11 @@
 /* The times of records: ticks of the time-stamp counter or CLOCK_MONOTONIC, and ticks made
  * ns (see ca_clock.h). The state changes only in ca_clock_note, one thread at a time (a
- * trylock); readers copy it under a sequence count, so that a signal handler that formats
- * never waits. Every word of the state is read and written with atomic accesses. */
+ * trylock), and is kept in two slots: the writer fills the one not current, then makes it
+ * current (g_gen's parity). A reader copies the current one and takes the copy when g_gen
+ * did not change meanwhile: never waiting on a writer, so that a signal handler that formats
+ * on the writer's own thread, interrupting it, and the child of a fork made while another
+ * thread wrote, find a whole state at once. Every word of the state is read and written
+ * with atomic accesses. */
 #include "ca_clock.h"
 
 #include <fcntl.h>
@@ -19,8 +23,8 @@
 
 int ca_clock_ticks;
 
-static ca_clock_state g_state;
-static unsigned g_seq;                                    /* odd while the state changes */
+static ca_clock_state g_state[2];                         /* the current one: g_gen's parity */
+static unsigned g_gen;                                    /* atomic */
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER; /* the one changing it */
 
 #define STATE_WORDS (sizeof(ca_clock_state) / sizeof(uint64_t))
@@ -39,6 +43,17 @@ static void store_state(ca_clock_state *to, const ca_clock_state *from)
     uint64_t *t = (uint64_t *)to;
     for (size_t i = 0; i < STATE_WORDS; i++)
         __atomic_store_n(&t[i], f[i], __ATOMIC_RELAXED);
+}
+
+/* s made the current state: written into the slot not current, then that slot made current.
+ * The release fence keeps the slot's stores after the previous g_gen (a reader of the slot
+ * that sees one of them sees that g_gen changed). One writer at a time. */
+static void publish(const ca_clock_state *s)
+{
+    unsigned gen = __atomic_load_n(&g_gen, __ATOMIC_RELAXED);
+    __atomic_thread_fence(__ATOMIC_RELEASE);
+    store_state(&g_state[(gen + 1) & 1], s);
+    __atomic_store_n(&g_gen, gen + 1, __ATOMIC_RELEASE);
 }
 
 /* ---- which clock --------------------------------------------------------------------------- */
@@ -104,7 +119,7 @@ void ca_clock_init(int want, const char **why)
     if (use)
         s.first = read_pair();
     s.slow = s.slow_next = s.first;
-    store_state(&g_state, &s);
+    publish(&s);
 }
 
 /* ---- pairs --------------------------------------------------------------------------------- */
@@ -115,7 +130,10 @@ void ca_clock_init(int want, const char **why)
  * that traces. */
 static void wait_for_a_rate(void)
 {
-    for (int i = 0; i < 100 && __atomic_load_n(&g_state.n, __ATOMIC_RELAXED) == 0; i++) {
+    for (int i = 0; i < 100; i++) {
+        unsigned gen = __atomic_load_n(&g_gen, __ATOMIC_ACQUIRE);
+        if (__atomic_load_n(&g_state[gen & 1].n, __ATOMIC_RELAXED) > 0)
+            return;
         struct timespec pause = {0, 50000};
         nanosleep(&pause, NULL);
     }
@@ -131,7 +149,7 @@ void ca_clock_note(int wait)
         return;
     }
     ca_clock_state s;
-    load_state(&g_state, &s);
+    load_state(&g_state[__atomic_load_n(&g_gen, __ATOMIC_RELAXED) & 1], &s);
     ca_clock_pair newest = s.n ? s.recent[s.n - 1] : s.first;
     ca_clock_pair p = read_pair();
     if (p.ns - newest.ns < MS && wait && s.n == 0) {
@@ -150,11 +168,7 @@ void ca_clock_note(int wait)
             s.slow = s.slow_next;
             s.slow_next = p;
         }
-        unsigned seq = g_seq;
-        __atomic_store_n(&g_seq, seq + 1, __ATOMIC_RELAXED);
-        __atomic_thread_fence(__ATOMIC_RELEASE);
-        store_state(&g_state, &s);
-        __atomic_store_n(&g_seq, seq + 2, __ATOMIC_RELEASE);
+        publish(&s);
     }
     pthread_mutex_unlock(&g_lock);
 }
@@ -162,12 +176,10 @@ void ca_clock_note(int wait)
 void ca_clock_snapshot(ca_clock_state *s)
 {
     for (;;) {
-        unsigned before = __atomic_load_n(&g_seq, __ATOMIC_ACQUIRE);
-        if (before & 1)
-            continue;
-        load_state(&g_state, s);
+        unsigned gen = __atomic_load_n(&g_gen, __ATOMIC_ACQUIRE);
+        load_state(&g_state[gen & 1], s);
         __atomic_thread_fence(__ATOMIC_ACQUIRE);
-        if (__atomic_load_n(&g_seq, __ATOMIC_RELAXED) == before)
+        if (__atomic_load_n(&g_gen, __ATOMIC_RELAXED) == gen)
             return;
     }
 }

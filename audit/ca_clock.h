@@ -65,7 +65,8 @@ void ca_clock_init(int want, const char **why);
  * another thread: when one is noting a pair, returns at once (with wait, while there is
  * none, once that thread's pair is in, or after 5 ms). */
 void ca_clock_note(int wait);
-/* A copy of the state, consistent, without a lock (any thread, signal handlers too). */
+/* A copy of the state, consistent, without a lock and without waiting for a writer (any
+ * thread, signal handlers too, the writer's own included). */
 void ca_clock_snapshot(ca_clock_state *s);
 /* A record's time t in CLOCK_MONOTONIC ns, by s. */
 uint64_t ca_clock_ns(const ca_clock_state *s, uint64_t t);
