@@ -208,6 +208,26 @@ static int before(ca_clock_pair a, ca_clock_pair b)
     return a.ticks < b.ticks && a.ns <= b.ns;
 }
 
+/* t before oldest, the oldest of the recent pairs (a long call's start, a record the
+ * formatter met late): on the line between the older pairs kept around it (first, slow,
+ * slow_next: the rate over where t lies, not the last second's, carried back up to the
+ * age of the process); before them all (a damaged file's), back from the oldest at the
+ * rate of (from, newest). */
+static uint64_t before_recent(const ca_clock_state *s, ca_clock_pair oldest, ca_clock_pair from,
+                              ca_clock_pair newest, uint64_t t)
+{
+    const ca_clock_pair older[3] = {s->first, s->slow, s->slow_next};
+    ca_clock_pair hi = oldest;
+    for (int i = 2; i >= 0; i--) {
+        if (!before(older[i], hi))
+            continue;
+        if (older[i].ticks <= t)
+            return on_line(older[i], older[i], hi, t);
+        hi = older[i];
+    }
+    return on_line(hi, from, newest, t);
+}
+
 uint64_t ca_clock_ns(const ca_clock_state *s, uint64_t t)
 {
     if (!s->ticks)
@@ -221,7 +241,7 @@ uint64_t ca_clock_ns(const ca_clock_state *s, uint64_t t)
     if (t >= newest.ticks)
         return on_line(newest, from, newest, t);
     if (n == 0 || t < s->recent[0].ticks)
-        return on_line(n ? s->recent[0] : newest, from, newest, t);
+        return before_recent(s, n ? s->recent[0] : newest, from, newest, t);
     unsigned i = n - 1;
     while (i > 0 && s->recent[i].ticks > t)
         i--;

@@ -7,8 +7,9 @@
  * instruction, about half of a clock_gettime, at two reads a call the largest part of what
  * tracing every call costs. The formatter converts ticks with pairs of (ticks,
  * CLOCK_MONOTONIC) read together as it goes (ca_clock_note), about every millisecond while
- * records come: between two pairs along the straight line through them, before and past them
- * at the rate of the last second or more. Elsewhere, or with CACHESHIM_TRACE_CLOCK=monotonic,
+ * records come: between two pairs along the straight line through them (the recent ones, or
+ * for a time before them the first and those one and two seconds old), past them at the rate
+ * of the last second or more. Elsewhere, or with CACHESHIM_TRACE_CLOCK=monotonic,
  * a record holds CLOCK_MONOTONIC itself and the conversion changes nothing. */
 #ifndef CA_CLOCK_H
 #define CA_CLOCK_H

@@ -65,6 +65,31 @@ static void test_past_and_before_the_pairs(void **state)
     assert_int_equal(ca_clock_ns(&s, T0 - 3000), 0);
 }
 
+/* A record that began long before the recent pairs (a call that blocked for seconds): on the
+ * line of the older pairs around its start (within the ns lost to rounding), not at the last
+ * second's rate carried back (here 33 ppm off: 10 us). */
+static void assert_near(uint64_t ns, uint64_t want)
+{
+    if (ns + 1 < want || ns > want + 1)
+        fail_msg("%llu ns, not %llu", (unsigned long long)ns, (unsigned long long)want);
+}
+
+static void test_long_before_the_recent_pairs(void **state)
+{
+    (void)state;
+    ca_clock_state s = linear_state();
+    s.first = (ca_clock_pair){T0 - 3900000000ull, N0 - 1300000000ull - 10000};
+    s.slow = (ca_clock_pair){T0 - 3000000000ull, N0 - 1000000000ull};
+    s.slow_next = (ca_clock_pair){T0 - 1500000000ull, N0 - 500000000ull};
+    assert_near(ca_clock_ns(&s, s.first.ticks), s.first.ns);
+    assert_near(ca_clock_ns(&s, s.first.ticks + 3000), s.first.ns + 1000);
+    assert_near(ca_clock_ns(&s, s.slow.ticks - 3), s.slow.ns - 1);
+    assert_near(ca_clock_ns(&s, s.slow.ticks + 3), s.slow.ns + 1);
+    assert_near(ca_clock_ns(&s, T0 - 3), N0 - 1);
+    /* Before every pair (a damaged file's records): back from the oldest at the rate. */
+    assert_near(ca_clock_ns(&s, s.first.ticks - 3000), s.first.ns - 1000);
+}
+
 static void test_increases(void **state)
 {
     (void)state;
@@ -203,6 +228,7 @@ int main(void)
         cmocka_unit_test(test_monotonic_is_kept),
         cmocka_unit_test(test_between_pairs),
         cmocka_unit_test(test_past_and_before_the_pairs),
+        cmocka_unit_test(test_long_before_the_recent_pairs),
         cmocka_unit_test(test_increases),
         cmocka_unit_test(test_damaged),
         cmocka_unit_test(test_live_auto),
