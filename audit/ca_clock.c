@@ -8,6 +8,7 @@
  * with atomic accesses. */
 #include "ca_clock.h"
 
+#include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <string.h>
@@ -154,7 +155,8 @@ void ca_clock_note(int wait)
     ca_clock_pair p = read_pair();
     if (p.ns - newest.ns < MS && wait && s.n == 0) {
         struct timespec rest = {0, (long)(MS - (p.ns - newest.ns))};
-        nanosleep(&rest, NULL);
+        while (nanosleep(&rest, &rest) != 0 && errno == EINTR) {
+        } /* a signal's handler ran: the rest of the wait */
         p = read_pair();
     }
     if (p.ns - newest.ns >= MS && p.ticks > newest.ticks) {

@@ -2,6 +2,7 @@
  * clock itself against CLOCK_MONOTONIC on this machine. */
 #include <pthread.h>
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -222,6 +223,41 @@ static void test_first_records_of_two_threads(void **state)
                  (unsigned long long)s.first.ns);
 }
 
+static void on_signal(int sig)
+{
+    (void)sig;
+}
+
+static void *signal_soon(void *arg)
+{
+    usleep(300);
+    pthread_kill(*(pthread_t *)arg, SIGUSR1);
+    return NULL;
+}
+
+/* A signal in the middle of the first millisecond's wait (a profiler's timer, SIGCHLD):
+ * the wait goes on, and the first records have their rate. */
+static void test_first_wait_interrupted(void **state)
+{
+    (void)state;
+    const char *why;
+    ca_clock_init(CS_TRACE_CLOCK_AUTO, &why);
+    if (!ca_clock_ticks)
+        skip();
+    struct sigaction sa = {0}, old;
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGUSR1, &sa, &old);
+    pthread_t self = pthread_self(), other;
+    assert_int_equal(pthread_create(&other, NULL, signal_soon, &self), 0);
+    ca_clock_note(1);
+    pthread_join(other, NULL);
+    sigaction(SIGUSR1, &old, NULL);
+    ca_clock_state s;
+    ca_clock_snapshot(&s);
+    assert_int_equal(s.n, 1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -235,6 +271,7 @@ int main(void)
         cmocka_unit_test(test_live_monotonic),
         cmocka_unit_test(test_live_tsc),
         cmocka_unit_test(test_first_records_of_two_threads),
+        cmocka_unit_test(test_first_wait_interrupted),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
