@@ -26,6 +26,10 @@ int ca_clock_ticks;
 
 static ca_clock_state g_state[2];                         /* the current one: g_gen's parity */
 static unsigned g_gen;                                    /* atomic */
+/* atomic: CLOCK_MONOTONIC before which no pair is due (the newest's and 1 ms; 0 while there
+ * is none but the first): ca_clock_note's test, one clock read, before the lock and a pair
+ * (three of each), for the program's threads that note at each record (no ring). */
+static uint64_t g_due_ns;
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER; /* the one changing it */
 
 #define STATE_WORDS (sizeof(ca_clock_state) / sizeof(uint64_t))
@@ -55,6 +59,7 @@ static void publish(const ca_clock_state *s)
     __atomic_thread_fence(__ATOMIC_RELEASE);
     store_state(&g_state[(gen + 1) & 1], s);
     __atomic_store_n(&g_gen, gen + 1, __ATOMIC_RELEASE);
+    __atomic_store_n(&g_due_ns, s->n ? s->recent[s->n - 1].ns + MS : 0, __ATOMIC_RELAXED);
 }
 
 /* ---- which clock --------------------------------------------------------------------------- */
@@ -142,7 +147,8 @@ static void wait_for_a_rate(void)
 
 void ca_clock_note(int wait)
 {
-    if (!__atomic_load_n(&ca_clock_ticks, __ATOMIC_RELAXED))
+    if (!__atomic_load_n(&ca_clock_ticks, __ATOMIC_RELAXED) ||
+        ca_now_ns() < __atomic_load_n(&g_due_ns, __ATOMIC_RELAXED))
         return;
     if (pthread_mutex_trylock(&g_lock) != 0) {
         if (wait)
