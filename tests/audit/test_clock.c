@@ -190,6 +190,19 @@ static void test_live_tsc(void **state)
     assert_non_null(strstr(why, "CACHESHIM_TRACE_CLOCK=tsc"));
 }
 
+/* The clock started anew with ticks (the test skipped where auto takes monotonic: nothing to
+ * make ns), and a thread running fn(arg). */
+static pthread_t start_with(void *(*fn)(void *), void *arg)
+{
+    const char *why;
+    ca_clock_init(CS_TRACE_CLOCK_AUTO, &why);
+    if (!ca_clock_ticks)
+        skip();
+    pthread_t other;
+    assert_int_equal(pthread_create(&other, NULL, fn, arg), 0);
+    return other;
+}
+
 static void *note_first(void *arg)
 {
     (void)arg;
@@ -204,12 +217,7 @@ static void *note_first(void *arg)
 static void test_first_records_of_two_threads(void **state)
 {
     (void)state;
-    const char *why;
-    ca_clock_init(CS_TRACE_CLOCK_AUTO, &why);
-    if (!ca_clock_ticks)
-        skip(); /* monotonic: nothing to make ns */
-    pthread_t other;
-    assert_int_equal(pthread_create(&other, NULL, note_first, NULL), 0);
+    pthread_t other = start_with(note_first, NULL);
     usleep(300); /* the other thread (most likely) in its wait now */
     uint64_t lo = now(), t = ca_clock_read(), hi = now();
     ca_clock_note(1);
@@ -240,16 +248,11 @@ static void *signal_soon(void *arg)
 static void test_first_wait_interrupted(void **state)
 {
     (void)state;
-    const char *why;
-    ca_clock_init(CS_TRACE_CLOCK_AUTO, &why);
-    if (!ca_clock_ticks)
-        skip();
     struct sigaction sa = {0}, old;
     sa.sa_handler = on_signal;
     sigemptyset(&sa.sa_mask);
     sigaction(SIGUSR1, &sa, &old);
-    pthread_t self = pthread_self(), other;
-    assert_int_equal(pthread_create(&other, NULL, signal_soon, &self), 0);
+    pthread_t self = pthread_self(), other = start_with(signal_soon, &self);
     ca_clock_note(1);
     pthread_join(other, NULL);
     sigaction(SIGUSR1, &old, NULL);
