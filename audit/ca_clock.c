@@ -1,11 +1,16 @@
 /* The times of records: ticks of the time-stamp counter or CLOCK_MONOTONIC, and ticks made
  * ns (see ca_clock.h). The state changes only in ca_clock_note, one thread at a time (a
- * trylock); readers copy it under a sequence count, so that a signal handler that formats
- * never waits. Every word of the state is written with release and read with acquire (no
- * fences, which ThreadSanitizer cannot follow): a reader that sees any word of a change
- * also sees the count made odd before it, and reads the count again after every word. */
+ * trylock), and is kept in two slots: the writer fills the one not current, then makes it
+ * current (g_gen's parity). A reader copies the current one and takes the copy when g_gen
+ * did not change meanwhile: never waiting on a writer, so that a signal handler that formats
+ * on the writer's own thread, interrupting it, and the child of a fork made while another
+ * thread wrote, find a whole state at once. Every word of a slot is written with release
+ * and read with acquire (no fences, which ThreadSanitizer cannot follow): a reader that
+ * sees any word of a slot's next filling also sees the g_gen made before it, and reads
+ * g_gen again after every word. */
 #include "ca_clock.h"
 
+#include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <string.h>
@@ -21,8 +26,12 @@
 
 int ca_clock_ticks;
 
-static ca_clock_state g_state;
-static unsigned g_seq;                                    /* odd while the state changes */
+static ca_clock_state g_state[2];                         /* the current one: g_gen's parity */
+static unsigned g_gen;                                    /* atomic */
+/* atomic: CLOCK_MONOTONIC before which no pair is due (the newest's and 1 ms; 0 while there
+ * is none but the first): ca_clock_note's test, one clock read, before the lock and a pair
+ * (three of each), for the program's threads that note at each record (no ring). */
+static uint64_t g_due_ns;
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER; /* the one changing it */
 
 #define STATE_WORDS (sizeof(ca_clock_state) / sizeof(uint64_t))
@@ -41,6 +50,17 @@ static void store_state(ca_clock_state *to, const ca_clock_state *from)
     uint64_t *t = (uint64_t *)to;
     for (size_t i = 0; i < STATE_WORDS; i++)
         __atomic_store_n(&t[i], f[i], __ATOMIC_RELEASE);
+}
+
+/* s made the current state: written into the slot not current, then that slot made current.
+ * The slot's stores are releases after the previous g_gen (a reader of the slot that sees
+ * one of them sees that g_gen changed). One writer at a time. */
+static void publish(const ca_clock_state *s)
+{
+    unsigned gen = __atomic_load_n(&g_gen, __ATOMIC_RELAXED);
+    store_state(&g_state[(gen + 1) & 1], s);
+    __atomic_store_n(&g_gen, gen + 1, __ATOMIC_RELEASE);
+    __atomic_store_n(&g_due_ns, s->n ? s->recent[s->n - 1].ns + MS : 0, __ATOMIC_RELAXED);
 }
 
 /* ---- which clock --------------------------------------------------------------------------- */
@@ -106,22 +126,44 @@ void ca_clock_init(int want, const char **why)
     if (use)
         s.first = read_pair();
     s.slow = s.slow_next = s.first;
-    store_state(&g_state, &s);
+    publish(&s);
 }
 
 /* ---- pairs --------------------------------------------------------------------------------- */
 
+/* Another thread notes a pair: where it waits out the first millisecond, the first records
+ * of this one wait for its pair too (their times would otherwise all be the first pair's).
+ * At most 5 ms: the one noting may be this very thread, interrupted by a signal handler
+ * that traces. */
+static void wait_for_a_rate(void)
+{
+    for (int i = 0; i < 100; i++) {
+        unsigned gen = __atomic_load_n(&g_gen, __ATOMIC_ACQUIRE);
+        if (__atomic_load_n(&g_state[gen & 1].n, __ATOMIC_RELAXED) > 0)
+            return;
+        struct timespec pause = {0, 50000};
+        nanosleep(&pause, NULL);
+    }
+}
+
 void ca_clock_note(int wait)
 {
-    if (!__atomic_load_n(&ca_clock_ticks, __ATOMIC_RELAXED) || pthread_mutex_trylock(&g_lock) != 0)
+    if (!__atomic_load_n(&ca_clock_ticks, __ATOMIC_RELAXED) ||
+        ca_now_ns() < __atomic_load_n(&g_due_ns, __ATOMIC_RELAXED))
         return;
+    if (pthread_mutex_trylock(&g_lock) != 0) {
+        if (wait)
+            wait_for_a_rate();
+        return;
+    }
     ca_clock_state s;
-    load_state(&g_state, &s);
+    load_state(&g_state[__atomic_load_n(&g_gen, __ATOMIC_RELAXED) & 1], &s);
     ca_clock_pair newest = s.n ? s.recent[s.n - 1] : s.first;
     ca_clock_pair p = read_pair();
     if (p.ns - newest.ns < MS && wait && s.n == 0) {
         struct timespec rest = {0, (long)(MS - (p.ns - newest.ns))};
-        nanosleep(&rest, NULL);
+        while (nanosleep(&rest, &rest) != 0 && errno == EINTR) {
+        } /* a signal's handler ran: the rest of the wait */
         p = read_pair();
     }
     if (p.ns - newest.ns >= MS && p.ticks > newest.ticks) {
@@ -135,10 +177,7 @@ void ca_clock_note(int wait)
             s.slow = s.slow_next;
             s.slow_next = p;
         }
-        unsigned seq = g_seq;
-        __atomic_store_n(&g_seq, seq + 1, __ATOMIC_RELAXED);
-        store_state(&g_state, &s);
-        __atomic_store_n(&g_seq, seq + 2, __ATOMIC_RELEASE);
+        publish(&s);
     }
     pthread_mutex_unlock(&g_lock);
 }
@@ -146,11 +185,9 @@ void ca_clock_note(int wait)
 void ca_clock_snapshot(ca_clock_state *s)
 {
     for (;;) {
-        unsigned before = __atomic_load_n(&g_seq, __ATOMIC_ACQUIRE);
-        if (before & 1)
-            continue;
-        load_state(&g_state, s);
-        if (__atomic_load_n(&g_seq, __ATOMIC_RELAXED) == before)
+        unsigned gen = __atomic_load_n(&g_gen, __ATOMIC_ACQUIRE);
+        load_state(&g_state[gen & 1], s);
+        if (__atomic_load_n(&g_gen, __ATOMIC_RELAXED) == gen)
             return;
     }
 }
@@ -179,6 +216,26 @@ static int before(ca_clock_pair a, ca_clock_pair b)
     return a.ticks < b.ticks && a.ns <= b.ns;
 }
 
+/* t before oldest, the oldest of the recent pairs (a long call's start, a record the
+ * formatter met late): on the line between the older pairs kept around it (first, slow,
+ * slow_next: the rate over where t lies, not the last second's, carried back up to the
+ * age of the process); before them all (a damaged file's), back from the oldest at the
+ * rate of (from, newest). */
+static uint64_t before_recent(const ca_clock_state *s, ca_clock_pair oldest, ca_clock_pair from,
+                              ca_clock_pair newest, uint64_t t)
+{
+    const ca_clock_pair older[3] = {s->first, s->slow, s->slow_next};
+    ca_clock_pair hi = oldest;
+    for (int i = 2; i >= 0; i--) {
+        if (!before(older[i], hi))
+            continue;
+        if (older[i].ticks <= t)
+            return on_line(older[i], older[i], hi, t);
+        hi = older[i];
+    }
+    return on_line(hi, from, newest, t);
+}
+
 uint64_t ca_clock_ns(const ca_clock_state *s, uint64_t t)
 {
     if (!s->ticks)
@@ -192,7 +249,7 @@ uint64_t ca_clock_ns(const ca_clock_state *s, uint64_t t)
     if (t >= newest.ticks)
         return on_line(newest, from, newest, t);
     if (n == 0 || t < s->recent[0].ticks)
-        return on_line(n ? s->recent[0] : newest, from, newest, t);
+        return before_recent(s, n ? s->recent[0] : newest, from, newest, t);
     unsigned i = n - 1;
     while (i > 0 && s->recent[i].ticks > t)
         i--;

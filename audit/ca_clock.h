@@ -7,8 +7,9 @@
  * instruction, about half of a clock_gettime, at two reads a call the largest part of what
  * tracing every call costs. The formatter converts ticks with pairs of (ticks,
  * CLOCK_MONOTONIC) read together as it goes (ca_clock_note), about every millisecond while
- * records come: between two pairs along the straight line through them, before and past them
- * at the rate of the last second or more. Elsewhere, or with CACHESHIM_TRACE_CLOCK=monotonic,
+ * records come: between two pairs along the straight line through them (the recent ones, or
+ * for a time before them the first and those one and two seconds old), past them at the rate
+ * of the last second or more. Elsewhere, or with CACHESHIM_TRACE_CLOCK=monotonic,
  * a record holds CLOCK_MONOTONIC itself and the conversion changes nothing. */
 #ifndef CA_CLOCK_H
 #define CA_CLOCK_H
@@ -62,9 +63,11 @@ void ca_clock_init(int want, const char **why);
 /* A pair now, kept when 1 ms or more has passed since the newest (and, while there is none
  * that old, after waiting out the rest of that millisecond: wait, for the first records of
  * a process, so that they never need a rate of less than a millisecond). Never blocks on
- * another thread: when one is noting a pair, returns at once. */
+ * another thread: when one is noting a pair, returns at once (with wait, while there is
+ * none, once that thread's pair is in, or after 5 ms). */
 void ca_clock_note(int wait);
-/* A copy of the state, consistent, without a lock (any thread, signal handlers too). */
+/* A copy of the state, consistent, without a lock and without waiting for a writer (any
+ * thread, signal handlers too, the writer's own included). */
 void ca_clock_snapshot(ca_clock_state *s);
 /* A record's time t in CLOCK_MONOTONIC ns, by s. */
 uint64_t ca_clock_ns(const ca_clock_state *s, uint64_t t);

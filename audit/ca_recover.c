@@ -64,7 +64,10 @@ static int read_head(int fd, ca_ring_head *h)
     int size_ok = 0;
     for (size_t s = CA_RING_SIZE; s >= CA_RING_SIZE / 64; s /= 8)
         size_ok |= h->ring_size == s;
-    return memcmp(h->magic, CA_RING_MAGIC, sizeof CA_RING_MAGIC - 1) == 0 &&
+    int v1 = memcmp(h->magic, CA_RING_MAGIC_1, sizeof CA_RING_MAGIC_1 - 1) == 0;
+    if (v1) /* times in ns: whatever the clock's place holds */
+        memset(h->clock, 0, sizeof h->clock);
+    return (v1 || memcmp(h->magic, CA_RING_MAGIC, sizeof CA_RING_MAGIC - 1) == 0) &&
            h->head_size == CA_RING_HEAD_SIZE && h->fn_count == CA_FN_COUNT && size_ok &&
            (h->format == CS_TRACE_TEXT || h->format == CS_TRACE_JSONL ||
             h->format == CS_TRACE_PERFETTO);

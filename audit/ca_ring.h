@@ -21,7 +21,11 @@
 #include "ca_clock.h"
 #include "ca_rec.h"
 
-#define CA_RING_MAGIC "cacheshim-pending-1\n"
+/* -2: records may hold ticks (the header's clock says). A tool of a build before it would
+ * take them for ns: it refuses the file instead. -1 files (times in ns, the clock's place
+ * zero) are still read. */
+#define CA_RING_MAGIC "cacheshim-pending-2\n"
+#define CA_RING_MAGIC_1 "cacheshim-pending-1\n"
 #define CA_RING_HEAD_SIZE 4096
 /* The ring's size (an eighth or a sixty-fourth of it where the file cannot be that large):
  * about 80,000 records, a fifth of a second of a PyTorch training loop
@@ -65,10 +69,11 @@ typedef struct {
     ca_ring_done done[2];
     char error[160];       /* the write error the lost calls met ("" while none) */
     /* What makes the records' ticks ns (ca_clock.h), in two slots as done is: clock_gen's
-     * parity names the current one. All zero (a file of a build before it): times in ns. */
+     * parity names the current one. All zero: times in ns (a -1 file's are taken as zero). */
     uint64_t clock_gen;
     ca_clock_state clock[2];
 } ca_ring_head;
+_Static_assert(sizeof(ca_ring_head) <= CA_RING_HEAD_SIZE, "the header fits its page");
 
 typedef struct {
     uint64_t seal;         /* ~position once whole */

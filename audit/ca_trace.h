@@ -23,8 +23,9 @@ void ca_end(ca_rec *r, int result);
  * signals that end a program by default so that the file is finished first. */
 void ca_trace_init(void);
 /* For tests: trace to fd (mapped when it is a regular file) with the given format and filter
- * instead of the options (the clock: CACHESHIM_TRACE_CLOCK, else auto); ring: the file of the ring of raw records (created at the first
- * record), or NULL for none (each record formatted on its calling thread). */
+ * instead of the options (the clock: CACHESHIM_TRACE_CLOCK, else auto); ring: the file of
+ * the ring of raw records (created at the first record), or NULL for none (each record
+ * formatted on its calling thread). */
 void ca_trace_init_fd(int fd, int format, const char *filter, const char *ring);
 /* The process ends (exit, _exit, a fatal signal): record nothing more, let calls being
  * written finish (briefly), and finish the file. Async-signal-safe; runs once. */

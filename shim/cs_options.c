@@ -130,7 +130,7 @@ static const cs_option_desc option_table[OPT_COUNT] = {
     [OPT_TRACE_CLOCK] = {"CACHESHIM_TRACE_CLOCK", "choice", "auto", "auto, tsc or monotonic",
                          "Tracer: how a call's start and end are read. tsc: the CPU's "
                          "time-stamp counter (x86-64, invariant), made CLOCK_MONOTONIC "
-                         "nanoseconds off the program's threads, half the cost of monotonic; "
+                         "nanoseconds when the record is formatted, half the cost of monotonic; "
                          "monotonic: clock_gettime(CLOCK_MONOTONIC) at each; auto: tsc where "
                          "the kernel keeps its own clock with that counter, else monotonic."},
 };

@@ -18,6 +18,7 @@ Usage: check_cut.py REPORT REPLAY AUDIT_LIB PROG FAKE_DIR CUDART_DIR
   said once; the program then ends by SIGTERM and finishes its trace itself.
 - finishers: two tools finish the same killed program's trace at once: the second waits for
   the first, then reads the finished trace.
+- version-1: a pending file of the version before the clock (times in ns) is still read.
 - pending: a killed program's TRACE.pending damaged (cut short, a header of another kind,
   positions and lengths out of range, an error text without its end): cacheshim-report says
   one line about it, never crashes, and reads the trace; what it formats is valid JSON.
@@ -45,11 +46,11 @@ def check(what, got, want):
         failures.append(f"{what}: got {got!r}, want {want!r}")
 
 
-def record(scenario, *args, rc, path=None):
+def record(scenario, *args, rc, path=None, **variables):
     path = path or os.path.join(WORK, f"{scenario}.jsonl")
     env = {k: v for k, v in os.environ.items() if not k.startswith("CACHESHIM_")}
     env.update(LD_AUDIT=AUDIT, LD_LIBRARY_PATH=FAKE_DIR + ":" + CUDART_DIR,
-               CACHESHIM_TRACE_FORMAT="jsonl", CACHESHIM_TRACE_FILE=path)
+               CACHESHIM_TRACE_FORMAT="jsonl", CACHESHIM_TRACE_FILE=path, **variables)
     env.setdefault("GLIBC_TUNABLES", "glibc.rtld.optional_static_tls=16777216")
     p = subprocess.run([PROG, scenario, *args], env=env, capture_output=True, timeout=120)
     check(f"{scenario} exit status", p.returncode, rc)
@@ -128,7 +129,7 @@ def part_busy():
 
 
 # Offsets in the header of TRACE.pending (audit/ca_ring.h, ca_ring_head).
-GEN, DONE, ERROR = 56, 64, 112
+GEN, DONE, ERROR, CLOCK_GEN, CLOCK = 56, 64, 112, 272, 280
 
 
 def part_pending():
@@ -216,6 +217,37 @@ def part_unsealed():
     check("the allocations after the record never sealed", (whole, other), (N - 1, 0))
 
 
+def part_version_1():
+    """A pending file of the version before the clock (cacheshim-pending-1): read, its times
+    taken as ns whatever its header holds where the clock now is; a file of this version
+    whose clock says ticks makes them ns with it."""
+    path = os.path.join(WORK, "v1.jsonl")
+    trace = record("die", "kill", str(N), rc=-9, path=path, CACHESHIM_TRACE_CLOCK="monotonic")
+    with open(path + ".pending", "rb") as f:
+        pending = bytearray(f.read())
+    check("the version", bytes(pending[:20]), b"cacheshim-pending-2\n")
+    # A clock that says ticks, with a single pair (1, 1) (first, slow, slow_next): every time
+    # 1 ns when used.
+    struct.pack_into("<9Q", pending, CLOCK_GEN, 0, 1, 0, 1, 1, 1, 1, 1, 1)
+    for version, ts_zero in ((b"1", 0), (b"2", N)):
+        v = version.decode()
+        pending[18:19] = version
+        with open(path, "wb") as f:
+            f.write(trace)
+        with open(path + ".pending", "wb") as f:
+            f.write(pending)
+        rep = subprocess.run([REPORT, path], capture_output=True, text=True, timeout=60)
+        check(f"-{v}: report's exit status ({rep.stderr[-300:]!r})", rep.returncode, 0)
+        with open(path, "rb") as f:
+            data = f.read()
+        check(f"-{v}: the allocations", whole_records(data), (N, 0))
+        # Made ns by that clock, what the ring held is at the origin (ts 0, clamped); as ns,
+        # none is. The file's records (formatted before the kill) are never at 0.
+        lines = [json.loads(l) for l in data.rstrip(b"\0").split(b"\n") if l and b"\0" not in l]
+        at_zero = sum(e.get("ts_ns") == 0 for e in lines if e.get("name") == "cuMemAlloc_v2")
+        check(f"-{v}: allocations at ts 0", at_zero > 0, ts_zero > 0)
+
+
 def part_finishers():
     """Two tools finish the same trace at once: the second waits for the first (whose lock
     it finds held while the traced process is gone), then reads the finished trace."""
@@ -276,7 +308,8 @@ def part_live():
 
 if __name__ == "__main__":
     {"cut": part_cut, "busy": part_busy, "pending": part_pending, "live": part_live,
-     "unsealed": part_unsealed, "finishers": part_finishers}[sys.argv[7]]()
+     "unsealed": part_unsealed, "finishers": part_finishers,
+     "version-1": part_version_1}[sys.argv[7]]()
     for f in failures[:20]:
         print("FAIL", f, file=sys.stderr)
     print(f"{sys.argv[7]}: {len(failures)} failures")

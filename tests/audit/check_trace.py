@@ -664,21 +664,23 @@ def clock_case(how):
     each clock the tracer can take: the start of each call after the first, counted from the
     first's, within the program's own reads (and their distance); no call longer than the
     program saw it. kill: the last records are made ns by `cacheshim finish`, with the clock
-    the pending file holds."""
+    the pending file holds; stderr: by the thread of each call (no ring)."""
     n = 12
     clocks = ["monotonic", "auto"]
     if invariant_tsc():
         clocks.append("tsc")
     for clock in clocks:
         path = trace_file(f"clock-{how}-{clock}.jsonl")
-        p = run("clock", DEATHS["kill"] if how == "kill" else 0, args=(str(n), how),
-                CACHESHIM_TRACE_FORMAT="jsonl", CACHESHIM_TRACE_FILE=path,
-                CACHESHIM_TRACE_CLOCK=clock)
+        to_file = {} if how == "stderr" else {"CACHESHIM_TRACE_FILE": path}
+        p = run("clock", DEATHS["kill"] if how == "kill" else 0,
+                args=(str(n), "exit" if how == "stderr" else how),
+                CACHESHIM_TRACE_FORMAT="jsonl", CACHESHIM_TRACE_CLOCK=clock, **to_file)
         check("CACHESHIM_TRACE_CLOCK" not in p.stderr, f"{clock}: {p.stderr[-500:]}")
         if how == "kill":
             finish_killed("jsonl", path, b"")
         seen = [tuple(map(int, l.split())) for l in p.stdout.splitlines()]
-        ev = [e for e in jsonl(read(path)) if e["name"] == "cuMemAlloc_v2"]
+        text = p.stderr if how == "stderr" else read(path)
+        ev = [e for e in jsonl(text) if e["name"] == "cuMemAlloc_v2"]
         check(len(ev) == n and len(seen) == n, f"{clock}: {len(ev)} records, {len(seen)} reads")
         a0, b0 = seen[0]
         for e, (a, b) in zip(ev, seen):
@@ -703,6 +705,10 @@ def case_clock():
 
 def case_clock_kill():
     clock_case("kill")
+
+
+def case_clock_stderr():
+    clock_case("stderr")  # no ring: each record's times made ns by the thread of its call
 
 
 def limit_file_size(n):

@@ -1,6 +1,8 @@
 /* The tracer's clock (audit/ca_clock.c): ticks made ns along the pairs of a state, and the
  * clock itself against CLOCK_MONOTONIC on this machine. */
+#include <pthread.h>
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -62,6 +64,31 @@ static void test_past_and_before_the_pairs(void **state)
     /* Never below 0: the oldest pair 100 ns after 0, 3 ticks a ns before it. */
     s.recent[0].ns = 100;
     assert_int_equal(ca_clock_ns(&s, T0 - 3000), 0);
+}
+
+/* A record that began long before the recent pairs (a call that blocked for seconds): on the
+ * line of the older pairs around its start (within the ns lost to rounding), not at the last
+ * second's rate carried back (here 33 ppm off: 10 us). */
+static void assert_near(uint64_t ns, uint64_t want)
+{
+    if (ns + 1 < want || ns > want + 1)
+        fail_msg("%llu ns, not %llu", (unsigned long long)ns, (unsigned long long)want);
+}
+
+static void test_long_before_the_recent_pairs(void **state)
+{
+    (void)state;
+    ca_clock_state s = linear_state();
+    s.first = (ca_clock_pair){T0 - 3900000000ull, N0 - 1300000000ull - 10000};
+    s.slow = (ca_clock_pair){T0 - 3000000000ull, N0 - 1000000000ull};
+    s.slow_next = (ca_clock_pair){T0 - 1500000000ull, N0 - 500000000ull};
+    assert_near(ca_clock_ns(&s, s.first.ticks), s.first.ns);
+    assert_near(ca_clock_ns(&s, s.first.ticks + 3000), s.first.ns + 1000);
+    assert_near(ca_clock_ns(&s, s.slow.ticks - 3), s.slow.ns - 1);
+    assert_near(ca_clock_ns(&s, s.slow.ticks + 3), s.slow.ns + 1);
+    assert_near(ca_clock_ns(&s, T0 - 3), N0 - 1);
+    /* Before every pair (a damaged file's records): back from the oldest at the rate. */
+    assert_near(ca_clock_ns(&s, s.first.ticks - 3000), s.first.ns - 1000);
 }
 
 static void test_increases(void **state)
@@ -163,17 +190,91 @@ static void test_live_tsc(void **state)
     assert_non_null(strstr(why, "CACHESHIM_TRACE_CLOCK=tsc"));
 }
 
+/* The clock started anew with ticks (the test skipped where auto takes monotonic: nothing to
+ * make ns), and a thread running fn(arg). */
+static pthread_t start_with(void *(*fn)(void *), void *arg)
+{
+    const char *why;
+    ca_clock_init(CS_TRACE_CLOCK_AUTO, &why);
+    if (!ca_clock_ticks)
+        skip();
+    pthread_t other;
+    assert_int_equal(pthread_create(&other, NULL, fn, arg), 0);
+    return other;
+}
+
+static void *note_first(void *arg)
+{
+    (void)arg;
+    ca_clock_note(1);
+    return NULL;
+}
+
+/* Two threads at their first records (no ring: each thread makes its own record's times
+ * ns, ca_trace.c write_here): one waits out the first millisecond in ca_clock_note(1),
+ * holding the state; the other, which finds it held, still makes its times ns with a rate,
+ * not all at the first pair's time. */
+static void test_first_records_of_two_threads(void **state)
+{
+    (void)state;
+    pthread_t other = start_with(note_first, NULL);
+    usleep(300); /* the other thread (most likely) in its wait now */
+    uint64_t lo = now(), t = ca_clock_read(), hi = now();
+    ca_clock_note(1);
+    ca_clock_state s;
+    ca_clock_snapshot(&s);
+    uint64_t ns = ca_clock_ns(&s, t);
+    pthread_join(other, NULL);
+    if (ns + 1000 < lo || ns > hi + 1000)
+        fail_msg("%llu ns, between %llu and %llu (the first pair at %llu)",
+                 (unsigned long long)ns, (unsigned long long)lo, (unsigned long long)hi,
+                 (unsigned long long)s.first.ns);
+}
+
+static void on_signal(int sig)
+{
+    (void)sig;
+}
+
+static void *signal_soon(void *arg)
+{
+    usleep(300);
+    pthread_kill(*(pthread_t *)arg, SIGUSR1);
+    return NULL;
+}
+
+/* A signal in the middle of the first millisecond's wait (a profiler's timer, SIGCHLD):
+ * the wait goes on, and the first records have their rate. */
+static void test_first_wait_interrupted(void **state)
+{
+    (void)state;
+    struct sigaction sa = {0}, old;
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGUSR1, &sa, &old);
+    pthread_t self = pthread_self(), other = start_with(signal_soon, &self);
+    ca_clock_note(1);
+    pthread_join(other, NULL);
+    sigaction(SIGUSR1, &old, NULL);
+    ca_clock_state s;
+    ca_clock_snapshot(&s);
+    assert_int_equal(s.n, 1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_monotonic_is_kept),
         cmocka_unit_test(test_between_pairs),
         cmocka_unit_test(test_past_and_before_the_pairs),
+        cmocka_unit_test(test_long_before_the_recent_pairs),
         cmocka_unit_test(test_increases),
         cmocka_unit_test(test_damaged),
         cmocka_unit_test(test_live_auto),
         cmocka_unit_test(test_live_monotonic),
         cmocka_unit_test(test_live_tsc),
+        cmocka_unit_test(test_first_records_of_two_threads),
+        cmocka_unit_test(test_first_wait_interrupted),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
