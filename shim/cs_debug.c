@@ -292,6 +292,19 @@ static void report_double_free(uint64_t addr, uint64_t size, cs_site alloc_site,
     cs_site_print(again, "  freed again at:");
 }
 
+/* A free the cache refused as a double free (the address is no block in use: it lies in
+ * memory the cache holds free) that no recorded free explains: a block freed long ago (more
+ * than FREED_RING frees back) or before the first scope, or an address never handed out. */
+static void report_free_in_free_memory(uint64_t addr, cs_site here)
+{
+    cs_log("bad free of 0x%" PRIx64 ": no block in use there, the address lies in memory the "
+           "cache holds free (a block freed twice, its first free not recorded, or an address "
+           "cacheshim never handed out); the driver's answer, CUDA_ERROR_INVALID_VALUE, is "
+           "returned",
+           addr);
+    cs_site_print(here, "  freed at:");
+}
+
 /* With the lock held: the newest free of addr that the ring remembers. */
 static const freed *ring_find(uint64_t addr)
 {
@@ -345,9 +358,13 @@ cs_result cs_debug_free(cs_cache *c, uint64_t addr)
         if (r == CS_NOT_IN_USE && modes) {
             pthread_mutex_lock(&lock);
             const freed *f = ring_find(addr);
-            freed earlier = f ? *f : (freed){addr, 0, 0, 0};
+            freed earlier = f ? *f : (freed){0, 0, 0, 0};
             pthread_mutex_unlock(&lock);
-            report_double_free(addr, earlier.size, earlier.alloc_site, earlier.free_site, here);
+            if (earlier.addr)
+                report_double_free(addr, earlier.size, earlier.alloc_site, earlier.free_site,
+                                   here);
+            else
+                report_free_in_free_memory(addr, here);
         }
         return r;
     }

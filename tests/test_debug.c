@@ -171,12 +171,21 @@ NOINLINE void bad_free_inside(CUdeviceptr p)
     CHILD_CHECK(cuMemFree(p + 512) != CUDA_SUCCESS);
 }
 
+NOINLINE void bad_free_in_free_memory(CUdeviceptr p)
+{
+    CHILD_CHECK(cuMemFree(p) == CUDA_ERROR_INVALID_VALUE);
+}
+
 static void scenario_bad_free(void)
 {
     bad_free_stranger();
     CUdeviceptr p = planted_alloc(4096);
     bad_free_inside(p);
     planted_free(p);
+    /* An address in the pool's free memory that no block of the program ever started at. */
+    CUdeviceptr big = planted_alloc(3 << 20);
+    planted_free(big);
+    bad_free_in_free_memory(big + (1 << 20));
 }
 
 /* Not tail calls: their frames must stay on the stack. */
@@ -566,6 +575,19 @@ static void test_bad_frees_keep_the_driver_answer(void **state)
     assert_true(has_after("512 bytes into", "  block allocated at:"));
     assert_true(has_after("  block allocated at:", "planted_alloc+0x"));
     assert_true(has_after("  block allocated at:", "bad_free_inside+0x"));
+    /* An address in free memory (pooled: the pool's; classic: inside an idle block, which
+     * the driver refuses) is no double free of anything the program had. */
+    const char *backend = getenv("CACHESHIM_BACKEND");
+    if (backend && strcmp(backend, "classic") == 0) {
+        assert_true(has_after("  block allocated at:", "cacheshim never handed out that pointer"));
+    } else {
+        ASSERT_HAS(": no block in use there, the address lies in memory the cache holds free (a "
+                   "block freed twice, its first free not recorded, or an address cacheshim "
+                   "never handed out); the driver's answer, CUDA_ERROR_INVALID_VALUE, is "
+                   "returned");
+    }
+    assert_true(has_after("  block allocated at:", "bad_free_in_free_memory+0x"));
+    ASSERT_LACKS("(0 bytes)");
     assert_silent_when_off("bad-free");
 }
 
