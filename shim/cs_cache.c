@@ -613,6 +613,10 @@ void cs_cache_forget_heap(cs_cache *c, const void *key)
                 free(b);
             }
         }
+        /* Its idle blocks were freed above: a thread that still holds the heap finds its
+         * lists empty, not pointing at them. */
+        memset(h->classes, 0, sizeof h->classes);
+        h->lru_head = h->lru_tail = NULL;
         d->spare_bytes -= h->spare_bytes;
         h->spare_bytes = 0;
         group_settle(c, h->device);

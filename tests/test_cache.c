@@ -795,6 +795,27 @@ static void test_forget_heap(void **state)
     assert_null(cs_cache_heap(f->cache, (void *)0x1));
 }
 
+/* A thread that looked the heap up before its context went allocates from it after: the
+ * forgotten heap's idle blocks are gone (freed), so it must find none of them, and hears
+ * that the context is gone. */
+static void test_alloc_on_forgotten_heap(void **state)
+{
+    fx *f = *state;
+    uint64_t a[4];
+    for (int i = 0; i < 4; i++)
+        a[i] = must_alloc(f, 1 * MiB);
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(cs_cache_free(f->cache, a[i]), CS_OK);
+    cs_cache_forget_heap(f->cache, (void *)0x1);
+    uint64_t x = 0;
+    int raw = 0;
+    assert_int_equal(cs_cache_alloc(f->cache, f->heap, 1 * MiB, &x, &raw, NULL), CS_GONE);
+    assert_int_equal(cs_cache_alloc(f->cache, f->heap, 3 * MiB, &x, &raw, NULL), CS_GONE);
+    cacheshim_stats s = stats(f);
+    assert_int_equal(s.bytes_in_use, 0);
+    assert_int_equal(s.bytes_cached, 0);
+}
+
 static void test_trim(void **state)
 {
     fx *f = *state;
@@ -1687,6 +1708,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_threshold_honoured, setup_threshold, teardown),
         cmocka_unit_test_setup_teardown(test_driver_error_passes_through, setup, teardown),
         cmocka_unit_test_setup_teardown(test_forget_heap, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_alloc_on_forgotten_heap, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_alloc_on_forgotten_heap, setup_no_tc, teardown),
         cmocka_unit_test_setup_teardown(test_trim, setup, teardown),
         cmocka_unit_test_setup_teardown(test_reset_after_fork, setup, teardown),
         cmocka_unit_test_setup_teardown(test_oom_sequence, setup_small_device, teardown),

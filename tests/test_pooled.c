@@ -1299,6 +1299,27 @@ static void test_context_gone_while_building(void **state)
     }
 }
 
+/* A thread that looked the heap up before its context went allocates from it after: the
+ * forgotten heap's idle small blocks were freed with it, so it finds none of them, and hears
+ * that the context is gone; nothing is made on the device. */
+static void test_alloc_on_forgotten_heap(void **state)
+{
+    fx *f = *state;
+    uint64_t a[4];
+    for (int i = 0; i < 4; i++)
+        a[i] = must_alloc(f, 64 * KiB);
+    for (int i = 0; i < 4; i++)
+        must_free(f, a[i]);
+    cs_cache_forget_heap(f->cache, (void *)0x1);
+    int creates = sim.calls[SIM_CREATE];
+    uint64_t x = 0;
+    int raw = 0;
+    assert_int_equal(cs_cache_alloc(f->cache, f->heap, 64 * KiB, &x, &raw, NULL), CS_GONE);
+    assert_int_equal(cs_cache_alloc(f->cache, f->heap, 6 * MiB, &x, &raw, NULL), CS_GONE);
+    assert_int_equal(sim.calls[SIM_CREATE], creates);
+    assert_int_equal(sim.misuse, 0);
+}
+
 static void test_forget_heap_with_spare(void **state)
 {
     fx *f = *state;
@@ -1521,6 +1542,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_regrant, setup, teardown),
         cmocka_unit_test_setup_teardown(test_mem_view_counts_spare, setup_cap16, teardown),
         cmocka_unit_test_setup_teardown(test_forget_heap_with_spare, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_alloc_on_forgotten_heap, setup_no_tc, teardown),
         cmocka_unit_test_setup_teardown(test_context_gone_while_building, setup, teardown),
         cmocka_unit_test_setup_teardown(test_stress, setup, teardown),
         cmocka_unit_test_setup_teardown(test_stress, setup_ordered, teardown),
