@@ -907,8 +907,9 @@ static uint64_t most_new(const cs_heap *h, uint64_t bytes)
  * still works on for new memory (busy_tried false: move_busy), a block out of it, ordered
  * after that work, with no new memory (giving that memory back would wait for the whole
  * device, or fail where it shares a granule with a block in use). Then give idle memory back
- * and retry at the same size, first the blocks the GPU is done with, then all (their fences
- * waited for). With the lock held; it is dropped meanwhile. */
+ * and retry at the same size: first the blocks and spare the GPU is done with (no wait), then
+ * all (their fences, and the device for busy spare, waited for). With the lock held; it is
+ * dropped meanwhile. */
 static int recover_oom(cs_cache *c, cs_heap *h, uint64_t bytes, bool busy_tried,
                        uint64_t *addr, uint64_t *pending, int *raw)
 {
@@ -927,7 +928,7 @@ static int recover_oom(cs_cache *c, cs_heap *h, uint64_t bytes, bool busy_tried,
         pthread_mutex_unlock(&c->lock);
         finish_releases(c, h->device, released, CS_RELEASE_OOM);
         pthread_mutex_lock(&c->lock);
-        n += trim_spare(c, h->device, UINT64_MAX, true, CS_RELEASE_OOM);
+        n += trim_spare(c, h->device, UINT64_MAX, step == 2, CS_RELEASE_OOM);
         uint64_t most = most_new(h, bytes);
         if (n == 0 || !reserve_under_cap(c, d, h->device, most))
             continue;

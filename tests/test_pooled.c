@@ -944,6 +944,34 @@ static void test_oom_trims_spare_and_retries(void **state)
     assert_int_equal(info.size, 4 * MiB);
 }
 
+/* Out of memory, the first step gives back only free memory the GPU is done with: here
+ * another context's, 2 MiB ready beside 4 MiB whose work still runs. That serves the block
+ * with no wait for the device; the busy memory stays. */
+static void test_oom_first_step_does_not_wait(void **state)
+{
+    fx *f = *state;
+    cs_heap *h2 = cs_cache_add_heap(f->cache, (void *)0x2, 0, 8 * MiB, &pooled_ops, &sim, 0);
+    assert_non_null(h2);
+    sim.capacity = 8 * MiB;
+    uint64_t a = must_alloc(f, 4 * MiB);
+    must_alloc(f, 2 * MiB);  /* kept: a's span and c's apart */
+    uint64_t c = must_alloc(f, 2 * MiB);
+    must_free(f, c);  /* ready */
+    work_on(a);
+    must_free(f, a);  /* busy (one busy stream: its span joins the free memory, fenced) */
+    assert_int_equal(sim.used, 8 * MiB);
+    int syncs = sim.calls[SIM_SYNC], waits = be.waits;
+    must_alloc_on(f, h2, 2 * MiB);
+    cacheshim_stats s = stats(f);
+    assert_int_equal(s.oom_recoveries, 1);
+    assert_int_equal(s.oom_failures, 0);
+    assert_int_equal(sim.calls[SIM_SYNC], syncs);
+    assert_int_equal(be.waits, waits);
+    assert_int_equal(sim.used, 8 * MiB);  /* c's 2 MiB went, a's 4 stayed */
+    assert_int_equal(sim.unsafe_unmaps, 0);
+    assert_exact(f);
+}
+
 /* The second step of OOM recovery gives back busy blocks too: each waited for before its
  * range is unmapped. */
 static void test_oom_waits_before_unmapping(void **state)
@@ -1523,6 +1551,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_cap_counts_spare, setup_cap7, teardown),
         cmocka_unit_test_setup_teardown(test_wait_on_retry_is_one_hit, setup_cap13, teardown),
         cmocka_unit_test_setup_teardown(test_oom_trims_spare_and_retries, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_oom_first_step_does_not_wait, setup_ordered, teardown),
         cmocka_unit_test_setup_teardown(test_oom_waits_before_unmapping, setup, teardown),
         cmocka_unit_test_setup_teardown(test_oom_small_block_after_large, setup, teardown),
         cmocka_unit_test_setup_teardown(test_threshold_trims_spare_first, setup_threshold6, teardown),
