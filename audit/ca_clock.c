@@ -192,6 +192,12 @@ void ca_clock_snapshot(ca_clock_state *s)
     }
 }
 
+void ca_clock_current(int wait, ca_clock_state *s)
+{
+    ca_clock_note(wait);
+    ca_clock_snapshot(s);
+}
+
 void ca_clock_fork_child(void)
 {
     pthread_mutex_init(&g_lock, NULL);

@@ -69,6 +69,9 @@ void ca_clock_note(int wait);
 /* A copy of the state, consistent, without a lock and without waiting for a writer (any
  * thread, signal handlers too, the writer's own included). */
 void ca_clock_snapshot(ca_clock_state *s);
+/* A pair now if one is due (ca_clock_note(wait)), then the state (ca_clock_snapshot): what
+ * the formatters convert a batch of records with. */
+void ca_clock_current(int wait, ca_clock_state *s);
 /* A record's time t in CLOCK_MONOTONIC ns, by s. */
 uint64_t ca_clock_ns(const ca_clock_state *s, uint64_t t);
 /* The child of fork: a lock the parent's formatter held is free again. */

@@ -37,7 +37,7 @@ static const ca_fn_desc rt_desc[CA_FN_COUNT - CA_RT_FIRST] = {
     [CA_SCOPE_end - CA_RT_FIRST] = {"cacheshim_scope_end", 2, p_scope_end},
 };
 
-__attribute__((hot)) const ca_fn_desc *ca_desc(unsigned fn)
+const ca_fn_desc *ca_desc(unsigned fn)
 {
     return fn < CA_GEN_COUNT ? &ca_gen_desc[fn] : &rt_desc[fn - CA_RT_FIRST];
 }

@@ -59,8 +59,7 @@ static size_t drain_locked(int final)
     /* The times of this batch's records made ns with a pair read now (the records were
      * sealed before it, but for those put while the batch goes, a little past it). */
     ca_clock_state clock;
-    ca_clock_note(0);
-    ca_clock_snapshot(&clock);
+    ca_clock_current(0, &clock);
     /* A record not sealed yet stops the formatting until its thread seals it (a thread
      * paused in the middle of its put, by a signal handler or a debugger, holds it up; its
      * room must not be given back while it may still write there). Only at the end, once
@@ -72,8 +71,7 @@ static size_t drain_locked(int final)
             memcpy(g_text + n, text, (size_t)r.bytes);
             n += (size_t)r.bytes;
         } else {
-            r.t0 = ca_clock_ns(&clock, r.t0);
-            r.t1 = ca_clock_ns(&clock, r.t1);
+            ca_rec_times_ns(&r, &clock);
             n += ca_format_entry(g_ctx, &r, tid, &g_ids, g_text + n);
             batch++;
         }

@@ -29,6 +29,13 @@ typedef struct {
     uint64_t stack[CA_STACK_MAX];
 } ca_rec;
 
+/* r's times, ticks of ca_clock_read, made CLOCK_MONOTONIC ns by the clock's state c. */
+static inline void ca_rec_times_ns(ca_rec *r, const ca_clock_state *c)
+{
+    r->t0 = ca_clock_ns(c, r->t0);
+    r->t1 = ca_clock_ns(c, r->t1);
+}
+
 static inline uint64_t ca_raw(const void *v, size_t n, int kind)
 {
     uint64_t u = 0;

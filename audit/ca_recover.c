@@ -106,8 +106,7 @@ static size_t format_rest(const ca_ring_head *h, const ca_ring_done *done,
         }
         if (!ca_format_ready(r.fn))
             break;
-        r.t0 = ca_clock_ns(clock, r.t0);
-        r.t1 = ca_clock_ns(clock, r.t1);
+        ca_rec_times_ns(&r, clock);
         put(o, text, ca_format_entry(&ctx, &r, tid, &ids, text));
         count++;
     }

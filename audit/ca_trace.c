@@ -282,8 +282,7 @@ __attribute__((noinline, cold)) static int start_ring(void)
                 /* A rate for the ticks of the first records, in the file for the tools
                  * too, should the process be killed before the formatter runs. */
                 ca_clock_state clock;
-                ca_clock_note(1);
-                ca_clock_snapshot(&clock);
+                ca_clock_current(1, &clock);
                 ca_ring_clock(&clock);
                 ca_out_single_writer();
                 ca_drain_start(&g_ctx);
@@ -306,10 +305,8 @@ __attribute__((noinline)) static void write_here(ca_thread *t, ca_rec *r)
 {
     if (ca_clock_ticks) {
         ca_clock_state clock;
-        ca_clock_note(1);
-        ca_clock_snapshot(&clock);
-        r->t0 = ca_clock_ns(&clock, r->t0);
-        r->t1 = ca_clock_ns(&clock, r->t1);
+        ca_clock_current(1, &clock);
+        ca_rec_times_ns(r, &clock);
     }
     /* JSON Lines: the objects of its call site not yet described in this file, before it */
     size_t n = r->nstack ? ca_stack_objects(g_ctx.pid, r, t->text, CA_REC_TEXT_MAX) : 0;
