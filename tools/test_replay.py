@@ -261,10 +261,11 @@ def part_malformed(replay, data):
     p = run(replay, os.path.join(data, "basic.trace"), os.path.join(data, "bad-kind.trace"))
     check("good+bad: exit", p.returncode, 2)
     check("good+bad: stdout", p.stdout, "")
-    # Generated: a NUL byte (what comes before it a record cut off, what follows it read on:
-    # here not a record), a truncated line, garbage after a valid line, in gzip too.
+    # Generated: a NUL byte (what comes before it a record cut off, what follows it the rest
+    # of that record, and the next line read on: here not a record), a truncated line,
+    # garbage after a valid line, in gzip too.
     with tempfile.TemporaryDirectory() as d:
-        for i, (content, line) in enumerate([(b"a 1 10 1\nf 1\x00 2\n", 2),
+        for i, (content, line) in enumerate([(b"a 1 10 1\nf 1\x00 2\nzz 3\n", 3),
                                              (b"a 1 10 1\nf\na 2 20 3\n", 2),
                                              (b"a 1 10 1 junk\n", 1),
                                              (b"e 1 2\n", 1),
@@ -301,6 +302,19 @@ def part_malformed(replay, data):
                     if partial and not gz:
                         check(f"{what}: note", "1 record cut off where the traced program "
                               "died, 3 read" in p.stderr, True)
+
+    # A trace read while its program writes it: zero bytes where a thread had not copied its
+    # record yet, then the rest of that record (trace_input.h), after part of it or none.
+    with tempfile.TemporaryDirectory() as d:
+        for name, body in (("part", b"a 4096 10 1\na 81\0\0\092 20 2\nf 10 3\n"),
+                           ("none", b"a 4096 10 1\n\0\0\0\0 20 2\nf 10 3\n")):
+            path = os.path.join(d, name)
+            with open(path, "wb") as f:
+                f.write(body)
+            p = run(replay, path)
+            check(f"live {name}: exit", (p.returncode, p.stderr.count("record cut off")), (0, 1))
+            check(f"live {name}: note", "1 record cut off where the traced program died, 2 read"
+                  in p.stderr, True)
 
 
 def part_sweep(replay, data):

@@ -488,6 +488,20 @@ def part_malformed(report, data, version):
     out, err = run(report, nul, rc=0)
     check("nul.jsonl: stderr", err.replace(nul, "FILE"),
           "cacheshim-report: FILE: 1 record cut off where the traced program died, 3 read\n")
+    # A trace read while its program writes it: where a thread had not copied its record
+    # yet the tool reads zero bytes, and then the rest of the record, copied by the time it
+    # reads on; after part of the record (counted once) or none of it, the rest starting
+    # inside a string or with an object (as a record does).
+    obj = REC.index('{"dptr"')
+    for name, body in (("live-part", REC[:40] + "\0\0\0" + REC[40:]),
+                       ("live-part-object", REC[:obj] + "\0" + REC[obj:]),
+                       ("live-none", "\0" * obj + REC[obj:])):
+        path = os.path.join(d, name + ".jsonl")
+        with open(path, "wb") as f:
+            f.write((REC + "\n" + body + "\n" + REC + "\n").encode())
+        out, err = run(report, path, rc=0)
+        check(f"{name}: stderr", err.replace(path, "FILE"),
+              "cacheshim-report: FILE: 1 record cut off where the traced program died, 2 read\n")
     note = '{"cacheshim_lost":                  123,"error":"No space left on device"}'
     lost = os.path.join(d, "lost.jsonl")
     with open(lost, "w") as f:

@@ -145,33 +145,46 @@ static int piece(tr_input *in, size_t *n)
 
 int tr_next(tr_input *in, char **line, size_t *len, bool *cut)
 {
+    /* A piece right after the zero bytes that ended a piece the caller counted as cut: the
+     * rest of that record (trace_input.h). */
+    bool rest_of_counted = in->counted;
+    in->counted = false;
     for (;;) {
         if (in->new_line) {
             in->lineno++;
             in->new_line = false;
         }
         size_t n = 0;
+        bool after_zeros = in->after_zeros;
         int stop = piece(in, &n);
         if (stop == -1 || stop == -2)
             return stop;
         in->new_line = stop == AT_NEWLINE;
+        in->after_zeros = stop == AT_ZEROS;
         char *s = in->line;
         if (stop == AT_NEWLINE && n > 0 && s[n - 1] == '\r')
             n--;
         if (n == 0) { /* an empty line, or zero bytes: nothing to read */
             if (stop == AT_END)
                 return 0;
+            rest_of_counted = false;
             continue;
         }
         s[n] = '\0';
         *line = s;
         *len = n;
-        *cut = stop != AT_NEWLINE;
+        *cut = stop != AT_NEWLINE || after_zeros;
+        in->tail = after_zeros && rest_of_counted;
         return 1;
     }
 }
 
-void tr_cut(tr_input *in) { in->ncut++; }
+void tr_cut(tr_input *in)
+{
+    if (!in->tail)
+        in->ncut++;
+    in->counted = true;
+}
 
 void tr_done(const tr_input *in, size_t nread)
 {
