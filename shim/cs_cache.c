@@ -1004,6 +1004,30 @@ static bool move_busy(cs_cache *c, cs_heap *h, uint64_t bytes, uint64_t budget)
     return after > budget + (uint64_t)spare_blocks * bytes;
 }
 
+/* Idle small blocks whose work is done give their slots back to their slabs, oldest first
+ * (once one is not ready, none after it is): no driver call. A slab whose slots are all free
+ * gives its pages to slabs of other sizes, and a small range whose pages are all free joins
+ * the free space. Small sizes that come and go (a key/value cache growing by a size class
+ * every few tokens) then do not keep memory of their own. True when any went. Lock held,
+ * dropped meanwhile. */
+static bool small_idle_to_slabs(cs_cache *c, cs_heap *h)
+{
+    cs_tc_reclaim(c, h->device, true);
+    cs_block *list = NULL;
+    for (cs_block *b = h->lru_head; b && block_ready(h, b);) {
+        cs_block *next = b->lru_next;
+        if (b->size <= h->slab_max)
+            defer_release(c, b, &list);
+        b = next;
+    }
+    if (!list)
+        return false;
+    pthread_mutex_unlock(&c->lock);
+    finish_releases(c, h->device, list, CS_RELEASE_MOVE);
+    pthread_mutex_lock(&c->lock);
+    return true;
+}
+
 /* Make room for a pooled block of `bytes` as above. Called with the lock held, returns with
  * it held; returns the new bytes the block still needs, and *busy_ok: whether the block may
  * take free memory whose work is still under way (move_busy: memory that joined the free
@@ -1032,10 +1056,13 @@ static uint64_t move_for(cs_cache *c, cs_heap *h, uint64_t bytes, bool *busy_ok)
             pthread_mutex_lock(&c->lock);
         }
     }
-    /* Within the headroom over the program's own peak, new memory fills the pool's holes (it
-     * stays, free, for blocks of other sizes later); beyond it, memory moves: free chunks
-     * of the pool into the holes, then idle small blocks' memory. */
+    /* Before new memory, idle small blocks the GPU is done with give their slots back. Within
+     * the headroom over the program's own peak, new memory fills the pool's holes (it stays,
+     * free, for blocks of other sizes later); beyond it, memory moves: free chunks of the
+     * pool into the holes, then idle small blocks' memory. */
     uint64_t grow = cs_pool_need(h->pool, bytes, false, ordered);
+    if (grow && !capture_running(c) && small_idle_to_slabs(c, h))
+        grow = cs_pool_need(h->pool, bytes, false, ordered);
     if (!grow || held(d) + grow <= budget || capture_running(c))
         return grow;
     uint64_t need = cs_pool_need(h->pool, bytes, true, ordered);

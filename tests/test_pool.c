@@ -21,6 +21,9 @@
 #define KiB (1024ull)
 #define MiB (1024ull * 1024)
 #define G (2 * MiB) /* the granularity of every pool here, an H100's */
+/* Arenas of 1024 granules: large blocks (up to 256 granules) in the lower 512, small ranges in
+ * the upper 512 (zones, cs_pool.c), the first at its top. */
+#define ARENA (1024 * G)
 
 typedef struct {
     vmm_sim sim;
@@ -31,7 +34,7 @@ static int setup(void **state)
 {
     fx *f = calloc(1, sizeof *f);
     sim_init(&f->sim, 1ull << 40);
-    f->p = cs_pool_create(&sim_vmm_ops, &f->sim, G, 256 * G, NULL, NULL);  /* arenas of 256 granules */
+    f->p = cs_pool_create(&sim_vmm_ops, &f->sim, G, ARENA, NULL, NULL);
     assert_non_null(f->p);
     *state = f;
     return 0;
@@ -50,7 +53,7 @@ static int setup_busy(void **state)
     setup(state);
     fx *f = *state;
     cs_pool_destroy(f->p);
-    f->p = cs_pool_create(&sim_vmm_ops, &f->sim, G, 256 * G, ready_upto, NULL);
+    f->p = cs_pool_create(&sim_vmm_ops, &f->sim, G, ARENA, ready_upto, NULL);
     assert_non_null(f->p);
     __atomic_store_n(&done_epoch, 0, __ATOMIC_RELEASE);
     return 0;
@@ -264,11 +267,81 @@ static void test_carve_from_free_span(void **state)
     assert_false(cs_pool_fits(f->p, 1 * G, false));
     assert_int_equal(counts(f).carves, 2);
     assert_int_equal(counts(f).free_mapped, 0);
-    /* A small range is carved out of a free span too. */
+    /* A small range goes to the arena's upper half (zones, below): with no new memory allowed,
+     * a chunk of this free span moves there (unmapped, mapped, granted). */
     give(f, a, true);
-    assert_int_equal(take(f, 4 * KiB, &created, NULL), a);
+    uint64_t s = 0;
+    bool carved = true;
+    int raw = 0;
+    assert_int_equal(cs_pool_alloc(f->p, 4 * KiB, 0, false, &s, &created, &released, &carved,
+                                   NULL, &raw), CS_BE_OK);
+    assert_int_equal(s, a + ARENA - G);
     assert_int_equal(created, 0);
+    assert_false(carved);
+    assert_int_equal(counts(f).moves, 1);
+    assert_string_equal(sim_log_from(&f->sim, mark), "UMA");
+}
+
+/* Zones: an arena's lower half takes large blocks, from its start, its upper half small
+ * ranges, from its top, so slabs that empty never cut the free runs large blocks need. A
+ * free span outside its zone takes a block only when new memory may not be taken (beyond the
+ * headroom: max_new) or the driver has none; a block larger than a quarter of the arena goes
+ * anywhere. */
+static void test_zones(void **state)
+{
+    fx *f = *state;
+    uint64_t created, released;
+    uint64_t big = take(f, 3 * G, NULL, NULL);
+    uint64_t arena = big, top = arena + ARENA - G, mid = arena + ARENA / 2;
+    uint64_t s = take(f, 4 * KiB, &created, NULL);
+    assert_int_equal(s, top);  /* a small range at the top */
+    assert_int_equal(created, G);
+    uint64_t s2 = take(f, 600 * KiB, NULL, NULL);  /* a second size, the same range */
+    assert_true(s2 > top && s2 < top + G);
+    /* Large blocks fill the lower half from its start. Larger than a quarter of an arena:
+     * anywhere (here the upper half); one that would pass the middle goes into a new arena
+     * while new memory may be taken. */
+    uint64_t l1 = take(f, 509 * G, NULL, NULL);
+    assert_int_equal(l1, big + 3 * G);
+    uint64_t huge = take(f, 300 * G, NULL, NULL);
+    assert_int_equal(huge, mid);
+    assert_int_equal(counts(f).reserves, 1);
+    give(f, big, false);
+    uint64_t l2 = take(f, 4 * G, NULL, NULL);
+    assert_int_equal(counts(f).reserves, 2);
+    assert_true(l2 < arena || l2 >= arena + ARENA);
+    /* A large block's free span in the upper half: a large block not ordered there while new
+     * memory may be taken, but with none allowed it is carved there, no driver call. */
+    give(f, huge, true);
+    size_t mark = f->sim.nlog;
+    uint64_t addr = 0;
+    bool carved = false;
+    int raw = 0;
+    assert_false(cs_pool_fits(f->p, 5 * G, false));
+    assert_int_equal(cs_pool_need(f->p, 5 * G, true, false), 0);  /* at the least: none */
+    assert_true(cs_pool_need(f->p, 5 * G, false, false) > 0);
+    assert_int_equal(cs_pool_alloc(f->p, 5 * G, 0, false, &addr, &created, &released, &carved,
+                                   NULL, &raw), CS_BE_OK);
+    assert_int_equal(addr, huge);
+    assert_int_equal(created, 0);
+    assert_true(carved);
     assert_string_equal(sim_log_from(&f->sim, mark), "");
+    /* The device full: the driver's refusal, then the free span outside the zone. */
+    give(f, addr, true);
+    mark = f->sim.nlog;
+    sim_fail_in(&f->sim, SIM_CREATE, 1, CS_BE_OOM);
+    assert_int_equal(cs_pool_alloc(f->p, 6 * G, UINT64_MAX, false, &addr, &created, &released,
+                                   &carved, NULL, &raw), CS_BE_OK);
+    assert_int_equal(addr, huge);
+    assert_true(carved);
+    assert_int_equal(sim_live_handles(&f->sim), (int)(counts(f).creates - counts(f).releases));
+    give(f, addr, false);
+    give(f, l1, false);
+    give(f, l2, false);
+    give(f, s, false);
+    give(f, s2, false);
+    cs_pool_trim(f->p, UINT64_MAX, true);
+    assert_clean(f);
 }
 
 /* A freed span joins the free spans beside it: three blocks freed one by one make one free
@@ -729,13 +802,13 @@ static void test_find(void **state)
     assert_found(f, big + 2 * G, big, 3 * G);  /* in its third chunk */
     assert_found(f, big + 3 * G - 1, big, 3 * G);
     assert_no_block(f, big + 3 * G);           /* the arena's hole */
-    assert_no_block(f, big + 256 * G - 1);     /* the arena's last byte */
-    assert_not_found(f, big + 256 * G);
+    assert_no_block(f, big + ARENA - 1);       /* the arena's last byte */
+    assert_not_found(f, big + ARENA);
     assert_not_found(f, big - 1);
     assert_not_found(f, 0);
     /* Slots: each byte maps to its slot's base; a slot boundary starts the next slot. */
     uint64_t s = take(f, 3 * KiB, NULL, NULL), s2 = take(f, 3 * KiB, NULL, NULL);
-    assert_int_equal(s, big + 3 * G);
+    assert_int_equal(s, big + ARENA - G);  /* a small range: the arena's top (zones) */
     assert_int_equal(s2, s + 3 * KiB);
     assert_found(f, s, s, 3 * KiB);
     assert_found(f, s + 3 * KiB - 1, s, 3 * KiB);
@@ -747,7 +820,7 @@ static void test_find(void **state)
     assert_no_slot(f, s + page - 1);
     assert_no_slot(f, s + page);
     assert_no_slot(f, s + G - 1);
-    assert_no_block(f, s + G);
+    assert_no_block(f, s - 1);
     /* A freed block's span is free, then (released) a hole: in no block either way. */
     give(f, big, true);
     assert_no_block(f, big + 1);
@@ -792,8 +865,8 @@ static void test_need(void **state)
 /* What cs_pool_need says is what a build allowed that much new memory takes: the plan of the
  * best window, or of the largest hole when that one needs less. Here 34 granules: c's free
  * span of 33 (a 32-granule chunk and a granule) and a granule of hole that ends at block d.
- * a's free 32-granule chunk cannot fill a granule of hole there. With the arena's rest a hole
- * (the first round), the block goes there instead, made of a's and c's chunks moved: no new
+ * a's free 32-granule chunk cannot fill a granule of hole there. With the rest of the arena's
+ * lower half (large blocks' zone) a hole (the first round), the block goes there instead, made of a's and c's chunks moved: no new
  * memory. With the rest in use (the second), it needs a granule: need says so, and a build
  * allowed nothing is short. */
 static void test_need_is_what_a_build_takes(void **state)
@@ -806,7 +879,7 @@ static void test_need_is_what_a_build_takes(void **state)
                  c = take(f, 33 * G, NULL, NULL), h = take(f, 1 * G, NULL, NULL),
                  d = take(f, 1 * G, NULL, NULL);
         if (full)
-            take(f, 188 * G, NULL, NULL);  /* the arena's hole, all of it */
+            take(f, ARENA / 2 - 68 * G, NULL, NULL);  /* the lower half's hole, all of it */
         give(f, a, true);
         give(f, h, false);
         give(f, c, true);
@@ -883,19 +956,21 @@ static void test_regrant(void **state)
     fx *f = *state;
     uint64_t a = take(f, 3 * G, NULL, NULL), b = take(f, 1 * G, NULL, NULL),
              s = take(f, 4 * KiB, NULL, NULL), d = take(f, 2 * G, NULL, NULL);
-    assert_int_equal(s, b + G);
+    assert_int_equal(s, a + ARENA - G);  /* the small range: the arena's top (zones) */
+    assert_int_equal(d, b + G);
     give(f, d, true);  /* free, still mapped: granted too */
     int from = f->sim.naccess, raw = 0;
     assert_int_equal(cs_pool_regrant(f->p, &raw), CS_BE_OK);
-    assert_int_equal(f->sim.naccess, from + 1);
-    assert_true(granted(&f->sim, from, a, 7 * G, 1));  /* a, b, the small range, d's span */
-    /* A hole in between (b's chunks released): two runs. */
+    assert_int_equal(f->sim.naccess, from + 2);
+    assert_true(granted(&f->sim, from, a, 6 * G, 1));  /* a, b, d's span */
+    assert_true(granted(&f->sim, from, s, G, 1));      /* the small range */
+    /* b's chunks released, and d's free chunks beside them: a hole after a. */
     give(f, b, false);
     from = f->sim.naccess;
     assert_int_equal(cs_pool_regrant(f->p, &raw), CS_BE_OK);
     assert_int_equal(f->sim.naccess, from + 2);
     assert_true(granted(&f->sim, from, a, 3 * G, 1));
-    assert_true(granted(&f->sim, from, s, 3 * G, 1));
+    assert_true(granted(&f->sim, from, s, G, 1));
     /* One fails: every run is still asked, the first failure is returned. */
     int calls = f->sim.calls[SIM_ACCESS];
     sim_fail_in(&f->sim, SIM_ACCESS, 1, CS_BE_ERROR);
@@ -1062,7 +1137,7 @@ static void test_rollback(void **state)
             assert_int_equal(cs_pool_need(f->p, bytes, true, false), small ? G : 6 * G);
             /* And the same build works now. */
             uint64_t got = take(f, bytes, &created, NULL);
-            assert_int_equal(got, small ? k + G : k);
+            assert_int_equal(got, small ? k + ARENA - G : k);  /* small: the top (zones) */
             assert_int_equal(created, small ? G : 6 * G);
             assert_counts_match(f);
             give(f, got, false);
@@ -1605,8 +1680,9 @@ static void test_busy_free_memory(void **state)
 }
 
 /* The GPU finished some of the busy free memory, not all: memory whose work completed serves
- * a block that takes only such memory (a small range here) although newer work is still
- * under way elsewhere. */
+ * a block that takes only such memory (a small range here, at the arena's top: a chunk of
+ * x's moves there, with no new memory allowed) although newer work is still under way
+ * elsewhere. */
 static void test_done_part_of_busy_memory(void **state)
 {
     fx *f = *state;
@@ -1626,9 +1702,11 @@ static void test_done_part_of_busy_memory(void **state)
     bool carved;
     assert_int_equal(cs_pool_alloc(p, 4 * KiB, 0, false, &k, &created, &r, &carved, &e, &raw), CS_BE_OK);
     assert_int_equal(created, 0);
-    assert_true(carved);
+    assert_false(carved);
     assert_int_equal(e, 0);
-    assert_true(k >= x && k < x + 2 * G);
+    assert_int_equal(k, x + ARENA - G);
+    assert_int_equal(counts(f).moves, 1);
+    assert_true(sim_mapped_at(sim, y) != 0);  /* y's busy memory stays */
     assert_int_equal(sim->unsafe_unmaps, 0);
     assert_int_equal(sim->misuse, 0);
 }
@@ -1660,6 +1738,7 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(test_large_new_chunks, setup, teardown),
         cmocka_unit_test_setup_teardown(test_carve_from_free_span, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_zones, setup, teardown),
         cmocka_unit_test_setup_teardown(test_coalesce, setup, teardown),
         cmocka_unit_test_setup_teardown(test_best_fit, setup, teardown),
         cmocka_unit_test_setup_teardown(test_window_mixes_free_and_holes, setup, teardown),

@@ -127,18 +127,18 @@ def part_exact(replay, data):
            dict(releases=0, driver_frees=0, peak_reserved=2 * MiB))
     # Out of memory: classic recovers by giving the idle block back (the refused call is no
     # driver allocation); pooled has the freed large block's memory in the pool's free space
-    # already (it joined at its free), and the small range is carved out of it: no driver call
-    # at all.
+    # already (it joined at its free), and its chunk moves to the arena's top for the small
+    # range: no new memory, no out-of-memory.
     expect(replay, classic + ["--device-size", "2M", t("oom.trace")],
            dict(hits=0, misses=3, driver_allocs=2, driver_frees=1, releases=1,
                 oom_recoveries=1, oom_failures=1, replay_failures=1, dropped_frees=1,
                 peak_live=2 * MiB, peak_reserved=2 * MiB, fences=2))
     expect(replay, ["--device-size", "2M", t("oom.trace")],
-           dict(hits=1, misses=2, driver_allocs=1, driver_frees=0, releases=0,
+           dict(hits=0, misses=3, driver_allocs=1, driver_frees=0, releases=0,
                 oom_recoveries=0, oom_failures=1, replay_failures=1, dropped_frees=1,
                 peak_live=2 * MiB, peak_reserved=2 * MiB, fences=2, moves=0,
-                chunk_creates=1, chunk_releases=0, chunk_maps=1, chunk_unmaps=0,
-                cached_us=46.02))
+                chunk_creates=1, chunk_releases=0, chunk_maps=2, chunk_unmaps=1,
+                cached_us=99.02))
     expect(replay, classic + [t("oom.trace")],
            dict(oom_recoveries=0, oom_failures=0, driver_allocs=3))
     expect(replay, [t("oom.trace")],
@@ -167,12 +167,15 @@ def part_exact(replay, data):
     expect(replay, classic + ["--headroom", "0", t("headroom.trace")],
            dict(hits=1, misses=2, driver_allocs=2, driver_frees=0, moves=0, chunk_creates=0,
                 peak_reserved=6 * MiB))
-    # headroom-small.trace: what the headroom decides, an idle small block moving or staying
-    # cached when new memory is needed; below 500 % it moves, from 500 % on it stays.
+    # headroom-small.trace: the idle small block goes back to its slab before new memory
+    # whatever the headroom (its range a free granule at the arena's top); what the headroom
+    # decides is whether that granule's chunk moves into the new block (below 500 %) or the
+    # block takes new memory (from 500 % on).
     small_moved = dict(hits=0, misses=2, driver_allocs=2, driver_frees=0, moves=1,
-                       chunk_creates=2, chunk_releases=0, chunk_maps=2, chunk_unmaps=0,
+                       chunk_creates=2, chunk_releases=0, chunk_maps=3, chunk_unmaps=1,
                        peak_reserved=4 * MiB)
-    small_kept = dict(small_moved, moves=0, chunk_creates=3, chunk_maps=3, peak_reserved=6 * MiB)
+    small_kept = dict(small_moved, chunk_creates=3, chunk_maps=3, chunk_unmaps=0,
+                      peak_reserved=6 * MiB)
     expect(replay, [t("headroom-small.trace")], small_moved)
     expect(replay, ["--headroom", "499", t("headroom-small.trace")], small_moved)
     expect(replay, ["--headroom", "500", t("headroom-small.trace")], small_kept)
@@ -218,17 +221,18 @@ def part_exact(replay, data):
 # PyTorch with its cache off, recorded under the shim on the H100 (tools/testdata/torch-*.trace.gz,
 # see their first lines): the replay's numbers with the defaults, and the issue's offline goal
 # (reserved / live at most 1.10 with at least 95 % of requests served without new memory), met
-# by resnet and the transformer; GPT-2's growing key/value cache holds 1.114 (not met).
+# by all three (GPT-2 1.099, since small idle blocks go back to their slabs before new memory
+# and the arena's halves keep small ranges and large blocks apart).
 RECORDED = {
-    "torch-resnet.trace.gz": dict(allocs=16470, hits=16365, misses=105, driver_allocs=103,
-                                  moves=3, peak_live=1065375132, peak_reserved=1109393408,
-                                  chunk_creates=498, chunk_maps=518, chunk_unmaps=20),
-    "torch-train.trace.gz": dict(allocs=25432, hits=25274, misses=158, driver_allocs=158,
-                                 moves=2, peak_live=1495369356, peak_reserved=1631584256,
-                                 chunk_creates=747, chunk_maps=750, chunk_unmaps=3),
-    "torch-gpt2.trace.gz": dict(allocs=77279, hits=77153, misses=126, driver_allocs=126,
-                                moves=3142, peak_live=694732296, peak_reserved=773849088,
-                                chunk_creates=275, chunk_maps=275, chunk_unmaps=0),
+    "torch-resnet.trace.gz": dict(allocs=16470, hits=16360, misses=110, driver_allocs=108,
+                                  moves=1209, peak_live=1065375132, peak_reserved=1115684864,
+                                  chunk_creates=501, chunk_maps=516, chunk_unmaps=15),
+    "torch-train.trace.gz": dict(allocs=25432, hits=25266, misses=166, driver_allocs=166,
+                                 moves=3011, peak_live=1495369356, peak_reserved=1600126976,
+                                 chunk_creates=732, chunk_maps=735, chunk_unmaps=3),
+    "torch-gpt2.trace.gz": dict(allocs=77279, hits=77158, misses=121, driver_allocs=121,
+                                moves=4780, peak_live=694732296, peak_reserved=763363328,
+                                chunk_creates=270, chunk_maps=271, chunk_unmaps=1),
 }
 
 
@@ -243,8 +247,7 @@ def part_recorded(replay, data):
             check(f"{name}: {k}", r[k], v)
         check(f"{name}: served without new memory >= 95 %",
               r["driver_allocs"] <= r["allocs"] // 20, True)
-        if name != "torch-gpt2.trace.gz":
-            check(f"{name}: reserved / live <= 1.10", r["reserved_over_live"] <= 1.10, True)
+        check(f"{name}: reserved / live <= 1.10", r["reserved_over_live"] <= 1.10, True)
 
 
 def part_malformed(replay, data):
@@ -363,24 +366,24 @@ def part_sweep(replay, data):
 # back from the thread caches in class order, so which idle block moves first can differ).
 SHARED = {
     "resnet.trace.gz": {
-        (): dict(hits=6550, misses=103, driver_allocs=103, driver_frees=0, moves=3,
-                 peak_reserved=1090519040, chunk_creates=489, chunk_releases=0,
-                 chunk_maps=489, chunk_unmaps=0),
+        (): dict(hits=6543, misses=110, driver_allocs=110, driver_frees=0, moves=713,
+                 peak_reserved=1092616192, chunk_creates=490, chunk_releases=0,
+                 chunk_maps=490, chunk_unmaps=0),
         ("--backend", "classic"): dict(hits=6209, misses=444, driver_allocs=444, driver_frees=0,
                                        moves=0, peak_reserved=3534678016, chunk_creates=0),
-        ("--headroom", "25"): dict(hits=6550, misses=103, driver_allocs=103, driver_frees=0,
-                                   moves=0, peak_reserved=1090519040, chunk_creates=489,
-                                   chunk_releases=0, chunk_maps=489, chunk_unmaps=0),
+        ("--headroom", "25"): dict(hits=6543, misses=110, driver_allocs=110, driver_frees=0,
+                                   moves=713, peak_reserved=1092616192, chunk_creates=490,
+                                   chunk_releases=0, chunk_maps=490, chunk_unmaps=0),
     },
     "cupy.trace.gz": {
-        (): dict(hits=1355, misses=50, driver_allocs=12, driver_frees=0, moves=21,
-                 peak_reserved=136314880, chunk_creates=34, chunk_releases=0, chunk_maps=114,
-                 chunk_unmaps=80),
+        (): dict(hits=1392, misses=13, driver_allocs=13, driver_frees=0, moves=913,
+                 peak_reserved=136314880, chunk_creates=34, chunk_releases=0, chunk_maps=36,
+                 chunk_unmaps=2),
         ("--backend", "classic"): dict(hits=1372, misses=33, driver_allocs=33, driver_frees=0,
                                        moves=0, peak_reserved=144532480, chunk_creates=0),
         ("--headroom", "25"): dict(hits=1392, misses=13, driver_allocs=13, driver_frees=0,
-                                   moves=6, peak_reserved=138412032, chunk_creates=35,
-                                   chunk_releases=0, chunk_maps=36, chunk_unmaps=1),
+                                   moves=913, peak_reserved=136314880, chunk_creates=34,
+                                   chunk_releases=0, chunk_maps=36, chunk_unmaps=2),
     },
 }
 
