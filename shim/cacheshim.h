@@ -56,8 +56,9 @@ typedef struct cacheshim_stats {
                                    to wait for it on the GPU (CACHESHIM_REUSE=ordered) */
     uint64_t work_calls;        /* driver calls that put work on a stream, seen by the shim
                                    (whole process only: device -1) */
-    uint64_t moves;             /* idle blocks whose memory went to a new block instead of new
-                                   memory from the driver (pooled backend) */
+    uint64_t moves;             /* idle blocks that went back to the pool at a miss (a small
+                                   one's slot to its slab, a large one's span to the free
+                                   space) instead of new memory (pooled backend) */
     uint64_t bytes_outside;     /* bytes the program holds now through allocation calls the
                                    cache passes to the driver (cuMemAllocPitch, managed, async,
                                    cuMemCreate): counted against the cap */

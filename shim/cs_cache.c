@@ -963,8 +963,10 @@ static cs_block *new_block(cs_cache *c, cs_heap *h, uint64_t addr, uint64_t byte
  * blocks whose fences completed leave their ranges, oldest first and large ones first (a
  * slab's slot frees memory only with its whole slab), until their bytes cover the excess;
  * the pool builds the block from their chunks and takes from the driver only the rest.
- * Before that, when no free span takes a large block, large idle blocks join the pool's free
- * spans (in ordered mode busy ones too: move_busy). Nothing moves while a capture runs. */
+ * Before that, whatever the headroom: when no free span takes a large block, large idle
+ * blocks join the pool's free spans (in ordered mode busy ones too: move_busy), and before
+ * any new memory, idle small blocks whose fences completed give their slots back to their
+ * slabs. Nothing moves while a capture runs. */
 
 /* What a pooled heap may hold: the program's peak in use and the headroom over it. */
 static uint64_t headroom_budget(const cs_cache *c, const device_state *d)
@@ -1004,19 +1006,18 @@ static bool move_busy(cs_cache *c, cs_heap *h, uint64_t bytes, uint64_t budget)
     return after > budget + (uint64_t)spare_blocks * bytes;
 }
 
-/* Idle small blocks whose work is done give their slots back to their slabs, oldest first
- * (once one is not ready, none after it is): no driver call. A slab whose slots are all free
- * gives its pages to slabs of other sizes, and a small range whose pages are all free joins
- * the free space. Small sizes that come and go (a key/value cache growing by a size class
- * every few tokens) then do not keep memory of their own. True when any went. Lock held,
- * dropped meanwhile. */
-static bool small_idle_to_slabs(cs_cache *c, cs_heap *h)
+/* Idle blocks of one kind go back to the pool, oldest first: small ones (slab slots) or
+ * large ones (arena spans), those the GPU is done with or, with busy_too, all of them (once
+ * one is not ready, none after it is). No driver call: a slot goes back to its slab, a slab
+ * whose slots are all free gives its pages to slabs of other sizes, and a span joins the free
+ * spans beside it. True when any went. Lock held, dropped meanwhile. */
+static bool idle_to_pool(cs_cache *c, cs_heap *h, bool small, bool busy_too)
 {
-    cs_tc_reclaim(c, h->device, true);
+    cs_tc_reclaim(c, h->device, !busy_too);
     cs_block *list = NULL;
-    for (cs_block *b = h->lru_head; b && block_ready(h, b);) {
+    for (cs_block *b = h->lru_head; b && (busy_too || block_ready(h, b));) {
         cs_block *next = b->lru_next;
-        if (b->size <= h->slab_max)
+        if ((b->size <= h->slab_max) == small)
             defer_release(c, b, &list);
         b = next;
     }
@@ -1038,30 +1039,18 @@ static uint64_t move_for(cs_cache *c, cs_heap *h, uint64_t bytes, bool *busy_ok)
     device_state *d = &c->devices[h->device];
     uint64_t budget = headroom_budget(c, d);
     bool ordered = *busy_ok = move_busy(c, h, bytes, budget);
-    if (bytes > h->slab_max && !cs_pool_fits(h->pool, bytes, ordered) && !capture_running(c)) {
-        /* No free span takes it: every large idle block the GPU is done with goes back to
-         * the pool first, where it joins the free spans beside it. That costs no driver
-         * call, and a block carved from free spans is as cheap as a hit. */
-        cs_tc_reclaim(c, h->device, !ordered);
-        cs_block *list = NULL;
-        for (cs_block *b = h->lru_head; b && (ordered || block_ready(h, b));) {
-            cs_block *next = b->lru_next;
-            if (b->size > h->slab_max)
-                defer_release(c, b, &list);
-            b = next;
-        }
-        if (list) {
-            pthread_mutex_unlock(&c->lock);
-            finish_releases(c, h->device, list, CS_RELEASE_MOVE);
-            pthread_mutex_lock(&c->lock);
-        }
-    }
-    /* Before new memory, idle small blocks the GPU is done with give their slots back. Within
-     * the headroom over the program's own peak, new memory fills the pool's holes (it stays,
-     * free, for blocks of other sizes later); beyond it, memory moves: free chunks of the
-     * pool into the holes, then idle small blocks' memory. */
+    /* No free span takes a large block: every large idle block the GPU is done with (ordered:
+     * every one) goes back to the pool first, where it joins the free spans beside it. A
+     * block carved from free spans is as cheap as a hit. */
+    if (bytes > h->slab_max && !cs_pool_fits(h->pool, bytes, ordered) && !capture_running(c))
+        idle_to_pool(c, h, false, ordered);
+    /* Before new memory, idle small blocks the GPU is done with give their slots back, so a
+     * small size that comes and goes keeps no memory of its own. Within the headroom over the
+     * program's own peak, new memory fills the pool's holes (it stays, free, for blocks of
+     * other sizes later); beyond it, memory moves: free chunks of the pool into the holes,
+     * then idle blocks' memory. */
     uint64_t grow = cs_pool_need(h->pool, bytes, false, ordered);
-    if (grow && !capture_running(c) && small_idle_to_slabs(c, h))
+    if (grow && !capture_running(c) && idle_to_pool(c, h, true, false))
         grow = cs_pool_need(h->pool, bytes, false, ordered);
     if (!grow || held(d) + grow <= budget || capture_running(c))
         return grow;
