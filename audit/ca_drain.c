@@ -32,8 +32,13 @@ static ca_fmt_ids g_ids;
 static char g_text[BATCH_TEXT + 2 * CA_REC_TEXT_MAX + 256];
 static int g_stopped;          /* under g_lock: the process ends, nothing more is formatted */
 static int g_ending;           /* atomic: the end wants g_lock: its holder lets go of it */
-static uint64_t g_dropped;     /* atomic: records with no room (ca_drain_full) */
+static uint64_t g_dropped;     /* atomic: calls with no room (ca_drain_full) */
+static uint64_t g_dropped_noted; /* under g_lock: those the trace's notes count */
+static int g_said;             /* atomic: the line on stderr was written */
 static int g_stuck;            /* atomic: the ring stayed full: no more waiting for room */
+
+/* What a note of dropped calls says, in the words of a write error's note (ca_format_note). */
+#define DROPPED_WHY "dropped: the ring of unformatted calls stayed full"
 
 /* Waking the thread. */
 static pthread_mutex_t g_wake_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -78,6 +83,18 @@ static size_t drain_locked(int final)
         count++;
         if (n >= BATCH_TEXT)
             flush(&n, &batch);
+    }
+    /* Calls dropped since the last note: a note of their count, after what was formatted
+     * (in the ring before them), so that every call is in the trace or counted there. */
+    uint64_t dropped = __atomic_load_n(&g_dropped, __ATOMIC_RELAXED);
+    if (dropped > g_dropped_noted && !g_stopped) {
+        uint64_t k = dropped - g_dropped_noted;
+        size_t at, w = ca_format_note(g_ctx->format, &k, DROPPED_WHY, g_text + n,
+                                      sizeof g_text - n, &at);
+        if (w) {
+            n += w;
+            g_dropped_noted = dropped;
+        }
     }
     flush(&n, &batch);
     /* Not once the file is finished (the end gave up waiting for this lock): the text may
@@ -173,9 +190,12 @@ void ca_drain_full(const ca_rec *r, const char *text, size_t n, long tid)
         }
     } while (!stuck && ca_now_ns() - start < 200000000u);
     __atomic_store_n(&g_stuck, 1, __ATOMIC_RELAXED);
-    if (__atomic_fetch_add(&g_dropped, 1, __ATOMIC_RELAXED) == 0)
+    if (!text) /* a call; text is the objects of a call site */
+        __atomic_fetch_add(&g_dropped, 1, __ATOMIC_RELAXED);
+    if (!__atomic_exchange_n(&g_said, 1, __ATOMIC_RELAXED))
         ca_out_say("cacheshim: the trace's ring of unformatted calls stayed full for 200 ms "
-                   "(its formatter stopped?); calls are dropped while it is full");
+                   "(its formatter stopped?); calls are dropped while it is full, and counted "
+                   "in the trace");
 }
 
 int ca_drain_finish(void)
@@ -214,5 +234,7 @@ void ca_drain_fork_child(void)
     pthread_mutex_init(&g_wake_lock, NULL);
     g_kicked = 0;
     g_stuck = 0;
+    g_dropped = g_dropped_noted = 0; /* the parent's, noted in its trace (fork_prepare) */
+    g_said = 0;
     g_ids.len = 0;
 }

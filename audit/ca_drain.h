@@ -12,7 +12,9 @@ void ca_drain_start(const ca_fmt_ctx *c);
 void ca_drain_kick(void);
 /* A writer found no room for r (or for n bytes of text when text is not NULL): it formats
  * records itself until there is (order kept), for up to 200 ms; then r is dropped (said
- * once on stderr), and until a record fits again each call tries once, without waiting. */
+ * once on stderr; a dropped call is counted in a note the formatter writes after the
+ * records it formats next), and until a record fits again each call tries once, without
+ * waiting. */
 void ca_drain_full(const ca_rec *r, const char *text, size_t n, long tid);
 /* The process ends (the writers are done): everything in the ring formatted, when the
  * formatter's lock can be had within 100 ms. 1 when nothing is left in the ring. The thread
