@@ -23,6 +23,8 @@
  *      ca_out.c       the trace file: text appended to a shared mapping of it; errors;
  *                     finishing the file
  *      ca_sys.c       file space without SIGXFSZ, pages brought in, a lock within a time
+ *      ca_clock.c     the times of records: the time-stamp counter read on the calling
+ *                     thread (by the wrappers too), made ns by whoever formats
  *   4. ca_desc.c      this layer
  *
  * ca_recover.c is not in the library: the tools' (cacheshim finish, report, replay) way to
