@@ -976,6 +976,18 @@ static uint64_t headroom_budget(const cs_cache *c, const device_state *d)
     return peak + peak / 1000 * permille + peak % 1000 * permille / 1000;
 }
 
+/* What the heap's device may hold under the cap: the cap less what a group's other members
+ * hold (UINT64_MAX without a cap). */
+static uint64_t cap_room(const cs_cache *c, const cs_heap *h)
+{
+    const device_state *d = &c->devices[h->device];
+    if (d->cap == CS_UNLIMITED)
+        return UINT64_MAX;
+    uint64_t others =
+        c->config.group_others ? c->config.group_others(c->config.group_arg, h->device) : 0;
+    return d->cap > others ? d->cap - others : 0;
+}
+
 /* Ordered, may the large idle blocks the GPU still works on join the free space for a block
  * of `bytes`? A block carved from their memory makes every stream's next work wait for
  * theirs. With one busy stream that is what the stream does anyway (PyTorch's allocator
@@ -996,12 +1008,8 @@ static bool move_busy(cs_cache *c, cs_heap *h, uint64_t bytes, uint64_t budget)
         return true;
     const device_state *d = &c->devices[h->device];
     uint64_t after = held(d) + bytes;
-    if (d->cap != CS_UNLIMITED) {
-        uint64_t others =
-            c->config.group_others ? c->config.group_others(c->config.group_arg, h->device) : 0;
-        if (after + others > d->cap)
-            return true;
-    }
+    if (after > cap_room(c, h))
+        return true;
     int spare_blocks = 2 * busy > CS_ORDERED_DEPTH ? CS_ORDERED_DEPTH - 1 : 2 * busy - 1;
     return after > budget + (uint64_t)spare_blocks * bytes;
 }
@@ -1052,7 +1060,14 @@ static uint64_t move_for(cs_cache *c, cs_heap *h, uint64_t bytes, bool *busy_ok)
     uint64_t grow = cs_pool_need(h->pool, bytes, false, ordered);
     if (grow && !capture_running(c) && idle_to_pool(c, h, true, false))
         grow = cs_pool_need(h->pool, bytes, false, ordered);
-    if (!grow || held(d) + grow <= budget || capture_running(c))
+    /* New memory must fit under the cap too (a group's other members' memory counted): over
+     * it, a free span outside the block's zone beats a trim or a refusal. While a capture
+     * runs nothing moves, but a carve there is no driver call. */
+    uint64_t room = cap_room(c, h), limit = room < budget ? room : budget;
+    if (grow && held(d) + grow > limit && capture_running(c) && bytes > h->slab_max &&
+        cs_pool_fits_anywhere(h->pool, bytes, ordered))
+        return 0;
+    if (!grow || held(d) + grow <= limit || capture_running(c))
         return grow;
     uint64_t need = cs_pool_need(h->pool, bytes, true, ordered);
     uint64_t after = held(d) + need;

@@ -1287,6 +1287,13 @@ static int alloc_span(cs_pool *p, uint64_t size, range *r, uint64_t max_new, boo
             return refused;  /* *raw from the driver's refusal, if it was one */
         }
         if (!best_window(p, size, usable, z, &w)) {
+            if (max_new < round_up(size, p->gran) &&
+                best_fit(p, size, usable, ZONE_ANY, &a, &i)) {
+                pthread_mutex_unlock(&p->lock);
+                anywhere = true;  /* a new arena's memory is not allowed: a span outside */
+                refused = CS_BE_SHORT;
+                continue;
+            }
             size_t seen = p->narenas;
             pthread_mutex_unlock(&p->lock);
             int rc = arena_add(p, size, seen, raw);
@@ -1628,6 +1635,17 @@ bool cs_pool_fits(cs_pool *p, uint64_t bytes, bool ordered)
     size_t i;
     pthread_mutex_lock(&p->lock);
     bool fits = best_fit(p, round_up(bytes, CS_POOL_ALIGN), usable_epoch(p, ordered), ZONE_LARGE,
+                         &a, &i);
+    pthread_mutex_unlock(&p->lock);
+    return fits;
+}
+
+bool cs_pool_fits_anywhere(cs_pool *p, uint64_t bytes, bool ordered)
+{
+    arena *a;
+    size_t i;
+    pthread_mutex_lock(&p->lock);
+    bool fits = best_fit(p, round_up(bytes, CS_POOL_ALIGN), usable_epoch(p, ordered), ZONE_ANY,
                          &a, &i);
     pthread_mutex_unlock(&p->lock);
     return fits;

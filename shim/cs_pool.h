@@ -119,6 +119,8 @@ uint64_t cs_pool_most_new(const cs_pool *p, uint64_t bytes);
 /* Does a free span take a large block of `bytes` as it is (no driver call)? ordered: as for
  * cs_pool_alloc. */
 bool cs_pool_fits(cs_pool *p, uint64_t bytes, bool ordered);
+/* The same, in a free span outside the block's zone too. */
+bool cs_pool_fits_anywhere(cs_pool *p, uint64_t bytes, bool ordered);
 /* New physical bytes a block of `bytes` would take from the driver now: with `move`, at the
  * least (free chunks moving into its holes where they can), else what its holes lack after
  * the spare chunks. ordered: as for cs_pool_alloc. */

@@ -336,6 +336,18 @@ static void test_zones(void **state)
     assert_true(carved);
     assert_int_equal(sim_live_handles(&f->sim), (int)(counts(f).creates - counts(f).releases));
     give(f, addr, false);
+    /* No free span anywhere takes it: short stays short, before any driver call, and the
+     * driver's refusal stays its refusal, with its code. */
+    mark = f->sim.nlog;
+    assert_int_equal(cs_pool_alloc(f->p, 5 * G, 0, false, &addr, &created, &released, &carved,
+                                   NULL, &raw), CS_BE_SHORT);
+    assert_string_equal(sim_log_from(&f->sim, mark), "");
+    sim_fail_in(&f->sim, SIM_CREATE, 1, CS_BE_OOM);
+    raw = 0;
+    assert_int_equal(cs_pool_alloc(f->p, 5 * G, UINT64_MAX, false, &addr, &created, &released,
+                                   &carved, NULL, &raw), CS_BE_OOM);
+    assert_int_equal(raw, 2);  /* CUDA_ERROR_OUT_OF_MEMORY */
+    assert_int_equal(sim_live_handles(&f->sim), (int)(counts(f).creates - counts(f).releases));
     give(f, l1, false);
     give(f, l2, false);
     give(f, s, false);

@@ -822,6 +822,63 @@ static void test_capture_blocks_moves(void **state)
     assert_exact(f);
 }
 
+/* While a capture runs, idle small blocks keep their slots too (giving them back is no driver
+ * call, but what follows it may be); after it, a miss gives them back. */
+static void test_capture_keeps_small_idle_blocks(void **state)
+{
+    fx *f = *state;
+    uint64_t s = must_alloc(f, 1 * MiB);
+    must_free(f, s);
+    be.capturing = true;
+    must_alloc(f, 4 * MiB);  /* new memory */
+    assert_int_equal(stats(f).moves, 0);
+    cs_block_info info;
+    assert_int_equal(find(f, s, &info), CS_BLOCK_IDLE);
+    assert_true(info.size > 0);  /* still a block, idle */
+    be.capturing = false;
+    must_alloc(f, 8 * MiB);
+    assert_int_equal(stats(f).moves, 1);
+    assert_int_equal(find(f, s, &info), CS_BLOCK_IDLE);
+    assert_int_equal(info.size, 0);  /* the arena's, in no block */
+    assert_exact(f);
+}
+
+/* At the cap, a large block that only a free span outside its zone takes (in the arena's
+ * upper half, left by a block larger than a quarter of the arena) is carved there: no trim,
+ * no new arena, no new memory, and while a capture runs no refusal. The cap is below the
+ * headroom's bound here, so only the cap says new memory may not be taken. */
+static void cap_zone(bool capture)
+{
+    fx *f;
+    const uint64_t GiB = 1024 * MiB;
+    setup_config((void **)&f, (config){.cap = 125 * GiB, .headroom_permille = 1000,
+                                       .reuse = CS_REUSE_COMPLETED});
+    must_alloc(f, 40 * GiB);
+    must_alloc(f, 40 * GiB);
+    uint64_t c = must_alloc(f, 41 * GiB); /* over a quarter of the 160 GiB arena: anywhere */
+    must_free(f, c);                      /* its span joins the free space, upper half */
+    int creates = sim.calls[SIM_CREATE], releases = sim.calls[SIM_RELEASE];
+    int reserves = sim.calls[SIM_RESERVE];
+    be.capturing = capture;
+    uint64_t x = 0;
+    int raw = 0;
+    assert_int_equal(cs_cache_alloc(f->cache, f->heap, 10 * GiB, &x, &raw, NULL), CS_OK);
+    be.capturing = false;
+    assert_int_equal(x, c);
+    assert_int_equal(sim.calls[SIM_CREATE], creates);
+    assert_int_equal(sim.calls[SIM_RELEASE], releases);
+    assert_int_equal(sim.calls[SIM_RESERVE], reserves);
+    assert_int_equal(stats(f).cap_refusals, 0);
+    teardown((void **)&f);
+}
+
+static void test_cap_takes_free_span_outside_zone(void **state)
+{
+    (void)state;
+    cap_zone(false);
+    cap_zone(true);
+}
+
 /* ---------------------------------------------------------------- limits */
 
 /* The cap bounds what the device holds, the pool's spare included: at the cap the spare goes
@@ -1555,6 +1612,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_trim_never_waits_while_capturing, setup_ordered,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_capture_blocks_moves, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_capture_keeps_small_idle_blocks, setup, teardown),
+        cmocka_unit_test(test_cap_takes_free_span_outside_zone),
         cmocka_unit_test_setup_teardown(test_cap_counts_spare, setup_cap7, teardown),
         cmocka_unit_test_setup_teardown(test_wait_on_retry_is_one_hit, setup_cap13, teardown),
         cmocka_unit_test_setup_teardown(test_oom_trims_spare_and_retries, setup, teardown),
