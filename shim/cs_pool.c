@@ -1629,26 +1629,24 @@ uint64_t cs_pool_most_new(const cs_pool *p, uint64_t bytes)
     return bytes <= cs_pool_slab_max(p->gran) ? p->gran : round_up(bytes, p->gran) + p->gran;
 }
 
-bool cs_pool_fits(cs_pool *p, uint64_t bytes, bool ordered)
+static bool fits_in(cs_pool *p, uint64_t bytes, bool ordered, zone z)
 {
     arena *a;
     size_t i;
     pthread_mutex_lock(&p->lock);
-    bool fits = best_fit(p, round_up(bytes, CS_POOL_ALIGN), usable_epoch(p, ordered), ZONE_LARGE,
-                         &a, &i);
+    bool fits = best_fit(p, round_up(bytes, CS_POOL_ALIGN), usable_epoch(p, ordered), z, &a, &i);
     pthread_mutex_unlock(&p->lock);
     return fits;
 }
 
+bool cs_pool_fits(cs_pool *p, uint64_t bytes, bool ordered)
+{
+    return fits_in(p, bytes, ordered, ZONE_LARGE);
+}
+
 bool cs_pool_fits_anywhere(cs_pool *p, uint64_t bytes, bool ordered)
 {
-    arena *a;
-    size_t i;
-    pthread_mutex_lock(&p->lock);
-    bool fits = best_fit(p, round_up(bytes, CS_POOL_ALIGN), usable_epoch(p, ordered), ZONE_ANY,
-                         &a, &i);
-    pthread_mutex_unlock(&p->lock);
-    return fits;
+    return fits_in(p, bytes, ordered, ZONE_ANY);
 }
 
 uint64_t cs_pool_need(cs_pool *p, uint64_t bytes, bool move, bool ordered)

@@ -116,10 +116,12 @@ int cs_pool_free(cs_pool *p, uint64_t addr, bool keep, bool done, uint64_t epoch
 /* The most new physical memory a block of `bytes` can ever take from the driver: a small block
  * may need a whole new small range (one granule). */
 uint64_t cs_pool_most_new(const cs_pool *p, uint64_t bytes);
-/* Does a free span take a large block of `bytes` as it is (no driver call)? ordered: as for
- * cs_pool_alloc. */
+/* Does a free span of large blocks' zone (an arena's lower half, or anywhere for a block over
+ * a quarter of an arena) take a large block of `bytes` as it is (no driver call)? ordered: as
+ * for cs_pool_alloc. */
 bool cs_pool_fits(cs_pool *p, uint64_t bytes, bool ordered);
-/* The same, in a free span outside the block's zone too. */
+/* The same, with a free span outside the zone too (where cs_pool_alloc goes when it may not
+ * take new memory). */
 bool cs_pool_fits_anywhere(cs_pool *p, uint64_t bytes, bool ordered);
 /* New physical bytes a block of `bytes` would take from the driver now: with `move`, at the
  * least (free chunks moving into its holes where they can), else what its holes lack after
