@@ -14,7 +14,8 @@ unwritable page). html: the page parsed with html.parser (the same cells as the 
 no scripts, no external resources, escaping) and its SVG with xml.etree (each line's peak and
 every column's height against this file's own computation from the trace). render: the page
 drawn by headless Chromium through RENDER_SCRIPT, the PNG decoded here (a failure without
-Chromium, which scripts/setup installs). recorded: traces recorded by running
+Chromium, which scripts/setup installs), then the memory timeline alone: its bands and the
+driver's reserved line counted in its pixels. recorded: traces recorded by running
 tests/audit/audit_prog under libcacheaudit.so on the fake driver, reported, and checked
 against the trace.
 Python standard library only.
@@ -961,6 +962,52 @@ def part_render(report, data, script):
         check("png is not blank", len(colours) > 20, True)
         check("the driver line is drawn", blue > 30, True)
         check("the shim line is drawn", red > 30, True)
+    # The memory timeline as a browser draws it: its SVG alone on a page of its own size, the
+    # pixels inside its plot counted by colour. resnet's recorded trace: its 2,000 largest
+    # allocations as bands of the palette's colours; report-basic: the driver's reserved
+    # bytes, a dashed black line, over its two bands.
+    for trace, want in (("torch-resnet.trace.gz", "bands"), ("report-basic.jsonl", "reserved")):
+        run(report, "--html", page, os.path.join(data, trace))
+        with open(page) as f:
+            html = f.read()
+        start = html.find('<svg xmlns="http://www.w3.org/2000/svg" class="plot timeline"')
+        end = html.find("</svg>", start)
+        check(f"{trace}: a timeline in the page", start >= 0 and end > start, True)
+        svg = html[start:end + 6]
+        m = re.search(r'width="(\d+)" height="(\d+)"', svg)
+        sw, sh = int(m.group(1)), int(m.group(2))
+        alone = os.path.join(d, "timeline.html")
+        with open(alone, "w") as f:
+            f.write('<!DOCTYPE html><html><body style="margin:0">' + svg + "</body></html>")
+        p = subprocess.run([script, alone, png, f"{sw}x{sh}"], capture_output=True, text=True,
+                           timeout=180)
+        if p.returncode != 0:
+            failures.append(f"render-report (timeline of {trace}): exit {p.returncode}: "
+                            f"{p.stderr.strip()}")
+            continue
+        w, h, bpp, rows = png_pixels(png)
+        # The plot's rectangle (tools/report_timeline.c: ML 90, MT 68, PH 360, MR 30), inside
+        # its frame.
+        counts = {}
+        for y in range(68 + 3, 68 + 360 - 3):
+            for x in range(90 + 3, w - 30 - 3):
+                px = bytes(rows[y][x * bpp:x * bpp + 3])
+                counts[px] = counts.get(px, 0) + 1
+        palette = [bytes.fromhex(c) for c in (
+            "1f77b4 ff7f0e 2ca02c d62728 9467bd 8c564b e377c2 bcbd22 17becf aec7e8 ffbb78 "
+            "98df8a ff9896 c5b0d5 c49c94 f7b6d2 dbdb8d 9edae5 393b79 637939").split()]
+        drawn = [c for c in palette if counts.get(c, 0) >= 20]
+        # The dashed black line, antialiased: dark grey pixels (no band colour is grey).
+        grey = sum(n for px, n in counts.items() if max(px) < 128 and max(px) - min(px) < 16)
+        if want == "bands":  # 18 of the 20 colours on 20 pixels or more when this was written
+            check(f"{trace}: band colours drawn ({len(drawn)} of the palette's 20)",
+                  len(drawn) >= 10, True)
+            check(f"{trace}: no reserved line ({grey} dark grey pixels)", grey < 100, True)
+        else:  # 1,928 dark grey pixels; the 1 MiB band 7,276 pixels of its colour
+            check(f"{trace}: the reserved line drawn ({grey} dark grey pixels)", grey >= 500,
+                  True)
+            check(f"{trace}: the band drawn ({counts.get(palette[0], 0)} pixels)",
+                  counts.get(palette[0], 0) >= 2000, True)
     # The script's own errors.
     p = subprocess.run([script, page], capture_output=True, text=True)
     check("render-report usage", p.returncode, 2)
