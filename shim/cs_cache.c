@@ -1014,27 +1014,31 @@ static bool move_busy(cs_cache *c, cs_heap *h, uint64_t bytes, uint64_t budget)
     return after > budget + (uint64_t)spare_blocks * bytes;
 }
 
-/* Idle blocks of one kind go back to the pool, oldest first: small ones (slab slots) or
- * large ones (arena spans), those the GPU is done with or, with busy_too, all of them (once
- * one is not ready, none after it is). No driver call: a slot goes back to its slab, a slab
- * whose slots are all free gives its pages to slabs of other sizes, and a span joins the free
- * spans beside it. True when any went. Lock held, dropped meanwhile. */
-static bool idle_to_pool(cs_cache *c, cs_heap *h, bool small, bool busy_too)
+/* Idle blocks of one kind go back to the pool, oldest first, until `enough` bytes went: small
+ * ones (slab slots) or large ones (arena spans), those the GPU is done with or, with
+ * busy_too, all of them (once one is not ready, none after it is). No driver call: a slot
+ * goes back to its slab, a slab whose slots are all free gives its pages to slabs of other
+ * sizes, and a span joins the free spans beside it. Returns the bytes that went. Lock held,
+ * dropped meanwhile. */
+static uint64_t idle_to_pool(cs_cache *c, cs_heap *h, bool small, bool busy_too, uint64_t enough)
 {
     cs_tc_reclaim(c, h->device, !busy_too);
     cs_block *list = NULL;
-    for (cs_block *b = h->lru_head; b && (busy_too || block_ready(h, b));) {
+    uint64_t got = 0;
+    for (cs_block *b = h->lru_head; b && got < enough && (busy_too || block_ready(h, b));) {
         cs_block *next = b->lru_next;
-        if ((b->size <= h->slab_max) == small)
+        if ((b->size <= h->slab_max) == small) {
+            got += b->size;
             defer_release(c, b, &list);
+        }
         b = next;
     }
     if (!list)
-        return false;
+        return 0;
     pthread_mutex_unlock(&c->lock);
     finish_releases(c, h->device, list, CS_RELEASE_MOVE);
     pthread_mutex_lock(&c->lock);
-    return true;
+    return got;
 }
 
 /* Make room for a pooled block of `bytes` as above. Called with the lock held, returns with
@@ -1051,14 +1055,17 @@ static uint64_t move_for(cs_cache *c, cs_heap *h, uint64_t bytes, bool *busy_ok)
      * every one) goes back to the pool first, where it joins the free spans beside it. A
      * block carved from free spans is as cheap as a hit. */
     if (bytes > h->slab_max && !cs_pool_fits(h->pool, bytes, ordered) && !capture_running(c))
-        idle_to_pool(c, h, false, ordered);
+        idle_to_pool(c, h, false, ordered, UINT64_MAX);
     /* Before new memory, idle small blocks the GPU is done with give their slots back, so a
-     * small size that comes and goes keeps no memory of its own. Within the headroom over the
+     * small size that comes and goes keeps no memory of its own; before a large block's too,
+     * which cannot use their slabs' memory, but small blocks of other sizes then take their
+     * slots instead of new memory (GPT-2's replay 20 ms behind: 1.117 reserved / live, 1.123
+     * returning them before small blocks' new memory only). Within the headroom over the
      * program's own peak, new memory fills the pool's holes (it stays, free, for blocks of
      * other sizes later); beyond it, memory moves: free chunks of the pool into the holes,
      * then idle blocks' memory. */
     uint64_t grow = cs_pool_need(h->pool, bytes, false, ordered);
-    if (grow && !capture_running(c) && idle_to_pool(c, h, true, false))
+    if (grow && !capture_running(c) && idle_to_pool(c, h, true, false, UINT64_MAX))
         grow = cs_pool_need(h->pool, bytes, false, ordered);
     /* New memory must fit under the cap too (a group's other members' memory counted): over
      * it, a free span outside the block's zone beats a trim or a refusal. While a capture
@@ -1073,28 +1080,13 @@ static uint64_t move_for(cs_cache *c, cs_heap *h, uint64_t bytes, bool *busy_ok)
     uint64_t after = held(d) + need;
     if (!need || after <= budget)
         return need;
+    /* The excess from idle blocks the GPU is done with: large ones first (a small block's
+     * slot frees memory only with its whole slab). */
     uint64_t excess = after - budget < need ? after - budget : need;
-    cs_tc_reclaim(c, h->device, true);
-    cs_block *list = NULL;
-    uint64_t got = 0;
-    for (int pass = 0; pass < 2 && got < excess; pass++) {
-        cs_block *b = h->lru_head;
-        /* Oldest first: once one is not ready, none after it is. */
-        while (b && got < excess && block_ready(h, b)) {
-            cs_block *next = b->lru_next;
-            if (pass == 1 || b->size > h->slab_max) {
-                got += b->size;
-                defer_release(c, b, &list);
-            }
-            b = next;
-        }
-    }
-    if (!list)
-        return need;
-    pthread_mutex_unlock(&c->lock);
-    finish_releases(c, h->device, list, CS_RELEASE_MOVE);
-    pthread_mutex_lock(&c->lock);
-    return cs_pool_need(h->pool, bytes, true, ordered);
+    uint64_t got = idle_to_pool(c, h, false, false, excess);
+    if (got < excess)
+        got += idle_to_pool(c, h, true, false, excess - got);
+    return got ? cs_pool_need(h->pool, bytes, true, ordered) : need;
 }
 
 /* ---------------------------------------------------------------- joins
