@@ -659,7 +659,7 @@ static cs_block *take_ready(cs_cache *c, cs_heap *h, int cls, uint64_t size, uin
 {
     for (int k = cls; k < CS_NUM_CLASSES && cs_class_fits(h, k, cls, size); k++) {
         cs_block *b = cs_list_fit(h, h->classes[k].head, bytes);
-        if (b && block_ready(h, b)) {
+        if (b && cs_epoch_ready_or_ordered(h, b->epoch)) {
             take(c, h, b);
             return b;
         }
@@ -782,7 +782,7 @@ static bool pool_ordered(const cs_cache *c, const cs_heap *h)
 static bool order_taken(cs_heap *h, uint64_t addr, uint64_t epoch, uint64_t *pending)
 {
     *pending = 0;
-    if (!epoch || cs_epoch_ready(h, epoch))
+    if (!epoch || cs_epoch_ready_or_ordered(h, epoch))
         return true;
     if (h->ops->order_after(h->dev, epoch) == 0) {
         *pending = epoch;
@@ -1123,7 +1123,8 @@ static bool join_pool(cs_cache *c, cs_heap *h, cs_block *b)
 {
     uint64_t released;
     int raw;
-    if (cs_pool_free(h->pool, b->addr, true, block_ready(h, b), b->epoch, &released, &raw) !=
+    if (cs_pool_free(h->pool, b->addr, true, cs_epoch_ready_or_ordered(h, b->epoch), b->epoch,
+                     &released, &raw) !=
         CS_BE_OK)
         return false;
     registry_remove(c, b);

@@ -39,7 +39,8 @@
  * wait for that slot waits for more than it needs. 4096 slots (160 KiB a context) keep the
  * waits precise until the host runs 4096 frees ahead of the GPU. */
 #define MAX_SLOTS 4096
-#define EVENT_POOL 256
+#define EVENT_POOL 1024
+#define POLL_EVERY 16
 #define STREAM_BUCKETS 256
 
 typedef struct {
@@ -92,6 +93,9 @@ struct cs_ctx_streams {
     bool said_record, said_wait;
     bool sync_wanted;        /* atomic: a broken slot waits for one device synchronize */
     int busy;                /* atomic: streams whose last_event is set */
+    int unrecorded;          /* pending slot entries without event, all streams */
+    int broken;              /* pending slots marked broken */
+    int poll_at;             /* a fence polls once this many slots are pending */
     cs_ctx_streams *next;
 };
 
@@ -324,6 +328,7 @@ void cs_streams_forget(CUcontext ctx)
      * reaches the driver again. */
     cs->dead = true;
     cs->npool = 0;
+    cs->unrecorded = cs->broken = 0;
     __atomic_store_n(&cs->busy, 0, __ATOMIC_RELAXED);
     for (int i = 0; i < cs->count; i++)
         slot_at(cs, i)->n = 0;
@@ -364,6 +369,15 @@ static void set_last_event(cs_ctx_streams *cs, cs_stream *st, CUevent ev)
 }
 
 
+/* The slot can never be recorded in full: it completes after one device synchronize. */
+static void mark_broken(cs_ctx_streams *cs, slot *sl)
+{
+    if (!sl->broken)
+        cs->broken++;
+    sl->broken = true;
+    __atomic_store_n(&cs->sync_wanted, true, __ATOMIC_RELEASE);
+}
+
 /* Record an event for entry e of slot sl now if it still lacks one; false if that cannot be
  * done yet. A per-thread stream can only be named by its own thread: any other thread records
  * on the legacy stream, which waits for it. A destroyed stream cannot be recorded on any
@@ -376,8 +390,7 @@ static bool record_late(cs_ctx_streams *cs, slot *sl, fence_event *e)
     if (target->per_thread && (target->orphan || !pthread_equal(target->owner, pthread_self())))
         target = &cs->legacy;
     else if (target->zombie) {
-        sl->broken = true;
-        __atomic_store_n(&cs->sync_wanted, true, __ATOMIC_RELEASE);
+        mark_broken(cs, sl);
         return false;
     }
     if (!recordable(target))
@@ -390,6 +403,7 @@ static bool record_late(cs_ctx_streams *cs, slot *sl, fence_event *e)
         return false;
     }
     e->st->unrecorded--;
+    cs->unrecorded--;
     if (e->st->zombie && unreferenced(e->st))
         retire_record(cs, e->st);
     e->st = target;
@@ -404,8 +418,10 @@ static void pop_slot(cs_ctx_streams *cs)
     slot *s = slot_at(cs, 0);
     for (int i = 0; i < s->n; i++) {
         cs_stream *st = s->ev[i].st;
-        if (!s->ev[i].ev)
+        if (!s->ev[i].ev) {
             st->unrecorded--;  /* completed by a device synchronize */
+            cs->unrecorded--;
+        }
         else if (st->last_event == s->ev[i].ev)
             set_last_event(cs, st, NULL);
         give_event(cs, s->ev[i].ev);
@@ -415,40 +431,102 @@ static void pop_slot(cs_ctx_streams *cs)
     __atomic_store_n(&cs->done, s->epoch, __ATOMIC_RELEASE);
     s->n = 0;
     s->done = 0;
+    cs->broken -= s->broken;
     s->broken = false;
     cs->first = (cs->first + 1) % MAX_SLOTS;
     cs->count--;
 }
 
-/* Pop every slot the GPU has finished, oldest first. With the context's lock held; the
- * context is current. Never blocks. */
-static void poll(cs_ctx_streams *cs)
+/* Are all events of slot i complete? Asks the driver for those not seen complete yet. */
+static bool slot_complete(cs_ctx_streams *cs, int i)
 {
-    bool relaxed = captures_running();
-    CUstreamCaptureMode mode = relaxed ? relax() : CU_STREAM_CAPTURE_MODE_GLOBAL;
+    slot *s = slot_at(cs, i);
+    for (; s->done < s->n; s->done++)
+        if (drv()->cuEventQuery(s->ev[s->done].ev) != CUDA_SUCCESS)
+            return false;
+    return true;
+}
+
+/* Is every event still pending recorded on one stream (none to record, no slot broken)?
+ * Then slots complete in the order they were recorded, as that stream's events do. */
+static bool pending_on_one_stream(cs_ctx_streams *cs)
+{
+    if (cs->unrecorded || cs->broken)
+        return false;
+    const cs_stream *only = NULL;
+    for (int i = 0; i < cs->count; i++) {
+        const slot *s = slot_at(cs, i);
+        for (int k = s->done; k < s->n; k++) {
+            if (only && s->ev[k].st != only)
+                return false;
+            only = s->ev[k].st;
+        }
+    }
+    return true;
+}
+
+/* Pop the finished slots of a context whose pending events are on one stream: the oldest
+ * first (asked again before the GPU moved on, it is all a question costs), then the newest (a
+ * GPU in step has finished them all), else by bisection. A few queries however far the GPU
+ * is behind, where asking slot after slot takes one for each. */
+static void poll_one_stream(cs_ctx_streams *cs)
+{
+    int done = -1, not_done = cs->count - 1;  /* slots up to done finished; not_done not */
+    if (!slot_complete(cs, 0))
+        return;
+    done = 0;
+    if (slot_complete(cs, not_done))
+        done = not_done;
+    while (not_done - done > 1) {
+        int mid = done + (not_done - done) / 2;
+        if (slot_complete(cs, mid))
+            done = mid;
+        else
+            not_done = mid;
+    }
+    for (int i = 0; i <= done; i++)
+        pop_slot(cs);
+}
+
+/* Pop the finished slots oldest first, recording what was left to record. */
+static void poll_in_order(cs_ctx_streams *cs)
+{
     while (cs->count > 0) {
         slot *s = slot_at(cs, 0);
         if (s->broken) {
             /* Resolved by one device synchronize, without locks, at the next work call. */
             __atomic_store_n(&cs->sync_wanted, true, __ATOMIC_RELEASE);
-            break;
+            return;
         }
         for (; s->done < s->n; s->done++) {
             fence_event *e = &s->ev[s->done];
             /* An event that cannot be asked (an error) is not known complete. */
             if (!record_late(cs, s, e) || drv()->cuEventQuery(e->ev) != CUDA_SUCCESS)
-                goto out;
+                return;
         }
         pop_slot(cs);
     }
+}
+
+/* Pop every slot the GPU has finished. With the context's lock held; the context is
+ * current. Never blocks. */
+static void poll(cs_ctx_streams *cs)
+{
+    bool relaxed = captures_running();
+    CUstreamCaptureMode mode = relaxed ? relax() : CU_STREAM_CAPTURE_MODE_GLOBAL;
+    if (cs->count > 2 && pending_on_one_stream(cs))
+        poll_one_stream(cs);  /* the head left, if any, is not finished */
+    else
+        poll_in_order(cs);
     if (cs->count == 0)  /* nothing pending: every epoch so far is done */
         __atomic_store_n(&cs->done, __atomic_load_n(&cs->epoch, __ATOMIC_RELAXED),
                          __ATOMIC_RELEASE);
-out:
+    cs->poll_at = cs->count + (cs->count > POLL_EVERY ? cs->count : POLL_EVERY);
+    if (cs->poll_at > MAX_SLOTS)
+        cs->poll_at = MAX_SLOTS;
     if (relaxed)
         unrelax(mode);
 }
-
 /* ---------------------------------------------------------------- fences */
 
 /* The entry of st in slot s: its existing one (a merged fence re-records it), or a new one
@@ -499,18 +577,18 @@ static void fence_stream(cs_ctx_streams *cs, slot *s, cs_stream *st)
     if (e && e->ev)
         e = slot_entry(s, target, true);
     if (!e) {
-        s->broken = true;  /* out of host memory: complete only after a synchronize */
-        __atomic_store_n(&cs->sync_wanted, true, __ATOMIC_RELEASE);
+        mark_broken(cs, s);  /* out of host memory: complete only after a synchronize */
         return;
     }
     target->unrecorded++;
+    cs->unrecorded++;
     if (r == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT || r == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED ||
         r == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED)
         return;  /* a capture: recorded later */
     /* The stream cannot be fenced: its work is only known done once the device has
      * synchronized, which the next work call does. A stream other than the legacy one is no
      * longer tracked. */
-    __atomic_store_n(&cs->sync_wanted, true, __ATOMIC_RELEASE);
+    mark_broken(cs, s);
     if (!cs->said_record) {
         cs->said_record = true;
         cs_log("cuEventRecord on stream %p of context %p failed (error %d): the stream is no "
@@ -518,7 +596,6 @@ static void fence_stream(cs_ctx_streams *cs, slot *s, cs_stream *st)
                "synchronized, which the next launch does once (said once per context)",
                (void *)target->handle, (void *)cs->ctx, (int)r);
     }
-    s->broken = true;
     if (!target->legacy && !target->per_thread) {
         pthread_mutex_lock(&reg_lock);
         cs_stream **p = &buckets[bucket_of(target->handle)];
@@ -565,6 +642,12 @@ static uint64_t fence_locked(cs_ctx_streams *cs)
             retire_record(cs, st);  /* its thread is gone and the legacy stream covers it */
     }
     s->epoch = epoch;
+    /* Hits ask the GPU nothing while one stream is busy (cs_epoch_ready_or_ordered in the
+     * cache): finished slots give their events back here then, once the pending ones have
+     * doubled since the last poll (POLL_EVERY at least), so that a GPU far behind is asked a
+     * few times per lag's worth of fences rather than at every one. */
+    if (cs->count >= cs->poll_at)
+        poll(cs);
     return epoch;
 }
 
@@ -664,8 +747,9 @@ int cs_streams_order_after(cs_ctx_streams *cs, uint64_t epoch)
         return 0;
     int result = 0;
     pthread_mutex_lock(&cs->lock);
-    /* Every slot up to epoch must have all its events: streams wait on those. */
-    for (int i = 0; i < cs->count && result == 0; i++) {
+    /* Every slot up to epoch must have all its events: streams wait on those. (Nothing to
+     * look for when no pending slot lacks any: far behind, thousands are pending.) */
+    for (int i = 0; i < cs->count && result == 0 && (cs->unrecorded || cs->broken); i++) {
         slot *s = slot_at(cs, i);
         if (s->broken)
             result = -1;
@@ -729,6 +813,14 @@ static void catch_up(cs_stream *st)
     pthread_mutex_lock(&cs->lock);
     uint64_t target = __atomic_load_n(&cs->order, __ATOMIC_ACQUIRE);
     if (cs->dead || __atomic_load_n(&st->waited, __ATOMIC_RELAXED) >= target || !recordable(st)) {
+        pthread_mutex_unlock(&cs->lock);
+        return;
+    }
+    /* No other stream has an event pending (a stream's newest is pending while any is), so
+     * there is nothing to wait for: the common loop on one stream asks the GPU nothing here. */
+    int busy = __atomic_load_n(&cs->busy, __ATOMIC_RELAXED);
+    if (busy == 0 || (busy == 1 && st->last_event)) {
+        __atomic_store_n(&st->waited, target, __ATOMIC_RELAXED);
         pthread_mutex_unlock(&cs->lock);
         return;
     }

@@ -370,7 +370,7 @@ static cs_block *take(tc_slot *s, cs_heap *h, int cls, uint64_t size, uint64_t b
     cs_block *prev;
     for (int k = cls; k < TC_CLASSES && cs_class_fits(h, k, cls, size); k++) {
         cs_block *b = list_fit(&s->cls[k], h, bytes, &prev);
-        if (b && cs_epoch_ready(h, b->epoch))
+        if (b && cs_epoch_ready_or_ordered(h, b->epoch))
             return list_take(&s->cls[k], b, prev);
     }
     if (!h->ordered)

@@ -471,14 +471,29 @@ static void test_ordered_reuse_while_busy(void **state)
     cacheshim_stats s = stats(f);
     assert_int_equal(s.hits, 1);
     assert_int_equal(s.ordered_hits, 1);
-    /* A ready block is preferred and needs no ordering. */
+    /* With one stream busy, the oldest block is ordered after its work without asking the
+     * GPU whether it finished: no stream would wait for it anyway. */
     uint64_t b = must_alloc(f, 2 * MiB);
     cs_cache_free(f->cache, b);
     gpu_idle();
     gpu_busy();
     cs_cache_free(f->cache, a);  /* pending */
+    int reaches = be.reaches;
     assert_int_equal(must_alloc(f, 2 * MiB), b);
-    assert_int_equal(be.orders, 1);
+    assert_int_equal(be.orders, 2);
+    assert_int_equal(be.reaches, reaches);
+    assert_int_equal(stats(f).ordered_hits, 2);
+    /* With several, a ready block is preferred (asked about) and needs no ordering. */
+    be.busy = 2;
+    cs_cache_free(f->cache, b);
+    gpu_idle();
+    gpu_busy();
+    uint64_t c = must_alloc(f, 2 * MiB);  /* a, the oldest, ready */
+    cs_cache_free(f->cache, c);  /* pending again */
+    assert_int_equal(must_alloc(f, 2 * MiB), b);
+    assert_true(be.reaches > reaches);
+    assert_int_equal(be.orders, 2);
+    assert_int_equal(stats(f).ordered_hits, 2);
 }
 
 static void test_ordered_refused_is_a_miss(void **state)

@@ -118,7 +118,9 @@ static void test_control_without_waits_races(void **state)
 }
 
 /* One stream: it already runs after its own work, so reuse needs no wait at all, and each
- * free that follows a launch records one event. */
+ * free that follows a launch records one event. Under ordered reuse nothing asks the GPU
+ * whether that work finished at each allocation or launch either: the finished events are
+ * collected every 16 fences or more, a couple of queries each time. */
 static void test_one_stream_needs_no_wait(void **state)
 {
     (void)state;
@@ -134,9 +136,41 @@ static void test_one_stream_needs_no_wait(void **state)
     assert_int_equal(fake_calls("cuStreamWaitEvent"), 0);
     assert_int_equal(fake_calls("cuEventRecord"), 100);
     assert_int_equal(after.fences - before.fences, 100);
-    if (ordered())
+    if (ordered()) {
         assert_true(after.driver_allocs - before.driver_allocs <= 1);
+        assert_true(fake_calls("cuEventQuery") <= 20);
+    }
     assert_int_equal(fake_races(), 0);
+    cuStreamDestroy(s);
+}
+
+/* One stream, the GPU ever further behind (each unit of work takes 300 driver calls): the
+ * finished fences are found by bisection, a few queries per doubling of the pending ones, not
+ * one per allocation; and what they say is right (no race, the same block back). */
+static void test_one_stream_far_behind_asks_little(void **state)
+{
+    (void)state;
+    CUstream s = make_stream(CU_STREAM_NON_BLOCKING);
+    fake_set_work_ticks(300);
+    fake_reset_counters();
+    cacheshim_stats before = shim_stats(0);
+    for (int i = 0; i < 2000; i++) {
+        CUdeviceptr a = must_alloc(4 * MiB);
+        launch(s, a, 4 * MiB);
+        must_free(a);
+        if (i % 500 == 499)
+            fake_retire_all();  /* the GPU catches up now and then: everything pops */
+    }
+    cacheshim_stats after = shim_stats(0);
+    assert_int_equal(fake_calls("cuEventRecord"), 2000);
+    assert_int_equal(fake_calls("cuStreamWaitEvent"), 0);
+    if (ordered()) {
+        assert_true(fake_calls("cuEventQuery") <= 200);
+        assert_true(after.driver_allocs - before.driver_allocs <= 1);
+    }
+    assert_int_equal(fake_races(), 0);
+    fake_set_work_ticks(0);
+    fake_retire_all();
     cuStreamDestroy(s);
 }
 
@@ -692,7 +726,8 @@ int main(int argc, char **argv)
     const char *group = argc > 1 ? argv[1] : "";
     const struct CMUnitTest streams[] = {
         T(test_reuse_across_streams),      T(test_control_without_waits_races),
-        T(test_one_stream_needs_no_wait),  T(test_idle_streams_cost_nothing),
+        T(test_one_stream_needs_no_wait),  T(test_one_stream_far_behind_asks_little),
+        T(test_idle_streams_cost_nothing),
         T(test_gpu_far_behind),            T(test_torture),
         T(test_destroyed_busy_stream),     T(test_other_threads_per_thread_stream),
         T(test_failed_record_drops_the_stream), T(test_failed_wait_waits_on_the_host),
