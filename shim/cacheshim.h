@@ -52,8 +52,9 @@ typedef struct cacheshim_stats {
     uint64_t oom_failures;      /* allocations that failed after recovery */
     uint64_t cap_refusals;      /* allocations refused because of the cap */
     uint64_t cap_bytes;         /* the cap in force (UINT64_MAX: none) */
-    uint64_t ordered_hits;      /* hits reused before their fence completed, the streams made
-                                   to wait for it on the GPU (CACHESHIM_REUSE=ordered) */
+    uint64_t ordered_hits;      /* hits reused before the shim saw their fence complete, the
+                                   streams made to wait for it on the GPU (CACHESHIM_REUSE=
+                                   ordered; with one stream busy the shim does not ask) */
     uint64_t work_calls;        /* driver calls that put work on a stream, seen by the shim
                                    (whole process only: device -1) */
     uint64_t moves;             /* idle blocks that went back to the pool at a miss (a small

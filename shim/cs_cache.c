@@ -645,9 +645,10 @@ void cs_cache_forget_heap(cs_cache *c, const void *key)
  * its size (a small request also takes a block of a larger class within an eighth of its
  * size, cs_class_fits). The oldest has the
  * smallest epoch, so if it is not ready, none of its size is. First a block whose fence
- * completed; else, in ordered mode, the oldest block that fits, once the backend has made
- * every stream's next work wait for its epoch: reuse never waits on the host and memory
- * never grows with how far the GPU lags behind. */
+ * completed (with one stream busy in ordered mode: known to have completed, without asking
+ * the GPU, cs_epoch_ready_or_ordered); else, in ordered mode, the oldest block that fits, once
+ * the backend has made every stream's next work wait for its epoch: reuse never waits on the
+ * host and memory never grows with how far the GPU lags behind. */
 
 static void take(cs_cache *c, cs_heap *h, cs_block *b)
 {
@@ -1123,9 +1124,8 @@ static bool join_pool(cs_cache *c, cs_heap *h, cs_block *b)
 {
     uint64_t released;
     int raw;
-    if (cs_pool_free(h->pool, b->addr, true, cs_epoch_ready_or_ordered(h, b->epoch), b->epoch,
-                     &released, &raw) !=
-        CS_BE_OK)
+    bool done = cs_epoch_ready_or_ordered(h, b->epoch);
+    if (cs_pool_free(h->pool, b->addr, true, done, b->epoch, &released, &raw) != CS_BE_OK)
         return false;
     registry_remove(c, b);
     spare_add(c, h, (int64_t)b->size);

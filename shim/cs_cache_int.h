@@ -218,15 +218,6 @@ static inline cs_block *cs_list_fit(const cs_heap *h, cs_block *b, uint64_t byte
     return b;
 }
 
-/* Ordered reuse takes the oldest idle block of a size only once the class holds a pending
- * block of that size for each busy stream (at most CS_ORDERED_DEPTH); until then a miss takes
- * new memory.
- * One busy stream: its last block comes back at once, with no wait at all. Work spread over
- * N streams: the block reused is the one freed N frees ago, most likely last used on the same
- * stream, so the other streams' waits reach only work that is well behind them and the
- * streams keep running side by side. Memory stays bounded by the number of busy streams,
- * never by how far the GPU lags. `first` is the oldest idle block of the size; `most` the
- * depth at most: CS_ORDERED_DEPTH in the shared lists, a thread cache's own bound in its. */
 /* Streams with work in flight now, as the backend counts them (1 when it cannot). */
 static inline int cs_busy_streams(const cs_heap *h)
 {
@@ -236,7 +227,7 @@ static inline int cs_busy_streams(const cs_heap *h)
 /* Readiness where a busy block can be taken ordered after its work instead (hits, carving,
  * joining the pool): only what is known counts while at most one stream is busy. Ordered
  * reuse then makes no stream wait that a query would have spared: a stream never waits on its
- * own events, and another stream asks the GPU itself before it waits (cs_streams.c). So the
+ * own events, and any other stream asks the GPU itself before it waits (cs_streams.c). So the
  * query, a driver call of 1-2 us on an H100 at nearly every allocation, is left out. */
 static inline bool cs_epoch_ready_or_ordered(cs_heap *h, uint64_t epoch)
 {
@@ -247,6 +238,15 @@ static inline bool cs_epoch_ready_or_ordered(cs_heap *h, uint64_t epoch)
     return cs_epoch_ready(h, epoch);
 }
 
+/* Ordered reuse takes the oldest idle block of a size only once the class holds a pending
+ * block of that size for each busy stream (at most CS_ORDERED_DEPTH); until then a miss takes
+ * new memory.
+ * One busy stream: its last block comes back at once, with no wait at all. Work spread over
+ * N streams: the block reused is the one freed N frees ago, most likely last used on the same
+ * stream, so the other streams' waits reach only work that is well behind them and the
+ * streams keep running side by side. Memory stays bounded by the number of busy streams,
+ * never by how far the GPU lags. `first` is the oldest idle block of the size; `most` the
+ * depth at most: CS_ORDERED_DEPTH in the shared lists, a thread cache's own bound in its. */
 #define CS_ORDERED_DEPTH 8
 static inline bool cs_class_deep_enough(const cs_heap *h, const cs_block *first, int most)
 {

@@ -39,6 +39,8 @@
  * wait for that slot waits for more than it needs. 4096 slots (160 KiB a context) keep the
  * waits precise until the host runs 4096 frees ahead of the GPU. */
 #define MAX_SLOTS 4096
+/* Events kept for reuse once their slot completed (an event made costs a driver call); up to
+ * twice the GPU's lag in fences are pending between polls (POLL_EVERY at least apart). */
 #define EVENT_POOL 1024
 #define POLL_EVERY 16
 #define STREAM_BUCKETS 256
@@ -95,7 +97,7 @@ struct cs_ctx_streams {
     int busy;                /* atomic: streams whose last_event is set */
     int unrecorded;          /* pending slot entries without event, all streams */
     int broken;              /* pending slots marked broken */
-    int poll_at;             /* a fence polls once this many slots are pending */
+    uint64_t poll_epoch;     /* a fence of this epoch or later polls */
     cs_ctx_streams *next;
 };
 
@@ -447,22 +449,13 @@ static bool slot_complete(cs_ctx_streams *cs, int i)
     return true;
 }
 
-/* Is every event still pending recorded on one stream (none to record, no slot broken)?
- * Then slots complete in the order they were recorded, as that stream's events do. */
+/* Is every event not yet complete on one stream (none to record, no slot broken)? A stream
+ * with no last_event has only completed ones (it is cleared when the slot of its newest
+ * event pops). Then slots complete in the order they were recorded, as that stream's events
+ * do. */
 static bool pending_on_one_stream(cs_ctx_streams *cs)
 {
-    if (cs->unrecorded || cs->broken)
-        return false;
-    const cs_stream *only = NULL;
-    for (int i = 0; i < cs->count; i++) {
-        const slot *s = slot_at(cs, i);
-        for (int k = s->done; k < s->n; k++) {
-            if (only && s->ev[k].st != only)
-                return false;
-            only = s->ev[k].st;
-        }
-    }
-    return true;
+    return !cs->unrecorded && !cs->broken && __atomic_load_n(&cs->busy, __ATOMIC_RELAXED) <= 1;
 }
 
 /* Pop the finished slots of a context whose pending events are on one stream: the oldest
@@ -521,12 +514,12 @@ static void poll(cs_ctx_streams *cs)
     if (cs->count == 0)  /* nothing pending: every epoch so far is done */
         __atomic_store_n(&cs->done, __atomic_load_n(&cs->epoch, __ATOMIC_RELAXED),
                          __ATOMIC_RELEASE);
-    cs->poll_at = cs->count + (cs->count > POLL_EVERY ? cs->count : POLL_EVERY);
-    if (cs->poll_at > MAX_SLOTS)
-        cs->poll_at = MAX_SLOTS;
+    cs->poll_epoch = __atomic_load_n(&cs->epoch, __ATOMIC_RELAXED) +
+                     (uint64_t)(cs->count > POLL_EVERY ? cs->count : POLL_EVERY);
     if (relaxed)
         unrelax(mode);
 }
+
 /* ---------------------------------------------------------------- fences */
 
 /* The entry of st in slot s: its existing one (a merged fence re-records it), or a new one
@@ -643,10 +636,10 @@ static uint64_t fence_locked(cs_ctx_streams *cs)
     }
     s->epoch = epoch;
     /* Hits ask the GPU nothing while one stream is busy (cs_epoch_ready_or_ordered in the
-     * cache): finished slots give their events back here then, once the pending ones have
-     * doubled since the last poll (POLL_EVERY at least), so that a GPU far behind is asked a
-     * few times per lag's worth of fences rather than at every one. */
-    if (cs->count >= cs->poll_at)
+     * cache): finished slots give their events back here then, after as many fences as were
+     * pending at the last poll (POLL_EVERY at least), so that a GPU far behind is asked a few
+     * times per lag's worth of fences rather than at every one. */
+    if (epoch >= cs->poll_epoch)
         poll(cs);
     return epoch;
 }
@@ -691,6 +684,7 @@ static bool sync_device(cs_ctx_streams *cs, uint64_t upto)
     pthread_mutex_lock(&cs->lock);
     while (!cs->dead && cs->count > 0 && slot_at(cs, 0)->epoch <= upto)
         pop_slot(cs);
+    cs->poll_epoch = 0;  /* the next fence polls: the spacing was set for the slots gone */
     pthread_mutex_unlock(&cs->lock);
     return true;
 }
@@ -741,24 +735,32 @@ int cs_streams_busy(cs_ctx_streams *cs)
     return n > 0 ? n : 1;
 }
 
+/* Has every slot up to epoch all its events (none broken)? Nothing to look for when no
+ * pending slot lacks any: far behind, thousands are pending. With the context's lock held. */
+static bool recorded_upto(cs_ctx_streams *cs, uint64_t epoch)
+{
+    if (!cs->unrecorded && !cs->broken)
+        return true;
+    for (int i = 0; i < cs->count; i++) {
+        const slot *s = slot_at(cs, i);
+        if (s->broken)
+            return false;
+        for (int k = s->done; k < s->n; k++)
+            if (!s->ev[k].ev)
+                return false;
+        if (s->epoch >= epoch)
+            break;
+    }
+    return true;
+}
+
 int cs_streams_order_after(cs_ctx_streams *cs, uint64_t epoch)
 {
     if (epoch <= __atomic_load_n(&cs->done, __ATOMIC_ACQUIRE))
         return 0;
-    int result = 0;
     pthread_mutex_lock(&cs->lock);
-    /* Every slot up to epoch must have all its events: streams wait on those. (Nothing to
-     * look for when no pending slot lacks any: far behind, thousands are pending.) */
-    for (int i = 0; i < cs->count && result == 0 && (cs->unrecorded || cs->broken); i++) {
-        slot *s = slot_at(cs, i);
-        if (s->broken)
-            result = -1;
-        for (int k = s->done; k < s->n && result == 0; k++)
-            if (!s->ev[k].ev)
-                result = -1;
-        if (s->epoch >= epoch)
-            break;
-    }
+    /* Streams wait on the events of every slot up to epoch: all must be there. */
+    int result = recorded_upto(cs, epoch) ? 0 : -1;
     if (result == 0 && cs->dead)
         result = -1;
     if (result == 0 && __atomic_load_n(&cs->order, __ATOMIC_RELAXED) < epoch) {
@@ -862,6 +864,13 @@ static void catch_up_other_contexts(cs_stream *st, uint64_t gen)
         pthread_mutex_lock(&cs->lock);
         uint64_t target = __atomic_load_n(&cs->order, __ATOMIC_ACQUIRE);
         CUresult r = CUDA_SUCCESS;
+        bool pushed;
+        /* Asked first, as catch_up does: a hit there no longer asks (cs_cache_int.h). */
+        if (!cs->dead && target > __atomic_load_n(&cs->done, __ATOMIC_ACQUIRE) &&
+            cs_ctx_enter(cs->ctx, &pushed)) {
+            poll(cs);
+            cs_ctx_leave(pushed);
+        }
         if (!cs->dead && target > __atomic_load_n(&cs->done, __ATOMIC_ACQUIRE))
             r = wait_fences(cs, st, target);
         pthread_mutex_unlock(&cs->lock);

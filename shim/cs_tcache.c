@@ -6,8 +6,9 @@
  * thread's idle list of its class; a same-thread allocation takes the oldest block that fits
  * by the core's rule (cs_class_fits, cs_block_fits: its class, a small request also a larger
  * class within an eighth, a large one only its exact size) that is ready by exactly the core's
- * test: epoch <= the heap's known-safe epoch, else backend reached(), else in ordered mode
- * order_after(). Neither takes the cache's lock or writes a line another thread writes: the
+ * test (cs_epoch_ready_or_ordered: epoch <= the heap's known-safe epoch, else, unless ordered
+ * reuse with one stream busy, backend reached()), else in ordered mode the oldest that fits,
+ * after order_after(). Neither takes the cache's lock or writes a line another thread writes: the
  * thread cache's own lock is contended only by a thread reclaiming from it, which holds the
  * cache's lock first. Everything else (a miss, a full class, another thread's block, a
  * foreign pointer, a double free of an unowned block) goes to the locked core, which sees
@@ -361,7 +362,9 @@ static inline cs_tcache *tc_mine(cs_cache *c)
 
 /* ---------------------------------------------------------------- fast paths */
 
-/* The oldest ready block that fits, as the core's take_ready and take_ordered choose: in a
+/* The oldest ready block that fits, else (ordered mode) the oldest that fits, as the core's
+ * take_ready and take_ordered choose (ready meaning known complete while one stream is busy,
+ * cs_epoch_ready_or_ordered): in a
  * class of several sizes (large classes), the oldest of the request's size. The locked core
  * never looks at this thread's own lists (cs_tc_steal skips them), so what fits here must be
  * found here. */
@@ -513,7 +516,7 @@ cs_block *cs_tc_steal(cs_cache *c, cs_heap *h, int cls, uint64_t size, uint64_t 
             cs_block *prev, *b = list_fit(&s->cls[k], h, bytes, &prev);
             if (b && (ordered ? cs_class_deep_enough(h, b, TC_PER_CLASS) &&
                                     h->ops->order_after(h->dev, b->epoch) == 0
-                              : cs_epoch_ready(h, b->epoch))) {
+                              : cs_epoch_ready_or_ordered(h, b->epoch))) {
                 list_take(&s->cls[k], b, prev);
                 release_block(c, tc, s, b);
                 pthread_mutex_unlock(&tc->lock);

@@ -117,6 +117,14 @@ static void test_control_without_waits_races(void **state)
     cuStreamDestroy(t);
 }
 
+/* A block allocated, used by one launch on s, and freed at once. */
+static void use_and_free(CUstream s, size_t size)
+{
+    CUdeviceptr a = must_alloc(size);
+    launch(s, a, size);
+    must_free(a);
+}
+
 /* One stream: it already runs after its own work, so reuse needs no wait at all, and each
  * free that follows a launch records one event. Under ordered reuse nothing asks the GPU
  * whether that work finished at each allocation or launch either: the finished events are
@@ -127,11 +135,8 @@ static void test_one_stream_needs_no_wait(void **state)
     CUstream s = make_stream(CU_STREAM_NON_BLOCKING);
     fake_reset_counters();
     cacheshim_stats before = shim_stats(0);
-    for (int i = 0; i < 100; i++) {
-        CUdeviceptr a = must_alloc(16 * MiB);
-        launch(s, a, 16 * MiB);
-        must_free(a);
-    }
+    for (int i = 0; i < 100; i++)
+        use_and_free(s, 16 * MiB);
     cacheshim_stats after = shim_stats(0);
     assert_int_equal(fake_calls("cuStreamWaitEvent"), 0);
     assert_int_equal(fake_calls("cuEventRecord"), 100);
@@ -155,9 +160,7 @@ static void test_one_stream_far_behind_asks_little(void **state)
     fake_reset_counters();
     cacheshim_stats before = shim_stats(0);
     for (int i = 0; i < 2000; i++) {
-        CUdeviceptr a = must_alloc(4 * MiB);
-        launch(s, a, 4 * MiB);
-        must_free(a);
+        use_and_free(s, 4 * MiB);
         if (i % 500 == 499)
             fake_retire_all();  /* the GPU catches up now and then: everything pops */
     }
