@@ -439,13 +439,17 @@ static void pop_slot(cs_ctx_streams *cs)
     cs->count--;
 }
 
-/* Are all events of slot i complete? Asks the driver for those not seen complete yet. */
+/* Are all events of slot i complete? Asks the driver for those not seen complete yet,
+ * recording first what was left to record. An event that cannot be asked (an error) is not
+ * known complete. */
 static bool slot_complete(cs_ctx_streams *cs, int i)
 {
     slot *s = slot_at(cs, i);
-    for (; s->done < s->n; s->done++)
-        if (drv()->cuEventQuery(s->ev[s->done].ev) != CUDA_SUCCESS)
+    for (; s->done < s->n; s->done++) {
+        fence_event *e = &s->ev[s->done];
+        if (!record_late(cs, s, e) || drv()->cuEventQuery(e->ev) != CUDA_SUCCESS)
             return false;
+    }
     return true;
 }
 
@@ -464,10 +468,9 @@ static bool pending_on_one_stream(cs_ctx_streams *cs)
  * is behind, where asking slot after slot takes one for each. */
 static void poll_one_stream(cs_ctx_streams *cs)
 {
-    int done = -1, not_done = cs->count - 1;  /* slots up to done finished; not_done not */
     if (!slot_complete(cs, 0))
         return;
-    done = 0;
+    int done = 0, not_done = cs->count - 1;  /* slots up to done finished; not_done not */
     if (slot_complete(cs, not_done))
         done = not_done;
     while (not_done - done > 1) {
@@ -481,22 +484,17 @@ static void poll_one_stream(cs_ctx_streams *cs)
         pop_slot(cs);
 }
 
-/* Pop the finished slots oldest first, recording what was left to record. */
+/* Pop the finished slots oldest first. */
 static void poll_in_order(cs_ctx_streams *cs)
 {
     while (cs->count > 0) {
-        slot *s = slot_at(cs, 0);
-        if (s->broken) {
+        if (slot_at(cs, 0)->broken) {
             /* Resolved by one device synchronize, without locks, at the next work call. */
             __atomic_store_n(&cs->sync_wanted, true, __ATOMIC_RELEASE);
             return;
         }
-        for (; s->done < s->n; s->done++) {
-            fence_event *e = &s->ev[s->done];
-            /* An event that cannot be asked (an error) is not known complete. */
-            if (!record_late(cs, s, e) || drv()->cuEventQuery(e->ev) != CUDA_SUCCESS)
-                return;
-        }
+        if (!slot_complete(cs, 0))
+            return;
         pop_slot(cs);
     }
 }
