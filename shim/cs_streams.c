@@ -9,6 +9,14 @@
  * of those slots or was on a stream that was clean at the free, whose earlier work an earlier
  * slot covers.
  *
+ * Open slot: a fence of one stream alone (a loop on one stream frees after each launch) is
+ * not recorded at once. Its slot stays open, the newest, and the next fences of that stream
+ * alone join it, until someone must know whether its work finished or wait for it (a poll, a
+ * wait, another stream's catch-up, a capture or destroy of a stream) or another fence comes:
+ * then one event is recorded for it all (seal). An event recorded later covers more work, never
+ * less, so a fence is only ever late. The loop then records an event every POLL_EVERY frees,
+ * where it recorded one at each.
+ *
  * Ordered reuse: the cache may hand out a block whose epoch has not completed after
  * cs_streams_order_after raised the context's order epoch to it. Before its next work, every
  * stream then waits (cuStreamWaitEvent), for every other stream, on that stream's newest event
@@ -55,6 +63,7 @@ typedef struct {
     int n, cap;
     int done;       /* ev[0..done) seen complete */
     bool broken;    /* a record failed: complete only once the context has synchronized */
+    bool open;      /* the newest slot, its one entry's event not recorded yet (leave_open) */
     fence_event *ev;
 } slot;
 
@@ -94,10 +103,11 @@ struct cs_ctx_streams {
     int npool;
     bool said_record, said_wait;
     bool sync_wanted;        /* atomic: a broken slot waits for one device synchronize */
-    int busy;                /* atomic: streams whose last_event is set */
+    int busy;                /* atomic: streams whose last_event is set, or open_st */
     int unrecorded;          /* pending slot entries without event, all streams */
     int broken;              /* pending slots marked broken */
     uint64_t poll_epoch;     /* a fence of this epoch or later polls */
+    cs_stream *open_st;      /* atomic: the stream of the open slot, or NULL */
     cs_ctx_streams *next;
 };
 
@@ -254,7 +264,8 @@ static void set_capturing(cs_stream *st, int on)
 /* Can a record that left the map go? Not while a slot still names it. */
 static bool unreferenced(const cs_stream *st)
 {
-    return !st->last_event && st->unrecorded == 0 && !__atomic_load_n(&st->dirty, __ATOMIC_ACQUIRE);
+    return !st->last_event && st->unrecorded == 0 && !__atomic_load_n(&st->dirty, __ATOMIC_ACQUIRE) &&
+           __atomic_load_n(&st->cs->open_st, __ATOMIC_RELAXED) != st;
 }
 
 /* A record leaves the context (stream destroyed, thread gone and nothing pending). */
@@ -332,8 +343,11 @@ void cs_streams_forget(CUcontext ctx)
     cs->npool = 0;
     cs->unrecorded = cs->broken = 0;
     __atomic_store_n(&cs->busy, 0, __ATOMIC_RELAXED);
-    for (int i = 0; i < cs->count; i++)
+    __atomic_store_n(&cs->open_st, NULL, __ATOMIC_RELAXED);
+    for (int i = 0; i < cs->count; i++) {
         slot_at(cs, i)->n = 0;
+        slot_at(cs, i)->open = false;
+    }
     cs->count = 0;
     __atomic_store_n(&cs->dirty_head, NULL, __ATOMIC_RELEASE);
     set_capturing(&cs->legacy, 0);
@@ -361,13 +375,23 @@ void cs_streams_forget(CUcontext ctx)
 
 /* ---------------------------------------------------------------- completion */
 
-/* A stream's newest pending event, and the count of streams that have one. With the
- * context's lock held. */
+/* A stream's newest pending event, and the open slot's stream; busy counts the streams that
+ * have either. With the context's lock held. */
 static void set_last_event(cs_ctx_streams *cs, cs_stream *st, CUevent ev)
 {
-    if (!st->last_event != !ev)
+    if (!st->last_event != !ev && __atomic_load_n(&cs->open_st, __ATOMIC_RELAXED) != st)
         __atomic_add_fetch(&cs->busy, ev ? 1 : -1, __ATOMIC_RELAXED);
     st->last_event = ev;
+}
+
+static void set_open(cs_ctx_streams *cs, cs_stream *st)
+{
+    cs_stream *old = __atomic_load_n(&cs->open_st, __ATOMIC_RELAXED);
+    if (old && !old->last_event)
+        __atomic_sub_fetch(&cs->busy, 1, __ATOMIC_RELAXED);
+    if (st && !st->last_event)
+        __atomic_add_fetch(&cs->busy, 1, __ATOMIC_RELAXED);
+    __atomic_store_n(&cs->open_st, st, __ATOMIC_RELAXED);
 }
 
 
@@ -418,9 +442,14 @@ static bool record_late(cs_ctx_streams *cs, slot *sl, fence_event *e)
 static void pop_slot(cs_ctx_streams *cs)
 {
     slot *s = slot_at(cs, 0);
+    bool open = s->open;  /* completed by a device synchronize before it was recorded */
+    if (open) {
+        s->open = false;
+        set_open(cs, NULL);
+    }
     for (int i = 0; i < s->n; i++) {
         cs_stream *st = s->ev[i].st;
-        if (!s->ev[i].ev) {
+        if (!s->ev[i].ev && !open) {
             st->unrecorded--;  /* completed by a device synchronize */
             cs->unrecorded--;
         }
@@ -499,12 +528,16 @@ static void poll_in_order(cs_ctx_streams *cs)
     }
 }
 
-/* Pop every slot the GPU has finished. With the context's lock held; the context is
- * current. Never blocks. */
+static void seal(cs_ctx_streams *cs);
+
+/* Pop every slot the GPU has finished, the open one recorded first (so that the next poll
+ * can find it finished). With the context's lock held; the context is current. Never
+ * blocks. */
 static void poll(cs_ctx_streams *cs)
 {
     bool relaxed = captures_running();
     CUstreamCaptureMode mode = relaxed ? relax() : CU_STREAM_CAPTURE_MODE_GLOBAL;
+    seal(cs);
     if (cs->count > 2 && pending_on_one_stream(cs))
         poll_one_stream(cs);  /* the head left, if any, is not finished */
     else
@@ -600,18 +633,59 @@ static void fence_stream(cs_ctx_streams *cs, slot *s, cs_stream *st)
     }
 }
 
-/* Fence every dirty stream. With the context's lock held and the context current. */
-static uint64_t fence_locked(cs_ctx_streams *cs)
+/* Record the open slot's event now: whenever someone must know whether its work finished or
+ * wait for it, and before any later slot is recorded (a stream's slots then complete in their
+ * order). With the context's lock held and the context current. */
+static void seal(cs_ctx_streams *cs)
 {
-    if (!__atomic_load_n(&cs->dirty_head, __ATOMIC_ACQUIRE))
-        return __atomic_load_n(&cs->epoch, __ATOMIC_RELAXED);
-    /* The epoch first, the list second: a free on another thread that finds the list already
-     * taken (cs_streams_fence without the lock) then gets this epoch, whose slot covers the
-     * work of the streams taken. Only fences take the list, under this lock, so it is not
-     * empty below. */
-    uint64_t epoch = __atomic_load_n(&cs->epoch, __ATOMIC_RELAXED) + 1;
-    __atomic_store_n(&cs->epoch, epoch, __ATOMIC_RELEASE);
-    cs_stream *list = __atomic_exchange_n(&cs->dirty_head, NULL, __ATOMIC_ACQ_REL);
+    cs_stream *st = __atomic_load_n(&cs->open_st, __ATOMIC_RELAXED);
+    if (!st)
+        return;
+    slot *s = slot_at(cs, cs->count - 1);
+    s->open = false;
+    s->n = 0;
+    set_open(cs, NULL);
+    fence_stream(cs, s, st);
+}
+
+/* The fence of one stream alone, left open: its event is recorded only when sealed, and
+ * until then the next fence of that stream alone joins the slot (takes its epoch) instead of
+ * recording another. An event recorded later covers the work fenced and what followed on the
+ * stream, so it is only later, never early. A per-thread stream is never left open (another
+ * thread could only record it on the legacy stream, which waits for every blocking stream),
+ * nor anything while captures run. False: fence it now. */
+static bool leave_open(cs_ctx_streams *cs, cs_stream *st, uint64_t epoch)
+{
+    if (st->dirty_next || st->per_thread || st->zombie || captures_running() ||
+        __atomic_load_n(&st->capturing, __ATOMIC_ACQUIRE))
+        return false;
+    if (__atomic_load_n(&cs->open_st, __ATOMIC_RELAXED) == st) {
+        __atomic_store_n(&st->dirty, 0, __ATOMIC_RELEASE);
+        slot_at(cs, cs->count - 1)->epoch = epoch;
+        return true;
+    }
+    seal(cs);
+    if (cs->count == MAX_SLOTS)
+        return false;
+    slot *s = slot_at(cs, cs->count);
+    s->n = 0;
+    s->done = 0;
+    s->broken = false;
+    if (!slot_entry(s, st, true))
+        return false;
+    __atomic_store_n(&st->dirty, 0, __ATOMIC_RELEASE);
+    s->open = true;
+    s->epoch = epoch;
+    cs->count++;
+    set_open(cs, st);
+    return true;
+}
+
+/* Record the fence of the streams taken from the dirty list into a new slot of `epoch` (the
+ * newest, far behind), the open one sealed first. */
+static void fence_list(cs_ctx_streams *cs, cs_stream *list, uint64_t epoch)
+{
+    seal(cs);
     slot *s;
     if (cs->count == MAX_SLOTS) {
         s = slot_at(cs, cs->count - 1);  /* far behind: join the newest slot */
@@ -633,6 +707,22 @@ static uint64_t fence_locked(cs_ctx_streams *cs)
             retire_record(cs, st);  /* its thread is gone and the legacy stream covers it */
     }
     s->epoch = epoch;
+}
+
+/* Fence every dirty stream. With the context's lock held and the context current. */
+static uint64_t fence_locked(cs_ctx_streams *cs)
+{
+    if (!__atomic_load_n(&cs->dirty_head, __ATOMIC_ACQUIRE))
+        return __atomic_load_n(&cs->epoch, __ATOMIC_RELAXED);
+    /* The epoch first, the list second: a free on another thread that finds the list already
+     * taken (cs_streams_fence without the lock) then gets this epoch, whose slot covers the
+     * work of the streams taken. Only fences take the list, under this lock, so it is not
+     * empty below. */
+    uint64_t epoch = __atomic_load_n(&cs->epoch, __ATOMIC_RELAXED) + 1;
+    __atomic_store_n(&cs->epoch, epoch, __ATOMIC_RELEASE);
+    cs_stream *list = __atomic_exchange_n(&cs->dirty_head, NULL, __ATOMIC_ACQ_REL);
+    if (!leave_open(cs, list, epoch))
+        fence_list(cs, list, epoch);
     /* Hits ask the GPU nothing while one stream is busy (cs_epoch_ready_or_ordered in the
      * cache): finished slots give their events back here then, after as many fences as were
      * pending at the last poll (POLL_EVERY at least), so that a GPU far behind is asked a few
@@ -682,6 +772,8 @@ static bool sync_device(cs_ctx_streams *cs, uint64_t upto)
     pthread_mutex_lock(&cs->lock);
     while (!cs->dead && cs->count > 0 && slot_at(cs, 0)->epoch <= upto)
         pop_slot(cs);
+    if (!cs->broken)  /* the broken slots were among those: no second synchronize for them */
+        __atomic_store_n(&cs->sync_wanted, false, __ATOMIC_RELEASE);
     cs->poll_epoch = 0;  /* the next fence polls: the spacing was set for the slots gone */
     pthread_mutex_unlock(&cs->lock);
     return true;
@@ -733,14 +825,18 @@ int cs_streams_busy(cs_ctx_streams *cs)
     return n > 0 ? n : 1;
 }
 
-/* Has every slot up to epoch all its events (none broken)? Nothing to look for when no
- * pending slot lacks any: far behind, thousands are pending. With the context's lock held. */
-static bool recorded_upto(cs_ctx_streams *cs, uint64_t epoch)
+/* Has every slot up to epoch all its events (none broken)? The open slot counts as recorded
+ * if open_ok (it is recorded before anyone waits for it). Nothing to look for when no pending
+ * slot lacks any: far behind, thousands are pending. With the context's lock held. */
+static bool recorded_upto(cs_ctx_streams *cs, uint64_t epoch, bool open_ok)
 {
-    if (!cs->unrecorded && !cs->broken)
+    if (!cs->unrecorded && !cs->broken &&
+        (open_ok || !__atomic_load_n(&cs->open_st, __ATOMIC_RELAXED)))
         return true;
     for (int i = 0; i < cs->count; i++) {
         const slot *s = slot_at(cs, i);
+        if (s->open)
+            return open_ok;
         if (s->broken)
             return false;
         for (int k = s->done; k < s->n; k++)
@@ -758,7 +854,7 @@ int cs_streams_order_after(cs_ctx_streams *cs, uint64_t epoch)
         return 0;
     pthread_mutex_lock(&cs->lock);
     /* Streams wait on the events of every slot up to epoch: all must be there. */
-    int result = recorded_upto(cs, epoch) ? 0 : -1;
+    int result = recorded_upto(cs, epoch, true) ? 0 : -1;
     if (result == 0 && cs->dead)
         result = -1;
     if (result == 0 && __atomic_load_n(&cs->order, __ATOMIC_RELAXED) < epoch) {
@@ -816,22 +912,26 @@ static void catch_up(cs_stream *st)
         pthread_mutex_unlock(&cs->lock);
         return;
     }
-    /* No other stream has an event pending (a stream's newest is pending while any is), so
-     * there is nothing to wait for: the common loop on one stream asks the GPU nothing here. */
+    /* No other stream has an event pending (a stream's newest is pending while any is) or
+     * the open slot, so there is nothing to wait for: the common loop on one stream asks the
+     * GPU nothing here. Another stream's open slot is recorded by the poll below. */
     int busy = __atomic_load_n(&cs->busy, __ATOMIC_RELAXED);
-    if (busy == 0 || (busy == 1 && st->last_event)) {
+    bool own = st->last_event || __atomic_load_n(&cs->open_st, __ATOMIC_RELAXED) == st;
+    if (busy == 0 || (busy == 1 && own)) {
         __atomic_store_n(&st->waited, target, __ATOMIC_RELAXED);
         pthread_mutex_unlock(&cs->lock);
         return;
     }
-    bool pushed;
+    bool pushed, recorded = true;
     CUresult r = CUDA_ERROR_INVALID_CONTEXT;
     if (cs_ctx_enter(cs->ctx, &pushed)) {
-        poll(cs);
-        r = wait_fences(cs, st, target);
+        poll(cs);  /* records the open slot, if any */
+        /* A slot recorded only now (the open one) may have failed to: then the host waits. */
+        recorded = recorded_upto(cs, target, false);
+        r = recorded ? wait_fences(cs, st, target) : CUDA_ERROR_NOT_READY;
         cs_ctx_leave(pushed);
     }
-    if (r != CUDA_SUCCESS && !cs->said_wait) {
+    if (r != CUDA_SUCCESS && recorded && !cs->said_wait) {
         cs->said_wait = true;
         cs_log("cuStreamWaitEvent on stream %p of context %p failed (error %d): waiting on the "
                "host instead, before work on that stream (said once per context)",
@@ -866,11 +966,12 @@ static void catch_up_other_contexts(cs_stream *st, uint64_t gen)
         /* Asked first, as catch_up does: a hit there no longer asks (cs_cache_int.h). */
         if (!cs->dead && target > __atomic_load_n(&cs->done, __ATOMIC_ACQUIRE) &&
             cs_ctx_enter(cs->ctx, &pushed)) {
-            poll(cs);
+            poll(cs);  /* records the open fence, if any */
             cs_ctx_leave(pushed);
         }
         if (!cs->dead && target > __atomic_load_n(&cs->done, __ATOMIC_ACQUIRE))
-            r = wait_fences(cs, st, target);
+            r = recorded_upto(cs, target, false) ? wait_fences(cs, st, target)
+                                                 : CUDA_ERROR_NOT_READY;
         pthread_mutex_unlock(&cs->lock);
         if (r != CUDA_SUCCESS && cs_streams_wait(cs, target) != 0)
             return;  /* looked at again on the next work */
@@ -1074,9 +1175,13 @@ void cs_streams_destroying(CUstream h)
     cs_ctx_streams *cs = st->cs;
     bool pushed;
     pthread_mutex_lock(&cs->lock);
-    /* Its last work must still be fenced: record it now, while the handle is valid. */
-    if (!cs->dead && __atomic_load_n(&st->dirty, __ATOMIC_ACQUIRE) && cs_ctx_enter(cs->ctx, &pushed)) {
+    /* Its last work must still be fenced and recorded: now, while the handle is valid. */
+    if (!cs->dead &&
+        (__atomic_load_n(&st->dirty, __ATOMIC_ACQUIRE) ||
+         __atomic_load_n(&cs->open_st, __ATOMIC_RELAXED) == st) &&
+        cs_ctx_enter(cs->ctx, &pushed)) {
         fence_locked(cs);
+        seal(cs);
         cs_ctx_leave(pushed);
     }
     pthread_mutex_lock(&reg_lock);
@@ -1104,14 +1209,18 @@ void cs_streams_capture_beginning(CUstream stream, int per_thread)
     if (!st)
         return;
     /* Under the lock, so no fence of another thread is half-way through recording on it:
-     * its work so far is fenced now, and from here on it counts as capturing (no other
-     * thread records into it), until the begin's result says otherwise. */
+     * its work so far is fenced and recorded now (an open fence too: the legacy stream cannot
+     * be recorded on while a blocking stream captures), and from here on it counts as
+     * capturing (no other thread records into it), until the begin's result says otherwise. */
     cs_ctx_streams *cs = st->cs;
     bool pushed;
     pthread_mutex_lock(&cs->lock);
-    if (!cs->dead && __atomic_load_n(&st->dirty, __ATOMIC_ACQUIRE) &&
+    if (!cs->dead &&
+        (__atomic_load_n(&st->dirty, __ATOMIC_ACQUIRE) ||
+         __atomic_load_n(&cs->open_st, __ATOMIC_RELAXED)) &&
         cs_ctx_enter(cs->ctx, &pushed)) {
         fence_locked(cs);
+        seal(cs);
         cs_ctx_leave(pushed);
     }
     set_capturing(st, 1);
