@@ -583,7 +583,11 @@ static void fence_stream(cs_ctx_streams *cs, slot *s, cs_stream *st)
      * and a stream that waited on the old state keeps what it waited for). */
     fence_event *e = slot_entry(s, target, false);
     CUresult r = CUDA_ERROR_OUT_OF_MEMORY;
-    if (e && recordable(target)) {
+    if (e && target->zombie && !target->handle) {
+        /* Destroyed while its slot was open and the context could not be entered: NULL would
+         * name the legacy stream, whose event does not cover a non-blocking stream's work. */
+        r = CUDA_ERROR_INVALID_HANDLE;
+    } else if (e && recordable(target)) {
         CUevent ev = e->ev ? e->ev : take_event(cs);
         r = ev ? drv()->cuEventRecord(ev, target->handle) : CUDA_ERROR_OUT_OF_MEMORY;
         if (r == CUDA_SUCCESS) {
@@ -914,10 +918,13 @@ static void catch_up(cs_stream *st)
     }
     /* No other stream has an event pending (a stream's newest is pending while any is) or
      * the open slot, so there is nothing to wait for: the common loop on one stream asks the
-     * GPU nothing here. Another stream's open slot is recorded by the poll below. */
+     * GPU nothing here. Another stream's open slot is recorded by the poll below. Not when a
+     * slot up to target lacks its event: an open slot whose late record failed (in another
+     * thread, after this one looked at sync_wanted) is broken and no longer counted busy;
+     * the host waits for it below. */
     int busy = __atomic_load_n(&cs->busy, __ATOMIC_RELAXED);
     bool own = st->last_event || __atomic_load_n(&cs->open_st, __ATOMIC_RELAXED) == st;
-    if (busy == 0 || (busy == 1 && own)) {
+    if ((busy == 0 || (busy == 1 && own)) && recorded_upto(cs, target, true)) {
         __atomic_store_n(&st->waited, target, __ATOMIC_RELAXED);
         pthread_mutex_unlock(&cs->lock);
         return;
@@ -1115,8 +1122,7 @@ static void resolve_broken(cs_ctx_streams *cs)
     pthread_mutex_unlock(&cs->lock);
     if (!go)
         return;
-    if (sync_device(cs, upto))
-        __atomic_store_n(&cs->sync_wanted, false, __ATOMIC_RELEASE);
+    sync_device(cs, upto);  /* clears sync_wanted unless a slot broke meanwhile */
     cs_ctx_leave(pushed);
 }
 
@@ -1215,13 +1221,22 @@ void cs_streams_capture_beginning(CUstream stream, int per_thread)
     cs_ctx_streams *cs = st->cs;
     bool pushed;
     pthread_mutex_lock(&cs->lock);
-    if (!cs->dead &&
-        (__atomic_load_n(&st->dirty, __ATOMIC_ACQUIRE) ||
-         __atomic_load_n(&cs->open_st, __ATOMIC_RELAXED)) &&
-        cs_ctx_enter(cs->ctx, &pushed)) {
-        fence_locked(cs);
-        seal(cs);
-        cs_ctx_leave(pushed);
+    for (int round = 0; round < 2; round++) {
+        if (!cs->dead &&
+            (__atomic_load_n(&st->dirty, __ATOMIC_ACQUIRE) ||
+             __atomic_load_n(&cs->open_st, __ATOMIC_RELAXED)) &&
+            cs_ctx_enter(cs->ctx, &pushed)) {
+            fence_locked(cs);
+            seal(cs);
+            cs_ctx_leave(pushed);
+        }
+        if (round == 1 || !__atomic_load_n(&cs->sync_wanted, __ATOMIC_ACQUIRE))
+            break;
+        /* A record failed (the open slot's, late, after a block was reused ordered after
+         * it): the device synchronizes now, while it still may, then the fence again. */
+        pthread_mutex_unlock(&cs->lock);
+        resolve_broken(cs);
+        pthread_mutex_lock(&cs->lock);
     }
     set_capturing(st, 1);
     pthread_mutex_unlock(&cs->lock);

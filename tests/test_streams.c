@@ -125,6 +125,24 @@ static void use_and_free(CUstream s, size_t size)
     must_free(a);
 }
 
+static void cache_works(void);
+
+/* Allocate, launch on s and free until a free leaves its fence open (a poll may seal the
+ * first ones); returns the block freed last. */
+static CUdeviceptr free_left_open(CUstream s, size_t size)
+{
+    for (int i = 0; i < 40; i++) {
+        CUdeviceptr a = must_alloc(size);
+        launch(s, a, size);
+        long records = fake_calls("cuEventRecord");
+        must_free(a);
+        if (fake_calls("cuEventRecord") == records)
+            return a;
+    }
+    fail_msg("no free left its fence open");
+    return 0;
+}
+
 /* One stream: it already runs after its own work, so reuse needs no wait at all, and at most
  * one event is recorded per free. Under ordered reuse nothing asks the GPU whether that work
  * finished at each allocation or launch, and the fences of the frees join one open slot,
@@ -327,6 +345,43 @@ static void test_destroyed_stream_with_open_fence(void **state)
     assert_int_equal(fake_races(), 0);
     fake_retire_all();
     must_free(b);
+    cuStreamDestroy(t);
+}
+
+static CUstream victim;
+
+static void *destroy_without_context(void *arg)
+{
+    (void)arg;
+    fake_fail_nth("cuCtxPushCurrent_v2", 1, CUDA_ERROR_INVALID_CONTEXT);
+    assert_int_equal(cuStreamDestroy(victim), CUDA_SUCCESS);
+    fake_fail_nth("cuCtxPushCurrent_v2", 0, CUDA_SUCCESS);
+    return NULL;
+}
+
+/* The same, destroyed from a thread whose context cannot be entered: the open fence cannot
+ * be recorded any more (a NULL handle would name the legacy stream, whose event does not
+ * cover a non-blocking stream), so the block waits for one device synchronize. */
+static void test_destroyed_open_stream_without_context(void **state)
+{
+    (void)state;
+    if (!ordered())
+        skip();  /* completed reuse records the fence at the free */
+    CUstream t = make_stream(CU_STREAM_NON_BLOCKING);
+    victim = make_stream(CU_STREAM_NON_BLOCKING);
+    size_t size = 23 * MiB + 8192;
+    free_left_open(victim, size);
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, destroy_without_context, NULL), 0);
+    pthread_join(th, NULL);
+    long syncs = fake_calls("cuCtxSynchronize");
+    CUdeviceptr b = must_alloc(size);
+    launch(t, b, size);
+    assert_int_equal(fake_races(), 0);
+    assert_int_equal(fake_calls("cuCtxSynchronize"), syncs + 1);
+    fake_retire_all();
+    must_free(b);
+    cache_works();
     cuStreamDestroy(t);
 }
 
@@ -541,6 +596,37 @@ static void test_open_fence_recorded_before_a_capture(void **state)
     must_free(b);
     cuStreamDestroy(s);
     cuStreamDestroy(t);
+}
+
+/* The same open fence, its block already reused ordered after it, and its late record,
+ * made as a capture begins on a third stream, fails: the device synchronizes before the
+ * capture begins (it may not during one), so the stream that reuses the block is safe. */
+static void test_open_fence_failing_as_a_capture_begins(void **state)
+{
+    (void)state;
+    if (!ordered())
+        skip();
+    CUstream s = make_stream(CU_STREAM_NON_BLOCKING), t = make_stream(CU_STREAM_NON_BLOCKING),
+             c = make_stream(CU_STREAM_NON_BLOCKING);
+    size_t size = 21 * MiB + 8192;
+    CUdeviceptr a = free_left_open(s, size);
+    CUdeviceptr b = must_alloc(size);
+    assert_int_equal(b, a);  /* ordered after the open slot */
+    fake_fail_nth("cuEventRecord", 1, CUDA_ERROR_INVALID_HANDLE);
+    long syncs = fake_calls("cuCtxSynchronize");
+    assert_int_equal(cuStreamBeginCapture(c, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+    assert_int_equal(fake_calls("cuCtxSynchronize"), syncs + 1);
+    launch(t, b, size);
+    assert_int_equal(fake_races(), 0);
+    assert_int_equal(fake_stream_pending(s), 0);
+    CUgraph g;
+    assert_int_equal(cuStreamEndCapture(c, &g), CUDA_SUCCESS);
+    fake_retire_all();
+    must_free(b);
+    assert_int_equal(fake_capture_violations(), 0);
+    cuStreamDestroy(s);
+    cuStreamDestroy(t);
+    cuStreamDestroy(c);
 }
 
 static void test_capture_ending_badly_leaves_cache_working(void **state)
@@ -833,6 +919,7 @@ int main(int argc, char **argv)
         T(test_idle_streams_cost_nothing),
         T(test_gpu_far_behind),            T(test_torture),
         T(test_destroyed_busy_stream),     T(test_destroyed_stream_with_open_fence),
+        T(test_destroyed_open_stream_without_context),
         T(test_other_threads_per_thread_stream),
         T(test_failed_record_drops_the_stream),
         T(test_failed_late_record_waits_on_the_host), T(test_failed_wait_waits_on_the_host),
@@ -841,6 +928,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest capture[] = {
         T(test_nothing_into_a_capturing_stream),
         T(test_open_fence_recorded_before_a_capture),
+        T(test_open_fence_failing_as_a_capture_begins),
         T(test_capture_ending_badly_leaves_cache_working),
         T(test_capture_begins_during_a_fence),
     };
