@@ -199,6 +199,29 @@ static void test_one_stream_far_behind_asks_little(void **state)
     cuStreamDestroy(s);
 }
 
+/* Completed reuse takes a block only once its fence finished, so each free's fence is
+ * recorded at the free, never left open: an open fence joined by the next free would be
+ * recorded with that free's work too, and the first block would wait for the second's. */
+static void test_completed_reuse_records_at_the_free(void **state)
+{
+    (void)state;
+    if (ordered() || shim_pooled())
+        skip();  /* pooled: a block freed busy is carved around, not waited for, here */
+    CUstream s = make_stream(CU_STREAM_NON_BLOCKING);
+    CUdeviceptr a = must_alloc(45 * MiB), b = must_alloc(46 * MiB);
+    launch(s, a, 45 * MiB);
+    must_free(a);
+    launch(s, b, 46 * MiB);
+    must_free(b);
+    fake_stream_retire(s, 1);  /* a's work finished, b's not */
+    CUdeviceptr c = must_alloc(45 * MiB);
+    assert_int_equal(c, a);
+    assert_int_equal(fake_races(), 0);
+    fake_retire_all();
+    must_free(c);
+    cuStreamDestroy(s);
+}
+
 /* 96 non-blocking streams alive: with no work, a pair records, queries and waits nothing;
  * with one launch per pair on one stream, an event every 16 frees (the open slot's), not 96
  * at each. */
@@ -912,7 +935,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest streams[] = {
         T(test_reuse_across_streams),      T(test_control_without_waits_races),
         T(test_one_stream_needs_no_wait),  T(test_one_stream_far_behind_asks_little),
-        T(test_idle_streams_cost_nothing),
+        T(test_idle_streams_cost_nothing), T(test_completed_reuse_records_at_the_free),
         T(test_gpu_far_behind),            T(test_torture),
         T(test_destroyed_busy_stream),     T(test_destroyed_stream_with_open_fence),
         T(test_destroyed_open_stream_without_context),
