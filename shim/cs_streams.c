@@ -10,10 +10,10 @@
  * slot covers.
  *
  * Open slot (ordered reuse): a fence of one stream alone (a loop on one stream frees after
- * each launch) is not recorded at once. Its slot stays open, the newest, and the next fences of that stream
- * alone join it, until someone must know whether its work finished or wait for it (a poll, a
- * wait, another stream's catch-up, a capture or destroy of a stream) or another fence comes:
- * then one event is recorded for it all (seal). An event recorded later covers more work, never
+ * each launch) is not recorded at once. Its slot stays open, the newest, and the next fences
+ * of that stream alone join it, until someone must know whether its work finished or wait for
+ * it (a poll, a wait, another stream's catch-up, a capture or destroy of a stream) or another
+ * fence comes: then one event is recorded for it all (seal). An event recorded later covers more work, never
  * less, so a fence is only ever late. The loop then records an event every POLL_EVERY frees,
  * where it recorded one at each.
  *
@@ -657,10 +657,10 @@ static void seal(cs_ctx_streams *cs)
  * recording another. An event recorded later covers the work fenced and what followed on the
  * stream, so it is only later, never early. A per-thread stream is never left open (another
  * thread could only record it on the legacy stream, which waits for every blocking stream),
- * nor anything while captures run. Nor under completed reuse: it asks at each allocation
- * whether fences finished, and an open one, recorded just then, would be found unfinished
- * where one recorded at the free had finished meanwhile (memory grew from 1.19 to 2.40 times
- * the live bytes in a replay of cupy's trace). False: fence it now. */
+ * nor anything while captures run. Nor under completed reuse, which takes a block only once
+ * its fence finished: an open fence, joined by the frees after it, would make the block wait
+ * for their work too (memory grew from 1.19 to 2.40 times the live bytes in a replay of
+ * cupy's trace). False: fence it now. */
 static bool leave_open(cs_ctx_streams *cs, cs_stream *st, uint64_t epoch)
 {
     if (cs_shim_get()->opts.reuse == CS_REUSE_COMPLETED)
