@@ -13,9 +13,9 @@
  * each launch) is not recorded at once. Its slot stays open, the newest, and the next fences
  * of that stream alone join it, until someone must know whether its work finished or wait for
  * it (a poll, a wait, another stream's catch-up, a capture or destroy of a stream) or another
- * fence comes: then one event is recorded for it all (seal). An event recorded later covers more work, never
- * less, so a fence is only ever late. The loop then records an event every POLL_EVERY frees,
- * where it recorded one at each.
+ * fence comes: then one event is recorded for it all (seal). An event recorded later covers
+ * more work, never less, so a fence is only ever late. The loop then records an event every
+ * POLL_EVERY frees, where it recorded one at each.
  *
  * Ordered reuse: the cache may hand out a block whose epoch has not completed after
  * cs_streams_order_after raised the context's order epoch to it. Before its next work, every
@@ -637,6 +637,16 @@ static void fence_stream(cs_ctx_streams *cs, slot *s, cs_stream *st)
     }
 }
 
+/* The slot after the newest, emptied (counted by the caller once it is filled). */
+static slot *next_slot(cs_ctx_streams *cs)
+{
+    slot *s = slot_at(cs, cs->count);
+    s->n = 0;
+    s->done = 0;
+    s->broken = false;
+    return s;
+}
+
 /* Record the open slot's event now: whenever someone must know whether its work finished or
  * wait for it, and before any later slot is recorded (a stream's slots then complete in their
  * order). With the context's lock held and the context current. */
@@ -664,7 +674,7 @@ static void seal(cs_ctx_streams *cs)
 static bool leave_open(cs_ctx_streams *cs, cs_stream *st, uint64_t epoch)
 {
     if (cs_shim_get()->opts.reuse == CS_REUSE_COMPLETED)
-        return false;  /* see below */
+        return false;
     if (st->dirty_next || st->per_thread || st->zombie || captures_running() ||
         __atomic_load_n(&st->capturing, __ATOMIC_ACQUIRE))
         return false;
@@ -676,10 +686,7 @@ static bool leave_open(cs_ctx_streams *cs, cs_stream *st, uint64_t epoch)
     seal(cs);
     if (cs->count == MAX_SLOTS)
         return false;
-    slot *s = slot_at(cs, cs->count);
-    s->n = 0;
-    s->done = 0;
-    s->broken = false;
+    slot *s = next_slot(cs);
     if (!slot_entry(s, st, true))
         return false;
     __atomic_store_n(&st->dirty, 0, __ATOMIC_RELEASE);
@@ -700,10 +707,7 @@ static void fence_list(cs_ctx_streams *cs, cs_stream *list, uint64_t epoch)
         s = slot_at(cs, cs->count - 1);  /* far behind: join the newest slot */
         s->done = 0;
     } else {
-        s = slot_at(cs, cs->count);
-        s->n = 0;
-        s->done = 0;
-        s->broken = false;
+        s = next_slot(cs);
         cs->count++;
     }
     while (list) {
@@ -1170,6 +1174,22 @@ void cs_work_end(cs_stream *st, CUresult result)
 
 /* ---------------------------------------------------------------- stream life */
 
+/* Before st's handle goes (destroy) or stops taking records (capture): fence what it did and
+ * record the open slot (st's, or the legacy stream's, which cannot be recorded on while a
+ * blocking stream captures). With the context's lock held. */
+static void fence_and_seal(cs_ctx_streams *cs, cs_stream *st, bool any_open)
+{
+    cs_stream *open = __atomic_load_n(&cs->open_st, __ATOMIC_RELAXED);
+    bool pushed;
+    if (!cs->dead &&
+        (__atomic_load_n(&st->dirty, __ATOMIC_ACQUIRE) || open == st || (any_open && open)) &&
+        cs_ctx_enter(cs->ctx, &pushed)) {
+        fence_locked(cs);
+        seal(cs);
+        cs_ctx_leave(pushed);
+    }
+}
+
 void cs_streams_destroying(CUstream h)
 {
     if (h == NULL || h == CU_STREAM_LEGACY || h == CU_STREAM_PER_THREAD)
@@ -1184,17 +1204,8 @@ void cs_streams_destroying(CUstream h)
     if (!st)
         return;
     cs_ctx_streams *cs = st->cs;
-    bool pushed;
     pthread_mutex_lock(&cs->lock);
-    /* Its last work must still be fenced and recorded: now, while the handle is valid. */
-    if (!cs->dead &&
-        (__atomic_load_n(&st->dirty, __ATOMIC_ACQUIRE) ||
-         __atomic_load_n(&cs->open_st, __ATOMIC_RELAXED) == st) &&
-        cs_ctx_enter(cs->ctx, &pushed)) {
-        fence_locked(cs);
-        seal(cs);
-        cs_ctx_leave(pushed);
-    }
+    fence_and_seal(cs, st, false);  /* its last work, while the handle is valid */
     pthread_mutex_lock(&reg_lock);
     cs_stream **p = &buckets[bucket_of(h)];
     while (*p && *p != st)
@@ -1224,24 +1235,15 @@ void cs_streams_capture_beginning(CUstream stream, int per_thread)
      * be recorded on while a blocking stream captures), and from here on it counts as
      * capturing (no other thread records into it), until the begin's result says otherwise. */
     cs_ctx_streams *cs = st->cs;
-    bool pushed;
     pthread_mutex_lock(&cs->lock);
-    for (int round = 0; round < 2; round++) {
-        if (!cs->dead &&
-            (__atomic_load_n(&st->dirty, __ATOMIC_ACQUIRE) ||
-             __atomic_load_n(&cs->open_st, __ATOMIC_RELAXED)) &&
-            cs_ctx_enter(cs->ctx, &pushed)) {
-            fence_locked(cs);
-            seal(cs);
-            cs_ctx_leave(pushed);
-        }
-        if (round == 1 || !__atomic_load_n(&cs->sync_wanted, __ATOMIC_ACQUIRE))
-            break;
+    fence_and_seal(cs, st, true);
+    if (__atomic_load_n(&cs->sync_wanted, __ATOMIC_ACQUIRE)) {
         /* A record failed (the open slot's, late, after a block was reused ordered after
          * it): the device synchronizes now, while it still may, then the fence again. */
         pthread_mutex_unlock(&cs->lock);
         resolve_broken(cs);
         pthread_mutex_lock(&cs->lock);
+        fence_and_seal(cs, st, true);
     }
     set_capturing(st, 1);
     pthread_mutex_unlock(&cs->lock);
