@@ -136,6 +136,8 @@
     X(cuMemRelease, INIT)                                                                      \
     X(cuMemGetAllocationPropertiesFromHandle, INIT)                                            \
     X(cuMemRetainAllocationHandle, INIT)                                                       \
+    X(cuMemExportToShareableHandle, INIT)                                                      \
+    X(cuMemImportFromShareableHandle, INIT)                                                    \
     X(cuMemAddressReserve, INIT)                                                               \
     X(cuMemAddressFree, INIT)                                                                  \
     X(cuMemMap, INIT)                                                                          \

@@ -98,6 +98,8 @@ static const struct proc g_procs[] = {
     P_SINCE(cuMemRelease, 10020),
     P_SINCE(cuMemGetAllocationPropertiesFromHandle, 10020),
     P_SINCE(cuMemRetainAllocationHandle, 11000),
+    P_SINCE(cuMemExportToShareableHandle, 10020),
+    P_SINCE(cuMemImportFromShareableHandle, 10020),
     P_SINCE(cuMemAddressReserve, 10020),
     P_SINCE(cuMemAddressFree, 10020),
     P_SINCE(cuMemMap, 10020),

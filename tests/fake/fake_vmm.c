@@ -19,9 +19,12 @@
  * cuMemUnmap does not wait for work): the timeline counts it (fake_unmap_check). */
 #include "fake_internal.h"
 
+#include <fcntl.h>
 #include <search.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #ifndef MAP_FIXED_NOREPLACE
@@ -37,6 +40,7 @@ struct phys {
     size_t size;
     int device;
     int fd;
+    bool imported; /* cuMemImportFromShareableHandle: the memory is counted where it was made */
     CUmemAllocationProp prop;
     long refs; /* handle references not yet released; 0: the handle is invalid */
     long maps; /* live mappings */
@@ -249,7 +253,10 @@ static CUresult create(CUmemGenericAllocationHandle *handle, size_t size,
     struct phys *ph = calloc(1, sizeof *ph);
     if (!ph)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    ph->fd = memfd_create("fake-cuda-vmm", MFD_CLOEXEC);
+    /* The name carries the device, for a process that imports the memory (import()). */
+    char name[32];
+    snprintf(name, sizeof name, "fake-cuda-vmm-d%d", dev);
+    ph->fd = memfd_create(name, MFD_CLOEXEC);
     if (ph->fd < 0 || ftruncate(ph->fd, (off_t)size) != 0) {
         if (ph->fd >= 0)
             close(ph->fd);
@@ -290,7 +297,8 @@ static void phys_put(struct phys *ph)
         return;
     tdelete(ph, &g_phys, cmp_handle);
     close(ph->fd);
-    fake_devices[ph->device].used -= ph->size;
+    if (!ph->imported)
+        fake_devices[ph->device].used -= ph->size;
     g_nphys--;
     free(ph);
 }
@@ -325,6 +333,87 @@ FAKE_API CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *pr
 {
     ENTER(cuMemGetAllocationPropertiesFromHandle);
     VMM_LOCKED(properties(prop, handle));
+}
+
+/* ---- shareable handles ------------------------------------------------------------------- */
+
+/* A POSIX file descriptor of the memory (the memfd itself, duplicated), for memory created
+ * with that handle type requested; the caller closes it. As the driver: the descriptor keeps
+ * the memory alive until it is closed or imported and released. */
+static CUresult export_handle(void *out, CUmemGenericAllocationHandle h,
+                              CUmemAllocationHandleType type, unsigned long long flags)
+{
+    struct phys *ph = find_handle(h);
+    if (!out || !ph || flags || type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!(ph->prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR))
+        return CUDA_ERROR_NOT_PERMITTED;
+    int fd = fcntl(ph->fd, F_DUPFD_CLOEXEC, 0);
+    if (fd < 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    *(int *)out = fd;
+    return CUDA_SUCCESS;
+}
+
+FAKE_API CUresult cuMemExportToShareableHandle(void *shareableHandle,
+                                               CUmemGenericAllocationHandle handle,
+                                               CUmemAllocationHandleType handleType,
+                                               unsigned long long flags)
+{
+    ENTER(cuMemExportToShareableHandle);
+    VMM_LOCKED(export_handle(shareableHandle, handle, handleType, flags));
+}
+
+/* A new handle of the memory behind a descriptor from cuMemExportToShareableHandle (in this
+ * process or another: a memfd of the fake's, whose name says its device). The caller keeps
+ * its descriptor. */
+static CUresult import(CUmemGenericAllocationHandle *handle, void *os_handle,
+                       CUmemAllocationHandleType type)
+{
+    int fd = (int)(intptr_t)os_handle, dev = -1;
+    char link[64], target[128];
+    struct stat st;
+    if (!handle || type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR || fstat(fd, &st) != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+    ssize_t n = readlink(link, target, sizeof target - 1);
+    target[n > 0 ? n : 0] = 0;
+    if (sscanf(target, "/memfd:fake-cuda-vmm-d%d", &dev) != 1 || !valid_device(dev) ||
+        st.st_size <= 0 || (uint64_t)st.st_size % g_granularity)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct phys *ph = calloc(1, sizeof *ph);
+    if (!ph)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    ph->fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    if (ph->fd < 0) {
+        free(ph);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    ph->handle = HANDLE_BASE | fake_next_id();
+    ph->size = (size_t)st.st_size;
+    ph->device = dev;
+    ph->imported = true;
+    ph->prop = (CUmemAllocationProp){.type = CU_MEM_ALLOCATION_TYPE_PINNED,
+                                     .requestedHandleTypes =
+                                         CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                                     .location = {CU_MEM_LOCATION_TYPE_DEVICE, dev}};
+    ph->refs = 1;
+    if (!tsearch(ph, &g_phys, cmp_handle)) {
+        close(ph->fd);
+        free(ph);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    g_nphys++;
+    *handle = ph->handle;
+    return CUDA_SUCCESS;
+}
+
+FAKE_API CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle,
+                                                 void *osHandle,
+                                                 CUmemAllocationHandleType shHandleType)
+{
+    ENTER(cuMemImportFromShareableHandle);
+    VMM_LOCKED(import(handle, osHandle, shHandleType));
 }
 
 /* Any address in a mapping gives the handle mapped there, one more reference to release. */
