@@ -16,8 +16,16 @@ typedef struct {
     CUcontext ctx;
     CUdevice device;
     bool rdma;        /* the device can do GPUDirect RDMA on virtual memory: chunks allow it */
+    bool no_fd;       /* atomic: the driver refused chunks exportable as file descriptors */
     uint64_t peers;   /* atomic: other devices granted access to pooled memory (bit = ordinal) */
 } backend_dev;
+
+static bool g_fd_refused;  /* some device's chunks could not be made exportable */
+
+bool cs_backend_exportable(void)
+{
+    return !__atomic_load_n(&g_fd_refused, __ATOMIC_RELAXED);
+}
 
 static const cs_driver *drv(void)
 {
@@ -92,11 +100,21 @@ static int vmm_create(void *dev, uint64_t size, uint64_t *handle, int *raw)
     prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     prop.location.id = (int)b->device;
     prop.allocFlags.gpuDirectRDMACapable = b->rdma;
+    /* Exportable as a file descriptor, for cuIpcGetMemHandle (cs_ipc.c), where the driver
+     * allows it; where it refuses that (some containers), chunks without. */
+    bool fd = !__atomic_load_n(&b->no_fd, __ATOMIC_RELAXED);
+    prop.requestedHandleTypes = fd ? CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR : 0;
     CUmemGenericAllocationHandle h = 0;
     bool pushed;
     if (!enter(b, &pushed, raw))
         return CS_BE_ERROR;
     CUresult r = drv()->cuMemCreate(&h, (size_t)size, &prop, 0);
+    if (fd && (r == CUDA_ERROR_NOT_SUPPORTED || r == CUDA_ERROR_INVALID_VALUE)) {
+        __atomic_store_n(&b->no_fd, true, __ATOMIC_RELAXED);
+        __atomic_store_n(&g_fd_refused, true, __ATOMIC_RELAXED);
+        prop.requestedHandleTypes = 0;
+        r = drv()->cuMemCreate(&h, (size_t)size, &prop, 0);
+    }
     if (r == CUDA_SUCCESS)
         *handle = h;
     return leave(pushed, r, raw);

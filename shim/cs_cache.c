@@ -1412,6 +1412,25 @@ cs_block_state cs_cache_find(cs_cache *c, uint64_t addr, cs_block_info *out)
     return st;
 }
 
+cs_result cs_cache_chunks(cs_cache *c, uint64_t addr, uint64_t serial, cs_pool_chunk_fn each,
+                          void *arg)
+{
+    pthread_mutex_lock(&c->lock);
+    cs_block *b = registry_find(c, addr);
+    uint64_t requested = 0;
+    bool in_use = b && b->heap->pool &&
+                  __atomic_load_n(&b->serial, __ATOMIC_RELAXED) == serial &&
+                  (__atomic_load_n(&b->owner, __ATOMIC_RELAXED)
+                       ? cs_tc_lookup(b, &requested) == CS_BLOCK_IN_USE
+                       : cs_block_state_of(b) == BLOCK_IN_USE);
+    /* The cache's lock keeps the block in use meanwhile; the pool's, its chunks in place. */
+    cs_result r = !in_use ? CS_NOT_IN_USE
+                  : cs_pool_chunks(b->heap->pool, b->addr, b->size, each, arg) ? CS_OK
+                                                                                : CS_ERROR;
+    pthread_mutex_unlock(&c->lock);
+    return r;
+}
+
 /* ---------------------------------------------------------------- memory outside the cache */
 
 cs_result cs_cache_charge(cs_cache *c, cs_heap *h, uint64_t bytes, cs_alloc_failure *failure)

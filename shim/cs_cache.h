@@ -152,6 +152,14 @@ typedef struct cs_block_info {
  * for a pooled heap's memory that is in no block (nothing the program holds). */
 cs_block_state cs_cache_find(cs_cache *cache, uint64_t addr, cs_block_info *out);
 
+/* The physical memory of a pooled block in use that starts at addr and was handed out as
+ * `serial` (cs_block_info): each chunk mapped under it, as cs_pool_chunks, with the cache's
+ * lock held too (the block stays in use meanwhile; `each` must not call into the cache).
+ * CS_OK; CS_NOT_IN_USE when there is no such block (freed, handed out again, not pooled);
+ * CS_ERROR when `each` failed. */
+cs_result cs_cache_chunks(cs_cache *cache, uint64_t addr, uint64_t serial, cs_pool_chunk_fn each,
+                          void *arg);
+
 /* Memory the program takes from the driver past the cache (cuMemAllocPitch, managed, async,
  * cuMemCreate...) counts against the heap's device's cap. charge reserves `bytes` under the
  * cap (giving idle cached memory back to make room, as a miss does): CS_OK, or CS_OOM with

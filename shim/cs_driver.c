@@ -83,6 +83,9 @@ static void load_driver(void)
         LOAD(cuPointerGetAttribute);
         LOAD(cuPointerGetAttributes);
         LOAD(cuIpcGetMemHandle);
+        LOAD(cuIpcOpenMemHandle_v2);
+        LOAD(cuIpcOpenMemHandle);
+        LOAD(cuIpcCloseMemHandle);
         LOAD(cuCtxEnablePeerAccess);
         LOAD(cuGetProcAddress);
         LOAD(cuGetProcAddress_v2);
@@ -116,6 +119,8 @@ static void load_driver(void)
         LOAD(cuMemMap);
         LOAD(cuMemUnmap);
         LOAD(cuMemSetAccess);
+        LOAD(cuMemExportToShareableHandle);
+        LOAD(cuMemImportFromShareableHandle);
         LOAD(cuMemAllocPitch_v2);
         LOAD(cuMemAllocManaged);
         LOAD(cuMemAllocAsync);

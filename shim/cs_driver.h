@@ -43,6 +43,9 @@ typedef struct cs_driver {
     CUresult (*cuPointerGetAttribute)(void *, CUpointer_attribute, CUdeviceptr);
     CUresult (*cuPointerGetAttributes)(unsigned int, CUpointer_attribute *, void **, CUdeviceptr);
     CUresult (*cuIpcGetMemHandle)(CUipcMemHandle *, CUdeviceptr);
+    CUresult (*cuIpcOpenMemHandle_v2)(CUdeviceptr *, CUipcMemHandle, unsigned int);
+    CUresult (*cuIpcOpenMemHandle)(CUdeviceptr *, CUipcMemHandle, unsigned int);
+    CUresult (*cuIpcCloseMemHandle)(CUdeviceptr);
     CUresult (*cuCtxEnablePeerAccess)(CUcontext, unsigned int);
     CUresult (*cuGetProcAddress)(const char *, void **, int, cuuint64_t);
     CUresult (*cuGetProcAddress_v2)(const char *, void **, int, cuuint64_t,
@@ -81,6 +84,11 @@ typedef struct cs_driver {
                          unsigned long long);
     CUresult (*cuMemUnmap)(CUdeviceptr, size_t);
     CUresult (*cuMemSetAccess)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
+    /* Pooled blocks between processes (cs_ipc.c). */
+    CUresult (*cuMemExportToShareableHandle)(void *, CUmemGenericAllocationHandle,
+                                             CUmemAllocationHandleType, unsigned long long);
+    CUresult (*cuMemImportFromShareableHandle)(CUmemGenericAllocationHandle *, void *,
+                                               CUmemAllocationHandleType);
     /* Allocation calls past the cache (cs_paths.c) and pinned host memory (cs_host.c). */
     CUresult (*cuMemAllocPitch_v2)(CUdeviceptr *, size_t *, size_t, size_t, unsigned int);
     CUresult (*cuMemAllocManaged)(CUdeviceptr *, size_t, unsigned int);

@@ -17,6 +17,7 @@
 #undef cuGetProcAddress
 #undef cuMemGetAddressRange
 #undef cuIpcGetMemHandle
+#undef cuIpcOpenMemHandle
 #undef cuMemAllocPitch
 #undef cuMemAllocHost
 #undef cuMemFreeAsync
@@ -32,6 +33,9 @@ CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribute, CUdevi
 CUresult cuPointerGetAttributes(unsigned int numAttributes, CUpointer_attribute *attributes,
                                 void **data, CUdeviceptr ptr);
 CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr);
+CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags);
+CUresult cuIpcOpenMemHandle(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags);
+CUresult cuIpcCloseMemHandle(CUdeviceptr dptr);
 CUresult cuCtxEnablePeerAccess(CUcontext peerContext, unsigned int Flags);
 CUresult cuMemAlloc(unsigned int *dptr, unsigned int bytesize);
 CUresult cuMemFree(unsigned int dptr);

@@ -22,6 +22,9 @@
     X(cuPointerGetAttribute, cuPointerGetAttribute, 0, 0) \
     X(cuPointerGetAttributes, cuPointerGetAttributes, 0, 0) \
     X(cuIpcGetMemHandle, cuIpcGetMemHandle, 0, 0) \
+    X(cuIpcOpenMemHandle_v2, cuIpcOpenMemHandle, 11000, 0) \
+    X(cuIpcOpenMemHandle, cuIpcOpenMemHandle, 0, 0) \
+    X(cuIpcCloseMemHandle, cuIpcCloseMemHandle, 0, 0) \
     X(cuCtxEnablePeerAccess, cuCtxEnablePeerAccess, 0, 0) \
     X(cuStreamDestroy_v2, cuStreamDestroy, 4000, 0) \
     X(cuStreamDestroy, cuStreamDestroy, 0, 0) \

@@ -87,7 +87,7 @@ static const cs_option_desc option_table[OPT_COUNT] = {
                      "the next request of any size (devices without virtual memory "
                      "management get classic by themselves); "
                      "classic makes each block one cuMemAlloc, for programs that export "
-                     "memory with cuIpcGetMemHandle."},
+                     "memory to processes that do not run under cacheshim."},
     [OPT_HEADROOM] = {"CACHESHIM_HEADROOM", "int", "10",
                       "a whole number of percent from 0 to 1000, without the % sign",
                       "Pooled backend: how far memory held may exceed the program's own "

@@ -4,14 +4,15 @@
  * still memory to it. Here: a block's range is its base and the size the program asked for;
  * its buffer id is new each time it is handed out; a freed block, or a pointer past what the
  * program asked for, answers as memory the driver does not know. Peer access reaches pooled
- * memory; IPC export of a pooled block fails as the driver's would, with a line naming the
- * setting that avoids it. */
+ * memory; a pooled block is exported (cuIpcGetMemHandle) by cs_ipc.c, the driver's IPC
+ * handles cannot carry it. */
 #include "cs_exports.h"
 
 #include <stdint.h>
 #include <string.h>
 
 #include "cs_backend.h"
+#include "cs_ipc.h"
 #include "cs_shim.h"
 
 #define REAL(d, name) \
@@ -76,6 +77,16 @@ static bool block_attribute(CUpointer_attribute a, void *data, const cs_block_in
     case CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID:
         v = BUFFER_ID_BASE | info->serial;
         break;
+    case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
+    case CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES: {
+        /* Exported as a block (cs_ipc.c), not as the chunks under it: cuMemAlloc memory's
+         * answers, where pooled chunks can be exported at all. */
+        uint32_t w = a == CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES
+                         ? CU_MEM_HANDLE_TYPE_NONE
+                         : !info->pooled || cs_backend_exportable();
+        memcpy(data, &w, sizeof w);
+        return true;
+    }
     default:
         return false;
     }
@@ -174,14 +185,9 @@ CS_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr)
     case PTR_FREED:
         return CUDA_ERROR_INVALID_VALUE;
     case PTR_BLOCK:
-        if (info.pooled) {
-            /* The driver cannot export virtual memory this way; it answers the same. */
-            static int said;
-            if (!__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED))
-                cs_log("cuIpcGetMemHandle on a pooled block fails (CUDA_ERROR_INVALID_VALUE): "
-                       "run programs that export memory with CACHESHIM_BACKEND=classic");
-            return CUDA_ERROR_INVALID_VALUE;
-        }
+        if (info.pooled)  /* the driver cannot export virtual memory this way: cs_ipc.c */
+            return (uint64_t)dptr == info.base && pHandle ? cs_ipc_export(pHandle, &info)
+                                                           : CUDA_ERROR_INVALID_VALUE;
         break;
     default:
         break;

@@ -1847,6 +1847,26 @@ bool cs_pool_find(cs_pool *p, uint64_t addr, uint64_t *base, uint64_t *size)
     return a != NULL;
 }
 
+bool cs_pool_chunks(cs_pool *p, uint64_t addr, uint64_t size, cs_pool_chunk_fn each, void *arg)
+{
+    pthread_mutex_lock(&p->lock);
+    arena *a = arena_at(p, addr);
+    bool ok = a && size && addr + size <= a->va + a->size;
+    /* Every mapping that overlaps [addr, addr + size), which they must cover end to end. */
+    uint64_t at = addr;
+    size_t i = ok ? map_index(a, addr) : 0;
+    if (ok && i > 0 && a->maps[i - 1].va + a->maps[i - 1].size > addr)
+        i--;
+    for (; ok && at < addr + size; i++) {
+        const mapping *m = i < a->nmaps ? &a->maps[i] : NULL;
+        ok = m && m->va <= at && each(arg, m->va, m->size, m->handle);
+        if (ok)
+            at = m->va + m->size;
+    }
+    pthread_mutex_unlock(&p->lock);
+    return ok;
+}
+
 int cs_pool_regrant(cs_pool *p, int *raw)
 {
     int rc = CS_BE_OK;

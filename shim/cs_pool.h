@@ -140,6 +140,12 @@ uint64_t cs_pool_release_all(cs_pool *p);
  * slot); size 0 where addr is in an arena but in no block (a free span, a hole, a slab's
  * tail, a page no slab has). False if addr is in none of the pool's arenas. */
 bool cs_pool_find(cs_pool *p, uint64_t addr, uint64_t *base, uint64_t *size);
+/* The chunks mapped under [addr, addr + size) (a block, cs_pool_find), in address order:
+ * each(arg, va, size, handle) for each, with the pool's lock held, so that none is unmapped or
+ * released meanwhile; `each` may make a driver call but must not call into the pool. False
+ * when the range is not in one arena, not mapped end to end, or `each` returned false. */
+typedef bool (*cs_pool_chunk_fn)(void *arg, uint64_t va, uint64_t size, uint64_t handle);
+bool cs_pool_chunks(cs_pool *p, uint64_t addr, uint64_t size, cs_pool_chunk_fn each, void *arg);
 /* The devices allowed to use the heap's memory changed (peer access): every mapped span gets
  * the access op again, and blocks being built meanwhile get it once more before they are
  * handed out. Returns 0, or the first failing CS_BE_* code. */

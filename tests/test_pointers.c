@@ -260,10 +260,10 @@ static uint64_t check_in_block(const api *a, CUdeviceptr p, CUdeviceptr base, si
     }
     assert_int_equal(one(a, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, p, &v), CUDA_SUCCESS);
     assert_int_equal((int)(uint32_t)v, device);
-    /* Export: a classic block is a cuMemAlloc allocation; a pooled one, like all virtual
-     * memory, is not (cuIpcGetMemHandle fails for it: test_ipc). */
+    /* Export: a classic block is a cuMemAlloc allocation; a pooled one is exported by the
+     * shim as a block (test_ipc), never as the chunks under it. */
     assert_int_equal(one(a, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, p, &v), CUDA_SUCCESS);
-    assert_int_equal((uint32_t)v, shim_pooled() ? 0 : 1);
+    assert_int_equal((uint32_t)v, 1);
     assert_int_equal(one(a, CU_POINTER_ATTRIBUTE_HOST_POINTER, p, &v), CUDA_ERROR_INVALID_VALUE);
     /* The buffer id: the shim's own (high bit), the same for both names of it. */
     assert_int_equal(one(a, CU_POINTER_ATTRIBUTE_BUFFER_ID, p, &id), CUDA_SUCCESS);
@@ -567,27 +567,37 @@ static void ask_handles(void *arg)
     }
 }
 
-/* Pooled: CUDA_ERROR_INVALID_VALUE, as the driver answers for virtual memory, and one line on
- * stderr (once per process) naming the setting that avoids it. Classic: the driver's handle
- * of the block's allocation. */
+/* The shim's handle of a pooled block (shim/cs_ipc.c): who exports it, and which block. */
+struct shim_wire {
+    char magic[8];
+    uint32_t pid;
+    int32_t device;
+    uint64_t base, serial, size;
+};
+
+/* Pooled: the shim's handle of the block, the same through every path, nothing said; a small
+ * block too; an interior pointer refused, as the driver does. Classic: the driver's handle of
+ * the block's allocation. */
 static void test_ipc(void **state)
 {
     (void)state;
     ipc_block[0] = must_alloc(3 * MiB + 5);
     ipc_block[1] = must_alloc(4000);
     char *err = capture_stderr(ask_handles, NULL);
-    if (shim_pooled()) {
-        for (int k = 0; k < PATHS; k++)
-            for (int i = 0; i < 3; i++)
-                assert_int_equal(ipc_results[k][i], CUDA_ERROR_INVALID_VALUE);
-        assert_string_equal(err, "cacheshim: cuIpcGetMemHandle on a pooled block fails "
-                                 "(CUDA_ERROR_INVALID_VALUE): run programs that export memory "
-                                 "with CACHESHIM_BACKEND=classic\n");
-    } else {
-        for (int k = 0; k < PATHS; k++) {
-            assert_int_equal(ipc_results[k][0], CUDA_SUCCESS);
-            assert_int_equal(ipc_results[k][1], CUDA_SUCCESS);
-            assert_int_equal(ipc_results[k][2], CUDA_ERROR_INVALID_VALUE); /* the driver's */
+    for (int k = 0; k < PATHS; k++) {
+        assert_int_equal(ipc_results[k][0], CUDA_SUCCESS);
+        assert_int_equal(ipc_results[k][1], CUDA_SUCCESS);
+        assert_int_equal(ipc_results[k][2], CUDA_ERROR_INVALID_VALUE); /* the driver's answer */
+        assert_memory_equal(&ipc_handles[k], &ipc_handles[0], sizeof ipc_handles[k]);
+        if (shim_pooled()) {
+            struct shim_wire w;
+            memcpy(&w, ipc_handles[k].reserved, sizeof w);
+            assert_memory_equal(w.magic, "csIPCv01", 8);
+            assert_int_equal(w.pid, (uint32_t)getpid());
+            assert_int_equal(w.device, 0);
+            assert_int_equal(w.base, ipc_block[0]);
+            assert_int_equal(w.size, 3 * MiB + 5);  /* what the program asked for */
+        } else {
             struct wire w;
             memcpy(&w, ipc_handles[k].reserved, sizeof w);
             assert_memory_equal(w.magic, "fakecuIP", 8);
@@ -595,10 +605,9 @@ static void test_ipc(void **state)
             assert_int_equal(w.device, 0);
             assert_int_equal(w.base, ipc_block[0]);
             assert_int_equal(w.size, 4 * MiB);  /* the allocation: the block's two granules */
-            assert_memory_equal(&ipc_handles[k], &ipc_handles[0], sizeof ipc_handles[k]);
         }
-        assert_string_equal(err, "");
     }
+    assert_string_equal(err, "");
     free(err);
     /* A freed block: no handle, and nothing said. */
     must_free(ipc_block[0]);
@@ -608,6 +617,296 @@ static void test_ipc(void **state)
     assert_string_equal(err, "");
     free(err);
     must_free(ipc_block[1]);
+}
+
+/* ---------------------------------------------------------------- another process opens */
+
+#define FILL 0x5a    /* what the exporter writes */
+#define REPLY 0xc3   /* what the importer writes back */
+
+static const char *g_prog;
+
+/* A child process, this program again (mode "ipc-child", under the shim as this one is),
+ * opens `h` and does what `what` says (ipc_child below). Returns its exit status; its stderr
+ * goes to ours. hold: between its open and its close, the child waits for us: `between` runs
+ * then. */
+static int run_child(const CUipcMemHandle *h, size_t size, const char *what,
+                     void (*between)(void))
+{
+    char hex[2 * sizeof h->reserved + 1], sz[32];
+    for (size_t i = 0; i < sizeof h->reserved; i++)
+        snprintf(hex + 2 * i, 3, "%02x", (unsigned char)h->reserved[i]);
+    snprintf(sz, sizeof sz, "%zu", size);
+    int to_child[2], from_child[2];
+    assert_int_equal(pipe(to_child), 0);
+    assert_int_equal(pipe(from_child), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        dup2(from_child[1], 3);
+        dup2(to_child[0], 4);
+        setenv("IPC_HANDLE", hex, 1);
+        setenv("IPC_SIZE", sz, 1);
+        setenv("IPC_WHAT", what, 1);
+        execl("/proc/self/exe", g_prog, "ipc-child", (char *)NULL);
+        _exit(127);
+    }
+    close(from_child[1]);
+    close(to_child[0]);
+    if (between) {
+        char c = 0;
+        assert_int_equal(read(from_child[0], &c, 1), 1);
+        assert_int_equal(c, 'o');
+        between();
+        assert_int_equal(write(to_child[1], "g", 1), 1);
+    }
+    close(from_child[0]);
+    close(to_child[1]);
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+static void fill_bytes(CUdeviceptr p, size_t n, unsigned char v)
+{
+    assert_int_equal(cuMemsetD8(p, v, n), CUDA_SUCCESS);
+    assert_int_equal(cuCtxSynchronize(), CUDA_SUCCESS);
+}
+
+static bool all_bytes(CUdeviceptr p, size_t n, unsigned char v)
+{
+    unsigned char *b = malloc(n);
+    assert_non_null(b);
+    assert_int_equal(cuMemcpyDtoH(b, p, n), CUDA_SUCCESS);
+    size_t i = 0;
+    while (i < n && b[i] == v)
+        i++;
+    if (i < n)
+        fprintf(stderr, "byte %zu of %zu at %#llx is %#x, not %#x\n", i, n,
+                (unsigned long long)p, b[i], v);
+    free(b);
+    return i == n;
+}
+
+static CUipcMemHandle handle_of(CUdeviceptr p)
+{
+    CUipcMemHandle h;
+    assert_int_equal(cuIpcGetMemHandle(&h, p), CUDA_SUCCESS);
+    return h;
+}
+
+/* Pooled: a large block (two granules, the last one part free) and a small one (a slab's slot)
+ * opened by another process, which sees what we wrote and writes back what we then see; a
+ * handle cannot be opened where it was made; a failure on either side is the call's error,
+ * with nothing left mapped or held in the importer. Classic: the driver's handle, and the
+ * driver's answer (the fake cannot open one elsewhere). */
+static void test_ipc_open_elsewhere(void **state)
+{
+    (void)state;
+    const size_t sizes[] = {3 * MiB + 5, 4000};
+    for (size_t i = 0; i < 2; i++) {
+        CUdeviceptr p = must_alloc(sizes[i]);
+        fill_bytes(p, sizes[i], FILL);
+        CUipcMemHandle h = handle_of(p);
+        if (!shim_pooled()) {
+            assert_int_equal(run_child(&h, sizes[i], "expect:801", NULL), 0);
+            must_free(p);
+            continue;
+        }
+        assert_int_equal(run_child(&h, sizes[i], "read", NULL), 0);
+        assert_true(all_bytes(p, sizes[i], REPLY));
+        /* Twice: each open maps the memory anew. */
+        fill_bytes(p, sizes[i], FILL);
+        assert_true(all_bytes(p, sizes[i], FILL));
+                assert_int_equal(run_child(&h, sizes[i], "read", NULL), 0);
+        assert_true(all_bytes(p, sizes[i], REPLY));
+        /* Not in the process that made it, as the driver answers. */
+        CUdeviceptr q = 0;
+        assert_int_equal(cuIpcOpenMemHandle(&q, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS),
+                         CUDA_ERROR_INVALID_CONTEXT);
+        assert_int_equal(cuIpcOpenMemHandle(&q, h, 2), CUDA_ERROR_INVALID_VALUE);
+        /* Each driver call of the importer failing in turn. */
+        const char *fail[] = {"fail:cuMemImportFromShareableHandle", "fail:cuMemAddressReserve",
+                              "fail:cuMemMap", "fail:cuMemSetAccess"};
+        for (size_t k = 0; k < 4; k++)
+            assert_int_equal(run_child(&h, sizes[i], fail[k], NULL), 0);
+        /* The exporter's export failing: the importer gets its error. */
+        fake_fail_nth("cuMemExportToShareableHandle", 1, CUDA_ERROR_OUT_OF_MEMORY);
+        assert_int_equal(run_child(&h, sizes[i], "expect:2", NULL), 0);
+        fill_bytes(p, sizes[i], FILL);
+        assert_int_equal(run_child(&h, sizes[i], "read", NULL), 0);
+        assert_true(all_bytes(p, sizes[i], REPLY));
+        must_free(p);
+    }
+}
+
+/* A handle of a block the program freed opens as a stale handle: CUDA_ERROR_INVALID_VALUE,
+ * also once a new block took the same address. The exporter's process gone: the same, with a
+ * line naming why. */
+static void test_ipc_stale_handles(void **state)
+{
+    (void)state;
+    CUdeviceptr p = must_alloc(5 * MiB);
+    CUipcMemHandle h = handle_of(p);
+    must_free(p);
+    assert_int_equal(run_child(&h, 5 * MiB, "expect:1", NULL), 0);
+    CUdeviceptr again = must_alloc(5 * MiB);
+    assert_int_equal(again, p);  /* the same memory, handed out anew */
+    assert_int_equal(run_child(&h, 5 * MiB, "expect:1", NULL), 0);
+    CUipcMemHandle h2 = handle_of(again);
+    assert_memory_not_equal(&h, &h2, sizeof h);
+    fill_bytes(again, 5 * MiB, FILL);
+    assert_int_equal(run_child(&h2, 5 * MiB, "read", NULL), 0);
+    must_free(again);
+    /* A process that is gone: a pid no process has now (a child that exited). */
+    pid_t gone = fork();
+    if (gone == 0)
+        _exit(0);
+    assert_int_equal(waitpid(gone, NULL, 0), gone);
+    struct shim_wire w;
+    memcpy(&w, h2.reserved, sizeof w);
+    w.pid = (uint32_t)gone;
+    memcpy(h2.reserved, &w, sizeof w);
+    assert_int_equal(run_child(&h2, 5 * MiB, "expect:1", NULL), 0);
+}
+
+static CUdeviceptr g_held;
+static long g_handles_after;
+
+/* While the child has the block open: free it and give idle memory back to the driver. */
+static void free_and_give_back(void)
+{
+    must_free(g_held);
+    shim_trim();
+    g_handles_after = fake_vmm_allocations();
+}
+
+/* Memory another process opened stays that memory until it closes it, even once the exporter
+ * freed the block and gave the pool's chunks back to the driver. */
+static void test_ipc_importer_keeps_the_memory(void **state)
+{
+    (void)state;
+    g_held = must_alloc(6 * MiB);
+    fill_bytes(g_held, 6 * MiB, FILL);
+    CUipcMemHandle h = handle_of(g_held);
+    long before = fake_vmm_allocations();
+    assert_int_equal(run_child(&h, 6 * MiB, "hold", free_and_give_back), 0);
+    assert_true(g_handles_after < before);  /* the chunks went back while the child held them */
+}
+
+static CUresult g_refused_rc;
+
+static void ask_refused(void *arg)
+{
+    CUipcMemHandle h;
+    g_refused_rc = cuIpcGetMemHandle(&h, *(CUdeviceptr *)arg);
+}
+
+/* The driver refusing to export a chunk: the call's error, and once per process a line naming
+ * the setting that avoids it. */
+static void test_ipc_export_refused(void **state)
+{
+    (void)state;
+    CUdeviceptr p = must_alloc(3 * MiB);
+    fake_fail_nth("cuMemExportToShareableHandle", 1, CUDA_ERROR_NOT_PERMITTED);
+    char *err = capture_stderr(ask_refused, &p);
+    assert_int_equal(g_refused_rc, CUDA_ERROR_NOT_PERMITTED);
+    assert_string_equal(err, "cacheshim: cuIpcGetMemHandle on a pooled block fails (CUresult "
+                             "800: its memory cannot be exported as file descriptors): run "
+                             "programs that export memory with CACHESHIM_BACKEND=classic\n");
+    free(err);
+    fake_fail_nth("cuMemExportToShareableHandle", 1, CUDA_ERROR_NOT_PERMITTED);
+    err = capture_stderr(ask_refused, &p);
+    assert_int_equal(g_refused_rc, CUDA_ERROR_NOT_PERMITTED);
+    assert_string_equal(err, "");  /* said once */
+    free(err);
+    ask_refused(&p);
+    assert_int_equal(g_refused_rc, CUDA_SUCCESS);
+    must_free(p);
+}
+
+/* A driver that will not make chunks exportable (some containers): memory is still made, without
+ * the handle type; such a block is not IPC capable and its export fails. Last in the group:
+ * the process keeps the refusal. */
+static void test_ipc_chunks_not_exportable(void **state)
+{
+    (void)state;
+    uint32_t capable = 2;
+    fake_fail_nth("cuMemCreate", 1, CUDA_ERROR_NOT_SUPPORTED);
+    long creates = fake_calls("cuMemCreate");
+    CUdeviceptr p = must_alloc(200 * MiB);  /* a size no free memory holds: new chunks */
+    assert_true(fake_calls("cuMemCreate") >= creates + 2);  /* refused, then made without */
+    assert_int_equal(cuPointerGetAttribute(&capable, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE,
+                                           p),
+                     CUDA_SUCCESS);
+    assert_int_equal(capable, 0);
+    CUipcMemHandle h;
+    assert_int_equal(cuIpcGetMemHandle(&h, p), CUDA_ERROR_NOT_PERMITTED);  /* the fake's */
+    fill_bytes(p, 200 * MiB, FILL);
+    assert_true(all_bytes(p, 200 * MiB, FILL));
+    must_free(p);
+}
+
+/* The child: IPC_WHAT is read (open, see FILL, write REPLY, close), hold (open, see FILL,
+ * tell the parent on fd 3, wait for it on fd 4, still see FILL, close), expect:N (the open
+ * fails with CUresult N) or fail:ENTRY (the importer's call ENTRY fails with out of memory:
+ * so does the open, leaving nothing behind). Exit 0 when all went as said. */
+static int ipc_child(void)
+{
+    const char *hex = getenv("IPC_HANDLE"), *what = getenv("IPC_WHAT");
+    size_t size = (size_t)strtoull(getenv("IPC_SIZE"), NULL, 10);
+    CUipcMemHandle h;
+    for (size_t i = 0; i < sizeof h.reserved; i++) {
+        unsigned v;
+        sscanf(hex + 2 * i, "%2x", &v);
+        h.reserved[i] = (char)v;
+    }
+    if (cuInit(0) != CUDA_SUCCESS)
+        return 10;
+    shim_test_primary();
+    CUdeviceptr p = 0;
+    if (!strncmp(what, "expect:", 7)) {
+        CUresult r = cuIpcOpenMemHandle(&p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+        if (r != (CUresult)atoi(what + 7)) {
+            fprintf(stderr, "ipc child: open gave %d, expected %s\n", (int)r, what + 7);
+            return 11;
+        }
+        return 0;
+    }
+    if (!strncmp(what, "fail:", 5)) {
+        fake_fail_nth(what + 5, 1, CUDA_ERROR_OUT_OF_MEMORY);
+        CUresult r = cuIpcOpenMemHandle(&p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+        if (r != CUDA_ERROR_OUT_OF_MEMORY || fake_vmm_allocations() || fake_vmm_reservations()) {
+            fprintf(stderr, "ipc child: %s: open gave %d, %ld handles and %ld ranges left\n",
+                    what, (int)r, fake_vmm_allocations(), fake_vmm_reservations());
+            return 12;
+        }
+        return 0;
+    }
+    CUresult r = cuIpcOpenMemHandle(&p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+    if (r != CUDA_SUCCESS) {
+        fprintf(stderr, "ipc child: open gave %d\n", (int)r);
+        return 13;
+    }
+    /* The range is the block's, at the offset the block has in its chunk. */
+        if (!all_bytes(p, size, FILL))
+        return 14;
+    if (!strcmp(what, "hold")) {
+        char c;
+        if (write(3, "o", 1) != 1 || read(4, &c, 1) != 1)
+            return 15;
+        if (!all_bytes(p, size, FILL))
+            return 16;
+    } else {
+        fill_bytes(p, size, REPLY);
+    }
+    if (cuIpcCloseMemHandle(p) != CUDA_SUCCESS)
+        return 17;
+    /* Closed: nothing of it is left, and it cannot be closed again. */
+    if (fake_vmm_allocations() || fake_vmm_reservations() ||
+        cuIpcCloseMemHandle(p) != CUDA_ERROR_INVALID_VALUE)
+        return 18;
+    return 0;
 }
 
 /* ================================================================ peers */
@@ -1136,12 +1435,22 @@ static void test_cap_bounds_what_the_device_holds(void **state)
 int main(int argc, char **argv)
 {
     const char *group = argc > 1 ? argv[1] : "";
+    g_prog = argv[0];
+    if (!strcmp(group, "ipc-child"))
+        return ipc_child();
     const struct CMUnitTest pointers[] = {
         T(test_every_path_gets_the_wrappers), T(test_block_queries),
         T(test_slab_neighbours),              T(test_buffer_id_new_at_every_hand_out),
         T(test_foreign_memory_passes_through), T(test_address_range_v1),
     };
-    const struct CMUnitTest ipc[] = {T(test_ipc)};
+    /* Classic blocks are the driver's to export: the pooled handle's own tests do not apply. */
+    const struct CMUnitTest ipc[] = {T(test_ipc),
+                                     T(test_ipc_open_elsewhere),
+                                     T(test_ipc_stale_handles),
+                                     T(test_ipc_importer_keeps_the_memory),
+                                     T(test_ipc_export_refused),
+                                     T(test_ipc_chunks_not_exportable)};
+    const struct CMUnitTest ipc_classic[] = {T(test_ipc), T(test_ipc_open_elsewhere)};
     const struct CMUnitTest peers[] = {T(test_peer_access), T(test_peer_access_before_any_block),
                                        T(test_peer_grant_failure)};
     const struct CMUnitTest moves[] = {T(test_moves_while_the_gpu_lags),
@@ -1153,6 +1462,9 @@ int main(int argc, char **argv)
     if (!strcmp(group, name)) \
         return _cmocka_run_group_tests(name, tests, sizeof tests / sizeof tests[0], setup, NULL);
     GROUP("pointers", pointers)
+    if (!strcmp(group, "ipc") && !shim_pooled())
+        return _cmocka_run_group_tests("ipc", ipc_classic,
+                                       sizeof ipc_classic / sizeof ipc_classic[0], setup, NULL);
     GROUP("ipc", ipc)
     GROUP("peers", peers)
     GROUP("moves", moves)
