@@ -2,7 +2,10 @@
 // cuMemAlloc/cuMemFree of the same sizes. The numbers the pooled backend is designed with
 // (DESIGN.md, "Pooling physical memory"), measured again on the machine at hand.
 //
-//     vmm_cost [--reps N] [--warmup W]        (defaults: 50 repetitions after 3 warm-ups)
+//     vmm_cost [--reps N] [--warmup W] [--handle-type fd|none]
+//
+// (defaults: 50 repetitions after 3 warm-ups; chunks exportable as POSIX file descriptors, as
+// the shim creates them for IPC of pooled blocks; none: not exportable, to compare.)
 //
 // Driver API only, linked with -lcuda; run it without the shim (it measures the driver).
 // Every figure is the median of N timed calls (steady_clock around the one call, in µs).
@@ -230,13 +233,18 @@ static void print_results(int reps)
 int main(int argc, char **argv)
 {
     int reps = 50, warmup = 3;
+    bool exportable = true;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--reps") && i + 1 < argc)
             reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--warmup") && i + 1 < argc)
             warmup = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--handle-type") && i + 1 < argc && !strcmp(argv[i + 1], "none"))
+            exportable = false, i++;
+        else if (!strcmp(argv[i], "--handle-type") && i + 1 < argc && !strcmp(argv[i + 1], "fd"))
+            exportable = true, i++;
         else {
-            fprintf(stderr, "usage: vmm_cost [--reps N] [--warmup W]\n");
+            fprintf(stderr, "usage: vmm_cost [--reps N] [--warmup W] [--handle-type fd|none]\n");
             return 2;
         }
     }
@@ -266,7 +274,9 @@ int main(int argc, char **argv)
     g_prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
     g_prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     g_prop.location.id = (int)g_dev;
-    g_prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;  // as the shim creates its chunks
+    g_prop.requestedHandleTypes = exportable ? CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+                                             : CU_MEM_HANDLE_TYPE_NONE;
+    printf("vmm_cost: handle_type=%s\n", exportable ? "fd" : "none");
     memset(&g_access, 0, sizeof g_access);
     g_access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     g_access.location.id = (int)g_dev;
