@@ -20,13 +20,6 @@ typedef struct {
     uint64_t peers;   /* atomic: other devices granted access to pooled memory (bit = ordinal) */
 } backend_dev;
 
-static bool g_fd_refused;  /* some device's chunks could not be made exportable */
-
-bool cs_backend_exportable(void)
-{
-    return !__atomic_load_n(&g_fd_refused, __ATOMIC_RELAXED);
-}
-
 static const cs_driver *drv(void)
 {
     return cs_driver_get();
@@ -101,7 +94,9 @@ static int vmm_create(void *dev, uint64_t size, uint64_t *handle, int *raw)
     prop.location.id = (int)b->device;
     prop.allocFlags.gpuDirectRDMACapable = b->rdma;
     /* Exportable as a file descriptor, for cuIpcGetMemHandle (cs_ipc.c), where the driver
-     * allows it; where it refuses that (some containers), chunks without. */
+     * allows it; where it refuses that handle type (some containers; it answers not
+     * supported or invalid value), chunks without, from then on: a chunk made without is
+     * only a block that cannot be exported, a wrong guess costs nothing else. */
     bool fd = !__atomic_load_n(&b->no_fd, __ATOMIC_RELAXED);
     prop.requestedHandleTypes = fd ? CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR : 0;
     CUmemGenericAllocationHandle h = 0;
@@ -111,7 +106,6 @@ static int vmm_create(void *dev, uint64_t size, uint64_t *handle, int *raw)
     CUresult r = drv()->cuMemCreate(&h, (size_t)size, &prop, 0);
     if (fd && (r == CUDA_ERROR_NOT_SUPPORTED || r == CUDA_ERROR_INVALID_VALUE)) {
         __atomic_store_n(&b->no_fd, true, __ATOMIC_RELAXED);
-        __atomic_store_n(&g_fd_refused, true, __ATOMIC_RELAXED);
         prop.requestedHandleTypes = 0;
         r = drv()->cuMemCreate(&h, (size_t)size, &prop, 0);
     }
@@ -267,6 +261,11 @@ void *cs_backend_for(CUcontext ctx, CUdevice device)
                                 device) == CUDA_SUCCESS)
         b->rdma = rdma != 0;
     return b;
+}
+
+bool cs_backend_exportable(void *dev)
+{
+    return !__atomic_load_n(&((backend_dev *)dev)->no_fd, __ATOMIC_RELAXED);
 }
 
 void cs_backend_drop(void *dev)

@@ -16,9 +16,10 @@ extern const cs_backend_ops cs_cuda_pooled_ops;  /* physical memory pooled */
  * driver has the calls), else 0: the classic backend then. */
 uint64_t cs_backend_granularity(CUdevice device);
 
-/* Can pooled blocks be exported (cuIpcGetMemHandle, cs_ipc.c)? False once the driver refused
- * to make chunks exportable as file descriptors on some device. */
-bool cs_backend_exportable(void);
+/* Can the context's pooled blocks be exported (cuIpcGetMemHandle, cs_ipc.c)? False once the
+ * driver refused to make its chunks exportable as file descriptors (chunks are then made
+ * without, from then on). */
+bool cs_backend_exportable(void *dev);
 
 /* The backend state of a context (its `dev` for the cache), made on first use; NULL if out
  * of host memory. */

@@ -1362,7 +1362,8 @@ cs_block_state cs_cache_lookup(cs_cache *c, uint64_t addr, uint64_t *requested)
     cs_block *b = registry_find(c, addr);
     cs_block_state st = CS_BLOCK_UNKNOWN;
     if (b && __atomic_load_n(&b->owner, __ATOMIC_RELAXED)) {
-        st = cs_tc_lookup(b, requested);
+        uint64_t serial;
+        st = cs_tc_lookup(b, requested, &serial);
     } else if (b) {
         st = cs_block_state_of(b) == BLOCK_IN_USE ? CS_BLOCK_IN_USE : CS_BLOCK_IDLE;
         if (st == CS_BLOCK_IN_USE)
@@ -1390,16 +1391,17 @@ cs_block_state cs_cache_find(cs_cache *c, uint64_t addr, cs_block_info *out)
     }
     cs_block_state st = CS_BLOCK_UNKNOWN;
     if (b) {
-        uint64_t requested = 0;
+        uint64_t requested = 0, serial = b->serial;  /* a block no thread owns: cache lock */
         if (__atomic_load_n(&b->owner, __ATOMIC_RELAXED))
-            st = cs_tc_lookup(b, &requested);
+            st = cs_tc_lookup(b, &requested, &serial);
         else if ((st = cs_block_state_of(b) == BLOCK_IN_USE ? CS_BLOCK_IN_USE
                                                               : CS_BLOCK_IDLE) == CS_BLOCK_IN_USE)
             requested = b->requested;
         out->base = b->addr;
         out->size = b->size;
         out->requested = st == CS_BLOCK_IN_USE ? requested : 0;
-        out->serial = __atomic_load_n(&b->serial, __ATOMIC_RELAXED);
+        out->serial = serial;
+        out->imported = false;
         out->device = b->heap->device;
         out->key = b->heap->key;
         out->pooled = b->heap->pool != NULL;
@@ -1417,13 +1419,14 @@ cs_result cs_cache_chunks(cs_cache *c, uint64_t addr, uint64_t serial, cs_pool_c
 {
     pthread_mutex_lock(&c->lock);
     cs_block *b = registry_find(c, addr);
-    uint64_t requested = 0;
-    bool in_use = b && b->heap->pool &&
-                  __atomic_load_n(&b->serial, __ATOMIC_RELAXED) == serial &&
-                  (__atomic_load_n(&b->owner, __ATOMIC_RELAXED)
-                       ? cs_tc_lookup(b, &requested) == CS_BLOCK_IN_USE
-                       : cs_block_state_of(b) == BLOCK_IN_USE);
-    /* The cache's lock keeps the block in use meanwhile; the pool's, its chunks in place. */
+    uint64_t requested = 0, now = 0;
+    bool in_use = false;
+    if (b && b->heap->pool && __atomic_load_n(&b->owner, __ATOMIC_RELAXED))
+        in_use = cs_tc_lookup(b, &requested, &now) == CS_BLOCK_IN_USE && now == serial;
+    else if (b && b->heap->pool)
+        in_use = cs_block_state_of(b) == BLOCK_IN_USE && b->serial == serial;
+    /* The cache's lock keeps the block in the pool (a block a thread owns may be freed to its
+     * thread meanwhile, but its memory stays where it is); the pool's, its chunks in place. */
     cs_result r = !in_use ? CS_NOT_IN_USE
                   : cs_pool_chunks(b->heap->pool, b->addr, b->size, each, arg) ? CS_OK
                                                                                 : CS_ERROR;

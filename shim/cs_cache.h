@@ -147,6 +147,7 @@ typedef struct cs_block_info {
     int device;
     const void *key;     /* its heap's key (the shim's: the context it was allocated in) */
     bool pooled;         /* in a pooled heap: the driver's answers are about the pool's ranges */
+    bool imported;       /* not the cache's: another process's block opened here (cs_ipc.c) */
 } cs_block_info;
 /* The block containing addr (any byte of it), if the cache knows one there; CS_BLOCK_IDLE also
  * for a pooled heap's memory that is in no block (nothing the program holds). */
@@ -154,7 +155,8 @@ cs_block_state cs_cache_find(cs_cache *cache, uint64_t addr, cs_block_info *out)
 
 /* The physical memory of a pooled block in use that starts at addr and was handed out as
  * `serial` (cs_block_info): each chunk mapped under it, as cs_pool_chunks, with the cache's
- * lock held too (the block stays in use meanwhile; `each` must not call into the cache).
+ * lock held too (the block's memory stays in the pool meanwhile, even if the thread that
+ * owns it frees it; `each` must not call into the cache).
  * CS_OK; CS_NOT_IN_USE when there is no such block (freed, handed out again, not pooled);
  * CS_ERROR when `each` failed. */
 cs_result cs_cache_chunks(cs_cache *cache, uint64_t addr, uint64_t serial, cs_pool_chunk_fn each,

@@ -11,6 +11,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/time.h>
+#include <sys/random.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -25,14 +26,16 @@ typedef struct {
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static pid_t g_pid;           /* the process whose server runs (0: none) */
 static int g_fd = -1;         /* its listening socket */
+static uint64_t g_token;
 static cs_fdpass_handler g_handler;
 
-/* The abstract address of process pid's server: no file, gone with the process. */
-static socklen_t address_of(pid_t pid, struct sockaddr_un *a)
+/* The abstract address of a server: no file, gone with the process. */
+static socklen_t address_of(pid_t pid, uint64_t token, struct sockaddr_un *a)
 {
     memset(a, 0, sizeof *a);
     a->sun_family = AF_UNIX;
-    int n = snprintf(a->sun_path + 1, sizeof a->sun_path - 1, "cacheshim-ipc-%ld", (long)pid);
+    int n = snprintf(a->sun_path + 1, sizeof a->sun_path - 1, "cacheshim-ipc-%ld-%016llx",
+                     (long)pid, (unsigned long long)token);
     return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n);
 }
 
@@ -130,7 +133,9 @@ static int recv_fds(int fd, int *fds, size_t n)
             close(extra);
         }
         got += carried < k ? carried : k;
-        if (carried != k || (m.msg_flags & MSG_CTRUNC))
+        if (m.msg_flags & MSG_CTRUNC)
+            rc = EMFILE;  /* the kernel dropped descriptors this process has no room for */
+        else if (carried != k)
             rc = EPROTO;
     }
     if (rc)
@@ -190,19 +195,33 @@ static void *serve(void *arg)
     return NULL;
 }
 
-int cs_fdpass_serve(cs_fdpass_handler handler)
+/* At exit the server stops taking requests: the driver may be torn down soon. */
+static void stop(void)
 {
+    pthread_mutex_lock(&g_lock);
+    if (g_pid == getpid() && g_fd >= 0)
+        shutdown(g_fd, SHUT_RDWR);  /* accept fails: the thread ends */
+    pthread_mutex_unlock(&g_lock);
+}
+
+int cs_fdpass_serve(cs_fdpass_handler handler, uint64_t *token)
+{
+    static bool stop_at_exit;
     pthread_mutex_lock(&g_lock);
     int rc = 0;
     if (g_pid == getpid())
         goto out;
     if (g_fd >= 0)
-        close(g_fd);  /* the parent's, inherited across fork */
+        close(g_fd);  /* a parent's, if the fork handler did not run */
     g_fd = -1;
     g_handler = handler;
+    if (getrandom(&g_token, sizeof g_token, 0) != sizeof g_token) {
+        rc = errno ? errno : EIO;
+        goto out;
+    }
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     struct sockaddr_un a;
-    socklen_t len = address_of(getpid(), &a);
+    socklen_t len = address_of(getpid(), g_token, &a);
     if (fd < 0 || bind(fd, (struct sockaddr *)&a, len) != 0 || listen(fd, 64) != 0) {
         rc = errno ? errno : EPROTO;
         if (fd >= 0)
@@ -226,14 +245,27 @@ int cs_fdpass_serve(cs_fdpass_handler handler)
     }
     g_fd = fd;
     g_pid = getpid();
+    if (!stop_at_exit)
+        stop_at_exit = atexit(stop) == 0;
 out:
+    *token = g_token;
     pthread_mutex_unlock(&g_lock);
     return rc;
 }
 
+void cs_fdpass_after_fork_child(void)
+{
+    /* A fork during cs_fdpass_serve left the lock held: the child's is new. */
+    pthread_mutex_init(&g_lock, NULL);
+    if (g_fd >= 0)
+        close(g_fd);  /* else the parent's name stays bound for as long as the child lives */
+    g_fd = -1;
+    g_pid = 0;
+}
+
 /* ---------------------------------------------------------------- asking */
 
-int cs_fdpass_ask(pid_t pid, const cs_fdpass_msg *request, cs_fdpass_msg *reply)
+int cs_fdpass_ask(pid_t pid, uint64_t token, const cs_fdpass_msg *request, cs_fdpass_msg *reply)
 {
     if (request->len > CS_FDPASS_MAX_DATA)
         return EINVAL;
@@ -242,13 +274,15 @@ int cs_fdpass_ask(pid_t pid, const cs_fdpass_msg *request, cs_fdpass_msg *reply)
         return errno;
     set_timeouts(fd);
     struct sockaddr_un a;
-    socklen_t len = address_of(pid, &a);
+    socklen_t len = address_of(pid, token, &a);
     int rc;
     while ((rc = connect(fd, (struct sockaddr *)&a, len)) != 0 && errno == EINTR)
         ;
     header h = {MAGIC, (uint32_t)request->len, 0};
     if (rc != 0)
-        rc = errno == ENOENT ? ECONNREFUSED : errno;  /* no such name: no server */
+        rc = errno == ENOENT ? ECONNREFUSED : error_of(errno);  /* no such name: no server */
+    else if (!same_user(fd))
+        rc = EPERM;
     else if (!(rc = send_all(fd, &h, sizeof h)) && !(rc = send_all(fd, request->data, request->len)) &&
              !(rc = recv_all(fd, &h, sizeof h))) {
         if (h.magic != MAGIC || h.len > CS_FDPASS_MAX_DATA || h.nfds > CS_FDPASS_MAX_FDS)

@@ -26,6 +26,7 @@ typedef struct {
     char magic[8];
     uint32_t pid;    /* the exporting process */
     int32_t device;  /* where the memory is */
+    uint64_t token;  /* its server's (cs_fdpass.h) */
     uint64_t base, serial, size;  /* the block, the number it was handed out as, its size */
 } wire;
 
@@ -53,8 +54,8 @@ typedef struct {
 /* ---------------------------------------------------------------- exporting */
 
 /* The chunks of a block, gathered under the cache's and the pool's locks (cs_cache_chunks):
- * with `msg`, each exported as a descriptor into it; without, each export tried and undone
- * (the check cuIpcGetMemHandle makes). */
+ * with `msg`, each exported as a descriptor into it; without, only counted (what
+ * cuIpcGetMemHandle checks: no driver call under those locks). */
 typedef struct {
     const cs_driver *d;
     cs_fdpass_msg *msg;
@@ -69,9 +70,13 @@ static bool export_chunk(void *arg, uint64_t va, uint64_t size, uint64_t handle)
     int fd = -1;
     if (g->n == 0)
         g->first = va;
-    if (g->n >= MAX_CHUNKS || (g->msg && g->n >= CS_FDPASS_MAX_FDS)) {
+    if (g->n >= MAX_CHUNKS || g->n >= CS_FDPASS_MAX_FDS) {
         g->failed = CUDA_ERROR_NOT_SUPPORTED;
         return false;
+    }
+    if (!g->msg) {
+        g->n++;
+        return true;
     }
     CUresult r = g->d->cuMemExportToShareableHandle(
         &fd, (CUmemGenericAllocationHandle)handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
@@ -79,13 +84,9 @@ static bool export_chunk(void *arg, uint64_t va, uint64_t size, uint64_t handle)
         g->failed = r;
         return false;
     }
-    if (!g->msg) {
-        close(fd);
-    } else {
-        reply_chunk c = {va - g->first, size};
-        memcpy(g->msg->data + sizeof(reply_head) + g->n * sizeof c, &c, sizeof c);
-        g->msg->fds[g->msg->nfds++] = fd;
-    }
+    reply_chunk c = {va - g->first, size};
+    memcpy(g->msg->data + sizeof(reply_head) + g->n * sizeof c, &c, sizeof c);
+    g->msg->fds[g->msg->nfds++] = fd;
     g->n++;
     return true;
 }
@@ -141,17 +142,23 @@ static CUresult say_cannot_export(CUresult r, const char *why)
     return r;
 }
 
-CUresult cs_ipc_export(CUipcMemHandle *handle, const cs_block_info *info)
+CUresult cs_ipc_export(CUipcMemHandle *handle, const cs_block_info *info, bool exportable)
 {
+    if (!exportable)
+        return say_cannot_export(CUDA_ERROR_NOT_SUPPORTED,
+                                 "the driver would not make its memory exportable");
     gather g;
     CUresult r = gather_chunks(info->base, info->serial, NULL, &g);
+    if (r == CUDA_ERROR_NOT_SUPPORTED)
+        return say_cannot_export(r, "it lies in more chunks than one reply can carry");
     if (r != CUDA_SUCCESS)
-        return say_cannot_export(r, "its memory cannot be exported as file descriptors");
-    int e = cs_fdpass_serve(answer);
+        return r;  /* freed meanwhile, as the driver answers */
+    uint64_t token = 0;
+    int e = cs_fdpass_serve(answer, &token);
     if (e)
         return say_cannot_export(CUDA_ERROR_OPERATING_SYSTEM, strerror(e));
-    wire w = {.pid = (uint32_t)getpid(), .device = info->device, .base = info->base,
-              .serial = info->serial, .size = info->requested};
+    wire w = {.pid = (uint32_t)getpid(), .device = info->device, .token = token,
+              .base = info->base, .serial = info->serial, .size = info->requested};
     memcpy(w.magic, MAGIC, sizeof w.magic);
     memset(handle, 0, sizeof *handle);
     memcpy(handle->reserved, &w, sizeof w);
@@ -163,6 +170,7 @@ CUresult cs_ipc_export(CUipcMemHandle *handle, const cs_block_info *info)
 /* A pooled block of another process, mapped here. */
 typedef struct import {
     CUdeviceptr ptr;       /* what the program was given */
+    size_t block;          /* the block's size, as its exporter's program asked */
     CUdeviceptr va;        /* the range reserved for it */
     size_t size;
     CUcontext ctx;
@@ -192,16 +200,16 @@ static CUresult undo(const cs_driver *d, CUdeviceptr va, size_t size, size_t map
 
 static CUresult say_cannot_open(uint32_t pid, int e)
 {
-    cs_log("cuIpcOpenMemHandle: the process that exported the block (pid %u) did not answer "
-           "(%s); it must still run, under cacheshim, as the same user",
+    cs_log("cuIpcOpenMemHandle: could not get the block from the process that exported it "
+           "(pid %u): %s; it must still run, under cacheshim, as the same user",
            pid, strerror(e));
-    return CUDA_ERROR_INVALID_VALUE;
+    return e == EMFILE ? CUDA_ERROR_OPERATING_SYSTEM : CUDA_ERROR_INVALID_VALUE;
 }
 
 /* Map the chunks of the reply into a new range, readable and writable by the context's
  * device. The descriptors are closed. */
 static CUresult map_import(const cs_driver *d, const cs_fdpass_msg *m, CUdevice dev,
-                           import *im)
+                           uint64_t block, import *im)
 {
     reply_head h;
     memcpy(&h, m->data, sizeof h);
@@ -221,8 +229,8 @@ static CUresult map_import(const cs_driver *d, const cs_fdpass_msg *m, CUdevice 
     }
     for (size_t i = 0; i < m->nfds; i++)
         close(m->fds[i]);
-    if (r == CUDA_SUCCESS && h.offset >= im->size)
-        r = CUDA_ERROR_INVALID_VALUE;
+    if (r == CUDA_SUCCESS && (h.offset >= im->size || block > im->size - h.offset))
+        r = CUDA_ERROR_INVALID_VALUE;  /* the block lies inside its chunks */
     if (r == CUDA_SUCCESS)
         r = d->cuMemAddressReserve(&im->va, im->size, 0, 0, 0);
     for (size_t i = 0; i < n && r == CUDA_SUCCESS; i++) {
@@ -240,6 +248,7 @@ static CUresult map_import(const cs_driver *d, const cs_fdpass_msg *m, CUdevice 
         return r;
     }
     im->ptr = im->va + h.offset;
+    im->block = block;
     return CUDA_SUCCESS;
 }
 
@@ -267,7 +276,7 @@ static CUresult open_pooled(const cs_driver *d, CUdeviceptr *pdptr, const wire *
         q->len = sizeof req;
         q->nfds = 0;
         reply_head h;
-        int e = cs_fdpass_ask((pid_t)w->pid, q, m);
+        int e = cs_fdpass_ask((pid_t)w->pid, w->token, q, m);
         if (e) {
             r = say_cannot_open(w->pid, e);
         } else if (m->len < sizeof h) {
@@ -282,14 +291,15 @@ static CUresult open_pooled(const cs_driver *d, CUdeviceptr *pdptr, const wire *
             if (h.status != CUDA_SUCCESS)
                 for (size_t i = 0; i < m->nfds; i++)
                     close(m->fds[i]);
-            r = h.status == CUDA_SUCCESS ? map_import(d, m, dev, im) : (CUresult)h.status;
+            r = h.status == CUDA_SUCCESS ? map_import(d, m, dev, w->size, im)
+                                         : (CUresult)h.status;
         }
     }
     if (r == CUDA_SUCCESS) {
         im->ctx = ctx;
         pthread_mutex_lock(&g_lock);
         im->next = g_imports;
-        g_imports = im;
+        __atomic_store_n(&g_imports, im, __ATOMIC_RELEASE);
         pthread_mutex_unlock(&g_lock);
         *pdptr = im->ptr;
     } else {
@@ -306,27 +316,55 @@ static bool is_pooled_handle(const CUipcMemHandle *h, wire *w)
     return memcmp(w->magic, MAGIC, sizeof w->magic) == 0;
 }
 
+bool cs_ipc_find_import(uint64_t ptr, uint64_t *base, uint64_t *size, CUcontext *ctx)
+{
+    if (!__atomic_load_n(&g_imports, __ATOMIC_ACQUIRE))
+        return false;  /* none: every pointer query asks, keep it cheap */
+    pthread_mutex_lock(&g_lock);
+    import *im = g_imports;
+    while (im && !(ptr >= im->va && ptr < im->va + im->size))
+        im = im->next;
+    if (im) {
+        *base = im->ptr;
+        *size = im->block;
+        *ctx = im->ctx;
+    }
+    pthread_mutex_unlock(&g_lock);
+    return im != NULL;
+}
+
+void cs_ipc_after_fork_child(void)
+{
+    /* The parent's imports are not the child's (nor is its CUDA); a fork while a thread held
+     * the lock left it held. */
+    pthread_mutex_init(&g_lock, NULL);
+    __atomic_store_n(&g_imports, NULL, __ATOMIC_RELEASE);
+    cs_fdpass_after_fork_child();
+}
+
+typedef CUresult (*open_fn)(CUdeviceptr *, CUipcMemHandle, unsigned int);
+
+/* A pooled block's handle is the shim's to open; any other is the driver's (`real`). */
+static CUresult open_handle(open_fn real, CUdeviceptr *pdptr, CUipcMemHandle handle,
+                            unsigned int flags)
+{
+    wire w;
+    if (is_pooled_handle(&handle, &w))
+        return open_pooled(cs_driver_get(), pdptr, &w, flags);
+    return real ? real(pdptr, handle, flags) : CUDA_ERROR_NOT_INITIALIZED;
+}
+
 CS_EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle,
                                          unsigned int Flags)
 {
-    const cs_driver *d = cs_driver_get();
-    wire w;
-    if (is_pooled_handle(&handle, &w))
-        return open_pooled(d, pdptr, &w, Flags);
-    return d->cuIpcOpenMemHandle_v2 ? d->cuIpcOpenMemHandle_v2(pdptr, handle, Flags)
-                                    : CUDA_ERROR_NOT_INITIALIZED;
+    return open_handle(cs_driver_get()->cuIpcOpenMemHandle_v2, pdptr, handle, Flags);
 }
 
 /* The form before CUDA 11.0, the same arguments. */
 CS_EXPORT CUresult cuIpcOpenMemHandle(CUdeviceptr *pdptr, CUipcMemHandle handle,
                                       unsigned int Flags)
 {
-    const cs_driver *d = cs_driver_get();
-    wire w;
-    if (is_pooled_handle(&handle, &w))
-        return open_pooled(d, pdptr, &w, Flags);
-    return d->cuIpcOpenMemHandle ? d->cuIpcOpenMemHandle(pdptr, handle, Flags)
-                                 : CUDA_ERROR_NOT_INITIALIZED;
+    return open_handle(cs_driver_get()->cuIpcOpenMemHandle, pdptr, handle, Flags);
 }
 
 /* Closing waits for the work of the context that opened it (unmapping memory a kernel still
@@ -340,14 +378,16 @@ CS_EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr dptr)
         p = &(*p)->next;
     import *im = *p;
     if (im)
-        *p = im->next;
+        __atomic_store_n(p, im->next, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&g_lock);
     if (!im)
         return d->cuIpcCloseMemHandle ? d->cuIpcCloseMemHandle(dptr) : CUDA_ERROR_NOT_INITIALIZED;
     bool pushed;
-    CUresult r = cs_ctx_enter(im->ctx, &pushed) ? d->cuCtxSynchronize() : CUDA_ERROR_INVALID_CONTEXT;
-    if (r == CUDA_SUCCESS)
+    CUresult r = CUDA_ERROR_INVALID_CONTEXT;  /* gone: no work of it can be left */
+    if (cs_ctx_enter(im->ctx, &pushed)) {
+        r = d->cuCtxSynchronize();
         cs_ctx_leave(pushed);
+    }
     CUresult u = undo(d, im->va, im->size, im->size, im->handles, im->n);
     free(im->handles);
     free(im);

@@ -25,13 +25,29 @@
 
 typedef enum { PTR_UNKNOWN, PTR_BLOCK, PTR_FREED } ptr_kind;
 
+/* Another process's block this one opened (cs_ipc.c): described as a block too, though the
+ * range mapped for it is whole chunks. It cannot be exported again. */
+static ptr_kind find_import(CUdeviceptr ptr, cs_block_info *info)
+{
+    uint64_t base, size;
+    CUcontext ctx;
+    if (!cs_ipc_find_import((uint64_t)ptr, &base, &size, &ctx))
+        return PTR_UNKNOWN;
+    *info = (cs_block_info){.base = base, .requested = size, .size = size, .key = ctx,
+                            .pooled = true, .imported = true};
+    return (uint64_t)ptr >= base && (uint64_t)ptr < base + size ? PTR_BLOCK : PTR_FREED;
+}
+
 /* What ptr is to the program: in a block it holds (info filled), in a block it freed or past
  * its size, or not the shim's. */
 static ptr_kind find_block(const cs_driver *d, CUdeviceptr ptr, cs_block_info *info)
 {
     cs_shim *s = cs_shim_get();
-    if (s->disabled || !s->cache || ptr == 0)
+    if (ptr == 0)
         return PTR_UNKNOWN;
+    ptr_kind imported = find_import(ptr, info);
+    if (imported != PTR_UNKNOWN || s->disabled || !s->cache)
+        return imported;
     cs_block_state st = cs_cache_find(s->cache, (uint64_t)ptr, info);
     if (st == CS_BLOCK_UNKNOWN && d->cuMemGetAddressRange_v2) {
         /* Inside a classic block: the driver knows its allocation. */
@@ -45,6 +61,17 @@ static ptr_kind find_block(const cs_driver *d, CUdeviceptr ptr, cs_block_info *i
     if (st == CS_BLOCK_IDLE || (uint64_t)ptr >= info->base + info->requested)
         return PTR_FREED;
     return PTR_BLOCK;
+}
+
+/* Can a pooled block be exported: its context's chunks are made exportable. */
+static bool exportable(const cs_block_info *info)
+{
+    if (info->imported)
+        return false;
+    if (!info->pooled)
+        return true;
+    cs_heap *h = cs_shim_heap_of(cs_driver_get(), (CUcontext)(uintptr_t)info->key);
+    return h && cs_backend_exportable(cs_cache_heap_dev(h));
 }
 
 /* A host address the driver knows nothing of: what it answers there is what it answers for
@@ -75,15 +102,16 @@ static bool block_attribute(CUpointer_attribute a, void *data, const cs_block_in
         break;
     case CU_POINTER_ATTRIBUTE_BUFFER_ID:
     case CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID:
+        if (info->imported)
+            return false;  /* the driver's id of the mapping */
         v = BUFFER_ID_BASE | info->serial;
         break;
     case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
     case CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES: {
         /* Exported as a block (cs_ipc.c), not as the chunks under it: cuMemAlloc memory's
          * answers, where pooled chunks can be exported at all. */
-        uint32_t w = a == CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES
-                         ? CU_MEM_HANDLE_TYPE_NONE
-                         : !info->pooled || cs_backend_exportable();
+        uint32_t w = a == CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES ? CU_MEM_HANDLE_TYPE_NONE
+                                                                    : exportable(info);
         memcpy(data, &w, sizeof w);
         return true;
     }
@@ -185,9 +213,12 @@ CS_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr)
     case PTR_FREED:
         return CUDA_ERROR_INVALID_VALUE;
     case PTR_BLOCK:
+        if (info.imported)
+            return CUDA_ERROR_INVALID_VALUE;  /* IPC memory is not exported again */
         if (info.pooled)  /* the driver cannot export virtual memory this way: cs_ipc.c */
-            return (uint64_t)dptr == info.base && pHandle ? cs_ipc_export(pHandle, &info)
-                                                           : CUDA_ERROR_INVALID_VALUE;
+            return (uint64_t)dptr == info.base && pHandle
+                       ? cs_ipc_export(pHandle, &info, exportable(&info))
+                       : CUDA_ERROR_INVALID_VALUE;
         break;
     default:
         break;

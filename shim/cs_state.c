@@ -10,6 +10,7 @@
 #include "cs_backend.h"
 #include "cs_debug.h"
 #include "cs_host.h"
+#include "cs_ipc.h"
 #include "cs_outside.h"
 #include "cs_group.h"
 #include "cs_report.h"
@@ -248,6 +249,7 @@ void cs_shim_after_fork_child(void)
         cs_cache_reset_after_fork(shim.cache);
     cs_outside_reset_after_fork();
     cs_streams_reset_after_fork();
+    cs_ipc_after_fork_child();
     __atomic_add_fetch(&heap_generation, 1, __ATOMIC_RELEASE);
     /* The parent's slot in the group is the parent's: the child takes its own when it first
      * allocates, and tells the group its devices again with its first heaps. */

@@ -600,7 +600,7 @@ void cs_tc_add_stats(cs_cache *c, int device, cacheshim_stats *st)
     }
 }
 
-cs_block_state cs_tc_lookup(cs_block *b, uint64_t *requested)
+cs_block_state cs_tc_lookup(cs_block *b, uint64_t *requested, uint64_t *serial)
 {
     cs_tcache *tc = __atomic_load_n(&b->owner, __ATOMIC_RELAXED);  /* stable: cache lock */
     pthread_mutex_lock(&tc->lock);
@@ -609,6 +609,7 @@ cs_block_state cs_tc_lookup(cs_block *b, uint64_t *requested)
         st = CS_BLOCK_IN_USE;
         *requested = b->requested;
     }
+    *serial = b->serial;  /* the owner hands the block out anew under this lock */
     pthread_mutex_unlock(&tc->lock);
     return st;
 }

@@ -44,7 +44,7 @@ void cs_tc_forget_heap(cs_cache *c, cs_heap *h);
 /* Adds what the thread caches counted and hold on a device to *st. */
 void cs_tc_add_stats(cs_cache *c, int device, cacheshim_stats *st);
 /* State of a block a thread cache owns. */
-cs_block_state cs_tc_lookup(cs_block *b, uint64_t *requested);
+cs_block_state cs_tc_lookup(cs_block *b, uint64_t *requested, uint64_t *serial);
 
 /* ---- lifetime */
 

@@ -38,13 +38,23 @@ static void handler(const cs_fdpass_msg *req, cs_fdpass_msg *reply)
 }
 
 static cs_fdpass_msg g_req, g_reply;
+static uint64_t g_token;  /* our server's */
 
-static int ask(pid_t pid, uint32_t n)
+static int ask(pid_t pid, uint64_t token, uint32_t n)
 {
     memcpy(g_req.data, &n, sizeof n);
     g_req.len = sizeof n;
     memset(&g_reply, 0, sizeof g_reply);
-    return cs_fdpass_ask(pid, &g_req, &g_reply);
+    return cs_fdpass_ask(pid, token, &g_req, &g_reply);
+}
+
+static void serve(void)
+{
+    uint64_t t = 0;
+    assert_int_equal(cs_fdpass_serve(handler, &t), 0);
+    if (g_token)
+        assert_int_equal(t, g_token);  /* the same server */
+    g_token = t;
 }
 
 static int fcntl_ok(int fd)
@@ -63,12 +73,12 @@ static long open_fds(void)
 static void test_replies_of_every_size(void **state)
 {
     (void)state;
-    assert_int_equal(cs_fdpass_serve(handler), 0);
-    assert_int_equal(cs_fdpass_serve(handler), 0);  /* once per process */
+    serve();
+    serve();  /* once per process */
     const uint32_t sizes[] = {0, 1, 63, 64, 65, 128, 300, CS_FDPASS_MAX_FDS};
     for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
         long before = open_fds();
-        assert_int_equal(ask(getpid(), sizes[k]), 0);
+        assert_int_equal(ask(getpid(), g_token, sizes[k]), 0);
         char want[32];
         snprintf(want, sizeof want, "pid:%d", (int)getpid());
         assert_int_equal(g_reply.len, strlen(want));
@@ -87,17 +97,20 @@ static void test_replies_of_every_size(void **state)
     }
 }
 
-/* No server: a process that is gone. */
+/* No server: a process that is gone, or ours asked with another token (a name only the
+ * handle's holder knows). */
 static void test_no_server(void **state)
 {
     (void)state;
+    serve();
     pid_t gone = fork();
     if (gone == 0)
         _exit(0);
     assert_int_equal(waitpid(gone, NULL, 0), gone);
-    assert_int_equal(ask(gone, 1), ECONNREFUSED);
+    assert_int_equal(ask(gone, g_token, 1), ECONNREFUSED);
+    assert_int_equal(ask(getpid(), g_token ^ 1, 1), ECONNREFUSED);
     g_req.len = CS_FDPASS_MAX_DATA + 1;
-    assert_int_equal(cs_fdpass_ask(getpid(), &g_req, &g_reply), EINVAL);
+    assert_int_equal(cs_fdpass_ask(getpid(), g_token, &g_req, &g_reply), EINVAL);
 }
 
 /* A child after fork serves for itself (the parent's server is not its own); the parent
@@ -105,7 +118,7 @@ static void test_no_server(void **state)
 static void test_forked_child_serves(void **state)
 {
     (void)state;
-    assert_int_equal(cs_fdpass_serve(handler), 0);
+    serve();
     int ready[2], done[2];
     assert_int_equal(pipe(ready), 0);
     assert_int_equal(pipe(done), 0);
@@ -113,17 +126,20 @@ static void test_forked_child_serves(void **state)
     if (child == 0) {
         close(ready[0]);
         close(done[1]);
-        char c = cs_fdpass_serve(handler) == 0 ? 'y' : 'n';
-        if (write(ready[1], &c, 1) != 1 || read(done[0], &c, 1) != 1)
+        cs_fdpass_after_fork_child();  /* as the shim's fork handler does */
+        uint64_t t = 0;
+        char c;
+        if (cs_fdpass_serve(handler, &t) != 0 || t == g_token ||
+            write(ready[1], &t, sizeof t) != sizeof t || read(done[0], &c, 1) != 1)
             _exit(1);
         _exit(0);
     }
     close(ready[1]);  /* a child that dies is then an end of file, not a wait */
     close(done[0]);
-    char c = 0;
-    assert_int_equal(read(ready[0], &c, 1), 1);
-    assert_int_equal(c, 'y');
-    assert_int_equal(ask(child, 2), 0);
+    uint64_t child_token = 0;
+    assert_int_equal(read(ready[0], &child_token, sizeof child_token), sizeof child_token);
+    assert_int_equal(ask(child, g_token, 2), ECONNREFUSED);  /* the parent's token is not its */
+    assert_int_equal(ask(child, child_token, 2), 0);
     char want[32];
     snprintf(want, sizeof want, "pid:%d", (int)child);
     assert_int_equal(g_reply.len, strlen(want));
@@ -138,7 +154,7 @@ static void test_forked_child_serves(void **state)
     close(ready[0]);
     close(done[1]);
     /* And ours still answers. */
-    assert_int_equal(ask(getpid(), 1), 0);
+    assert_int_equal(ask(getpid(), g_token, 1), 0);
     close(g_reply.fds[0]);
 }
 
@@ -146,10 +162,11 @@ static void test_forked_child_serves(void **state)
 static void test_garbage_request(void **state)
 {
     (void)state;
-    assert_int_equal(cs_fdpass_serve(handler), 0);
+    serve();
     int fd = socket(AF_UNIX, SOCK_STREAM, 0);
     struct sockaddr_un a = {.sun_family = AF_UNIX};
-    int n = snprintf(a.sun_path + 1, sizeof a.sun_path - 1, "cacheshim-ipc-%d", (int)getpid());
+    int n = snprintf(a.sun_path + 1, sizeof a.sun_path - 1, "cacheshim-ipc-%d-%016llx",
+                     (int)getpid(), (unsigned long long)g_token);
     assert_int_equal(connect(fd, (struct sockaddr *)&a,
                              (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n)),
                      0);
@@ -159,7 +176,7 @@ static void test_garbage_request(void **state)
     ssize_t k = recv(fd, buf, sizeof buf, 0);  /* closed (reset: our bytes went unread) */
     assert_true(k == 0 || (k < 0 && errno == ECONNRESET));
     close(fd);
-    assert_int_equal(ask(getpid(), 3), 0);
+    assert_int_equal(ask(getpid(), g_token, 3), 0);
     assert_int_equal(g_reply.nfds, 3);
     for (int i = 0; i < 3; i++)
         close(g_reply.fds[i]);

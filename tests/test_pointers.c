@@ -572,7 +572,7 @@ struct shim_wire {
     char magic[8];
     uint32_t pid;
     int32_t device;
-    uint64_t base, serial, size;
+    uint64_t token, base, serial, size;
 };
 
 /* Pooled: the shim's handle of the block, the same through every path, nothing said; a small
@@ -725,6 +725,8 @@ static void test_ipc_open_elsewhere(void **state)
         assert_int_equal(cuIpcOpenMemHandle(&q, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS),
                          CUDA_ERROR_INVALID_CONTEXT);
         assert_int_equal(cuIpcOpenMemHandle(&q, h, 2), CUDA_ERROR_INVALID_VALUE);
+        fill_bytes(p, sizes[i], FILL);
+        assert_int_equal(run_child(&h, sizes[i], "close-fails", NULL), 0);
         /* Each driver call of the importer failing in turn. */
         const char *fail[] = {"fail:cuMemImportFromShareableHandle", "fail:cuMemAddressReserve",
                               "fail:cuMemMap", "fail:cuMemSetAccess"};
@@ -802,32 +804,9 @@ static void ask_refused(void *arg)
     g_refused_rc = cuIpcGetMemHandle(&h, *(CUdeviceptr *)arg);
 }
 
-/* The driver refusing to export a chunk: the call's error, and once per process a line naming
- * the setting that avoids it. */
-static void test_ipc_export_refused(void **state)
-{
-    (void)state;
-    CUdeviceptr p = must_alloc(3 * MiB);
-    fake_fail_nth("cuMemExportToShareableHandle", 1, CUDA_ERROR_NOT_PERMITTED);
-    char *err = capture_stderr(ask_refused, &p);
-    assert_int_equal(g_refused_rc, CUDA_ERROR_NOT_PERMITTED);
-    assert_string_equal(err, "cacheshim: cuIpcGetMemHandle on a pooled block fails (CUresult "
-                             "800: its memory cannot be exported as file descriptors): run "
-                             "programs that export memory with CACHESHIM_BACKEND=classic\n");
-    free(err);
-    fake_fail_nth("cuMemExportToShareableHandle", 1, CUDA_ERROR_NOT_PERMITTED);
-    err = capture_stderr(ask_refused, &p);
-    assert_int_equal(g_refused_rc, CUDA_ERROR_NOT_PERMITTED);
-    assert_string_equal(err, "");  /* said once */
-    free(err);
-    ask_refused(&p);
-    assert_int_equal(g_refused_rc, CUDA_SUCCESS);
-    must_free(p);
-}
-
 /* A driver that will not make chunks exportable (some containers): memory is still made, without
- * the handle type; such a block is not IPC capable and its export fails. Last in the group:
- * the process keeps the refusal. */
+ * the handle type; such a block is not IPC capable and its export fails, with one line naming
+ * the setting that avoids it. Last in the group: the context keeps the refusal. */
 static void test_ipc_chunks_not_exportable(void **state)
 {
     (void)state;
@@ -840,8 +819,16 @@ static void test_ipc_chunks_not_exportable(void **state)
                                            p),
                      CUDA_SUCCESS);
     assert_int_equal(capable, 0);
-    CUipcMemHandle h;
-    assert_int_equal(cuIpcGetMemHandle(&h, p), CUDA_ERROR_NOT_PERMITTED);  /* the fake's */
+    char *err = capture_stderr(ask_refused, &p);
+    assert_int_equal(g_refused_rc, CUDA_ERROR_NOT_SUPPORTED);
+    assert_string_equal(err, "cacheshim: cuIpcGetMemHandle on a pooled block fails (CUresult "
+                             "801: the driver would not make its memory exportable): run "
+                             "programs that export memory with CACHESHIM_BACKEND=classic\n");
+    free(err);
+    err = capture_stderr(ask_refused, &p);
+    assert_int_equal(g_refused_rc, CUDA_ERROR_NOT_SUPPORTED);
+    assert_string_equal(err, "");  /* said once */
+    free(err);
     fill_bytes(p, 200 * MiB, FILL);
     assert_true(all_bytes(p, 200 * MiB, FILL));
     must_free(p);
@@ -888,9 +875,37 @@ static int ipc_child(void)
         fprintf(stderr, "ipc child: open gave %d\n", (int)r);
         return 13;
     }
-    /* The range is the block's, at the offset the block has in its chunk. */
-        if (!all_bytes(p, size, FILL))
+    /* The range is the block's, at the offset the block has in its chunk; pointer queries
+     * answer for the block; it cannot be exported again. */
+    if (!all_bytes(p, size, FILL))
         return 14;
+    CUdeviceptr base = 0;
+    size_t n = 0;
+    uint32_t capable = 2;
+    CUipcMemHandle again;
+    if (cuMemGetAddressRange(&base, &n, p + size - 1) != CUDA_SUCCESS || base != p ||
+        n != size || cuMemGetAddressRange(&base, &n, p + size) != CUDA_ERROR_NOT_FOUND ||
+        cuPointerGetAttribute(&capable, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, p) !=
+            CUDA_SUCCESS ||
+        capable != 0 || cuIpcGetMemHandle(&again, p) != CUDA_ERROR_INVALID_VALUE) {
+        fprintf(stderr, "ipc child: queries: base %#llx size %zu capable %u\n",
+                (unsigned long long)base, n, capable);
+        return 19;
+    }
+    if (!strcmp(what, "close-fails")) {
+        /* The wait before the unmap fails, with no context current: the call says so, the
+         * memory goes all the same, and the context it entered is left again. */
+        CUcontext cur = (CUcontext)1;
+        fake_fail_nth("cuCtxSynchronize", 1, CUDA_ERROR_LAUNCH_FAILED);
+        if (cuCtxSetCurrent(NULL) != CUDA_SUCCESS ||
+            cuIpcCloseMemHandle(p) != CUDA_ERROR_LAUNCH_FAILED ||
+            cuCtxGetCurrent(&cur) != CUDA_SUCCESS || cur != NULL || fake_vmm_allocations() ||
+            fake_vmm_reservations()) {
+            fprintf(stderr, "ipc child: close-fails: current %p\n", (void *)cur);
+            return 20;
+        }
+        return 0;
+    }
     if (!strcmp(what, "hold")) {
         char c;
         if (write(3, "o", 1) != 1 || read(4, &c, 1) != 1)
@@ -1448,7 +1463,6 @@ int main(int argc, char **argv)
                                      T(test_ipc_open_elsewhere),
                                      T(test_ipc_stale_handles),
                                      T(test_ipc_importer_keeps_the_memory),
-                                     T(test_ipc_export_refused),
                                      T(test_ipc_chunks_not_exportable)};
     const struct CMUnitTest ipc_classic[] = {T(test_ipc), T(test_ipc_open_elsewhere)};
     const struct CMUnitTest peers[] = {T(test_peer_access), T(test_peer_access_before_any_block),

@@ -19,6 +19,10 @@
 // the pattern ("hold"); and a handle of a block freed before the open (under the shim's
 // pooled backend it must fail with CUDA_ERROR_INVALID_VALUE; "stale").
 //
+// The importer also asks cuMemGetAddressRange at the block's last byte: under the pooled
+// backend the range must start at the pointer it was given and hold the block (printed as a
+// failure only there: the driver's own answer for memory it imported is its own business).
+//
 // Output: "IPC round R: mismatches=M reply_mismatches=K" per round, "IPC hold ..." and
 // "IPC stale ...", then "IPC ok rounds=N blocks=B" (exit 0) or "IPC FAIL ..." (exit 1).
 #include <cuda.h>
@@ -110,6 +114,7 @@ struct item {
 
 struct result {
     int32_t open_rc;
+    int32_t range_ok;   // cuMemGetAddressRange at the last byte answers (pointer, size)
     unsigned long long bad, bad_after;
 };
 
@@ -147,10 +152,14 @@ static int importer(void)
     CHECK_RT(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     item it;
     while (get(3, &it, sizeof it)) {
-        result res = {0, 0, 0};
+        result res = {0, 0, 0, 0};
         CUdeviceptr p = 0;
         res.open_rc = cuIpcOpenMemHandle(&p, it.h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
         if (res.open_rc == CUDA_SUCCESS && it.op != 2) {
+            CUdeviceptr base = 0;
+            size_t n = 0;
+            res.range_ok = cuMemGetAddressRange(&base, &n, p + it.size - 1) == CUDA_SUCCESS &&
+                           base == p && n >= it.size;
             res.bad = bad_bytes((void *)p, it.size, it.seed, s);
             if (it.op == 1) {
                 char go;
@@ -225,6 +234,9 @@ int main(int argc, char **argv)
         printf("IPC FAIL the shim is not loaded\n");
         return 1;
     }
+    // The shim's pooled backend makes its own handles: the checks of what it promises apply.
+    const char *backend = getenv("CACHESHIM_BACKEND");
+    bool pooled = shim_probe() && !(backend && !strcmp(backend, "classic"));
     CHECK_RT(cudaSetDevice(0));
     CHECK_RT(cudaFree(0));
     start_importer(argv[0]);
@@ -282,6 +294,11 @@ int main(int argc, char **argv)
                 continue;
             }
             bad += res.bad;
+            if (!res.range_ok && pooled) {
+                printf("IPC FAIL round %d block %d (%zu B): the importer's address range\n", r,
+                       b, n[b]);
+                g_failed++;
+            }
             reply_bad += bad_bytes(p[b], n[b], it.reply, work[2]);
             blocks++;
         }
@@ -334,8 +351,6 @@ int main(int argc, char **argv)
         it.op = 2;
         CHECK_RT(cudaFree(p));
         result res = ask(it);
-        const char *backend = getenv("CACHESHIM_BACKEND");
-        bool pooled = shim_probe() && !(backend && !strcmp(backend, "classic"));
         bool ok = !pooled || res.open_rc == CUDA_ERROR_INVALID_VALUE;
         printf("IPC stale: open=%d (%s) %s\n", res.open_rc,
                pooled ? "must be CUDA_ERROR_INVALID_VALUE" : "the driver's answer",
