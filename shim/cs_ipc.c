@@ -1,11 +1,13 @@
 /* IPC of the shim's blocks. A classic block is a cuMemAlloc allocation: the driver exports it.
  * A pooled block's memory is chunks mapped in the pool's ranges, which the driver's IPC
- * handles cannot carry; the handle the shim makes names the block instead (its process, its
- * base, the number it was handed out as), and a process that opens it, under the shim too,
- * asks the exporter for the chunks as file descriptors (cs_fdpass.h), imports them and maps
- * them into a range of its own. The exporter answers only while the block is in use: a handle
- * of a block freed meanwhile opens as a stale handle does, with an error. Memory an importer
- * has mapped stays that memory until it closes the handle, whatever the exporter does. */
+ * handles cannot carry; the handle the shim makes names the block instead (its process and
+ * that process's server, its base, the number it was handed out as), and a process that
+ * opens it, under the shim too, asks the exporter for the chunks as file descriptors
+ * (cs_fdpass.h), imports them and maps them whole into a range of its own. The exporter
+ * answers only while the block is in use: a handle of a block freed meanwhile opens as a
+ * stale handle does, with an error. An importer's mapping keeps the chunks alive until it
+ * closes the handle, even once the exporter gave them back to the driver (while the exporter
+ * holds them, a block it frees may be handed out anew, as with the driver's handles). */
 #include "cs_exports.h"
 
 #include <errno.h>
@@ -144,7 +146,7 @@ static CUresult say_cannot_export(CUresult r, const char *why)
 
 CUresult cs_ipc_export(CUipcMemHandle *handle, const cs_block_info *info, bool exportable)
 {
-    if (!exportable)
+    if (!exportable || !cs_driver_get()->cuMemExportToShareableHandle)
         return say_cannot_export(CUDA_ERROR_NOT_SUPPORTED,
                                  "the driver would not make its memory exportable");
     gather g;
