@@ -1391,23 +1391,27 @@ cs_block_state cs_cache_find(cs_cache *c, uint64_t addr, cs_block_info *out)
     }
     cs_block_state st = CS_BLOCK_UNKNOWN;
     if (b) {
-        uint64_t requested = 0, serial = b->serial;  /* a block no thread owns: cache lock */
-        if (__atomic_load_n(&b->owner, __ATOMIC_RELAXED))
-            st = cs_tc_lookup(b, &requested, &serial);
-        else if ((st = cs_block_state_of(b) == BLOCK_IN_USE ? CS_BLOCK_IN_USE
-                                                              : CS_BLOCK_IDLE) == CS_BLOCK_IN_USE)
-            requested = b->requested;
+        uint64_t requested = 0, serial = 0;
+        if (__atomic_load_n(&b->owner, __ATOMIC_RELAXED)) {
+            st = cs_tc_lookup(b, &requested, &serial);  /* its owner's lock */
+        } else {
+            serial = b->serial;  /* a block no thread owns: the cache's lock */
+            st = cs_block_state_of(b) == BLOCK_IN_USE ? CS_BLOCK_IN_USE : CS_BLOCK_IDLE;
+            if (st == CS_BLOCK_IN_USE)
+                requested = b->requested;
+        }
         out->base = b->addr;
         out->size = b->size;
         out->requested = st == CS_BLOCK_IN_USE ? requested : 0;
         out->serial = serial;
         out->imported = false;
+        out->dev = b->heap->dev;
         out->device = b->heap->device;
         out->key = b->heap->key;
         out->pooled = b->heap->pool != NULL;
     } else if (in_pool) {
         *out = (cs_block_info){.base = addr, .device = in_pool->device, .key = in_pool->key,
-                               .pooled = true};
+                               .dev = in_pool->dev, .pooled = true};
         st = CS_BLOCK_IDLE;
     }
     pthread_mutex_unlock(&c->lock);

@@ -146,6 +146,7 @@ typedef struct cs_block_info {
     uint64_t serial;     /* a number of its own for each time it was handed out */
     int device;
     const void *key;     /* its heap's key (the shim's: the context it was allocated in) */
+    void *dev;           /* its heap's backend state (kept for the process's life) */
     bool pooled;         /* in a pooled heap: the driver's answers are about the pool's ranges */
     bool imported;       /* not the cache's: another process's block opened here (cs_ipc.c) */
 } cs_block_info;

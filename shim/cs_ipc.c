@@ -21,7 +21,7 @@
 #include "cs_ipc.h"
 #include "cs_shim.h"
 
-#define MAGIC "csIPCv01"
+#define MAGIC "csIPCv02"  /* v01: no token (2026-11-25, never released) */
 
 /* What a pooled block's handle carries (64 bytes at most: CUipcMemHandle). */
 typedef struct {

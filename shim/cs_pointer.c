@@ -63,15 +63,12 @@ static ptr_kind find_block(const cs_driver *d, CUdeviceptr ptr, cs_block_info *i
     return PTR_BLOCK;
 }
 
-/* Can a pooled block be exported: its context's chunks are made exportable. */
+/* Can a block be exported: a pooled one when its context's chunks are made exportable. */
 static bool exportable(const cs_block_info *info)
 {
     if (info->imported)
         return false;
-    if (!info->pooled)
-        return true;
-    cs_heap *h = cs_shim_heap_of(cs_driver_get(), (CUcontext)(uintptr_t)info->key);
-    return h && cs_backend_exportable(cs_cache_heap_dev(h));
+    return !info->pooled || (info->dev && cs_backend_exportable(info->dev));
 }
 
 /* A host address the driver knows nothing of: what it answers there is what it answers for

@@ -985,6 +985,46 @@ static void *hammer(void *arg)
     return NULL;
 }
 
+/* cs_cache_find on a block a thread owns, while that thread hands it out and frees it again
+ * (its serial changes under the thread's own lock): a consistent answer every time, and no
+ * race for ThreadSanitizer to see (the concurrency suite runs this under it). */
+static uint64_t g_found_addr;
+static int g_found_stop;
+
+static void *hand_out_and_free(void *arg)
+{
+    fx *f = arg;
+    for (int i = 0; i < 100000 && !__atomic_load_n(&g_found_stop, __ATOMIC_RELAXED); i++) {
+        uint64_t a;
+        int raw;
+        if (cs_cache_alloc(f->cache, f->heap, 4096, &a, &raw, NULL) == CS_OK) {
+            __atomic_store_n(&g_found_addr, a, __ATOMIC_RELAXED);
+            cs_cache_free(f->cache, a);
+        }
+    }
+    return NULL;
+}
+
+static void test_find_while_the_owner_hands_out(void **state)
+{
+    fx *f = *state;
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, hand_out_and_free, f), 0);
+    long found = 0;
+    for (int i = 0; i < 100000; i++) {
+        uint64_t a = __atomic_load_n(&g_found_addr, __ATOMIC_RELAXED);
+        cs_block_info info;
+        if (a && cs_cache_find(f->cache, a, &info) != CS_BLOCK_UNKNOWN) {
+            assert_int_equal(info.base, a);
+            assert_true(info.serial > 0);
+            found++;
+        }
+    }
+    __atomic_store_n(&g_found_stop, 1, __ATOMIC_RELAXED);
+    assert_int_equal(pthread_join(t, NULL), 0);
+    assert_true(found > 0);
+}
+
 static void test_threads(void **state)
 {
     fx *f = *state;
@@ -1729,6 +1769,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_reset_after_fork, setup, teardown),
         cmocka_unit_test_setup_teardown(test_oom_sequence, setup_small_device, teardown),
         cmocka_unit_test_setup_teardown(test_oom_step0_waits_for_fitting_block, setup_small_device, teardown),
+        cmocka_unit_test_setup_teardown(test_find_while_the_owner_hands_out, setup, teardown),
         cmocka_unit_test_setup_teardown(test_threads, setup, teardown),
         cmocka_unit_test_setup_teardown(test_threads_threshold_zero, setup_no_idle, teardown),
         cmocka_unit_test_setup_teardown(test_tc_fast_path_takes_no_lock, setup, teardown),

@@ -592,7 +592,7 @@ static void test_ipc(void **state)
         if (shim_pooled()) {
             struct shim_wire w;
             memcpy(&w, ipc_handles[k].reserved, sizeof w);
-            assert_memory_equal(w.magic, "csIPCv01", 8);
+            assert_memory_equal(w.magic, "csIPCv02", 8);
             assert_int_equal(w.pid, (uint32_t)getpid());
             assert_int_equal(w.device, 0);
             assert_int_equal(w.base, ipc_block[0]);
