@@ -1404,7 +1404,6 @@ cs_block_state cs_cache_find(cs_cache *c, uint64_t addr, cs_block_info *out)
         out->size = b->size;
         out->requested = st == CS_BLOCK_IN_USE ? requested : 0;
         out->serial = serial;
-        out->imported = false;
         out->dev = b->heap->dev;
         out->device = b->heap->device;
         out->key = b->heap->key;

@@ -148,7 +148,6 @@ typedef struct cs_block_info {
     const void *key;     /* its heap's key (the shim's: the context it was allocated in) */
     void *dev;           /* its heap's backend state (kept for the process's life) */
     bool pooled;         /* in a pooled heap: the driver's answers are about the pool's ranges */
-    bool imported;       /* not the cache's: another process's block opened here (cs_ipc.c) */
 } cs_block_info;
 /* The block containing addr (any byte of it), if the cache knows one there; CS_BLOCK_IDLE also
  * for a pooled heap's memory that is in no block (nothing the program holds). */

@@ -25,50 +25,59 @@
 
 typedef enum { PTR_UNKNOWN, PTR_BLOCK, PTR_FREED } ptr_kind;
 
+/* What a pointer query describes: a block of the cache, or another process's block this one
+ * opened (cs_ipc.c). */
+typedef struct {
+    cs_block_info b;
+    bool imported;
+} block;
+
 /* Another process's block this one opened (cs_ipc.c): described as a block too, though the
  * range mapped for it is whole chunks. It cannot be exported again. */
-static ptr_kind find_import(CUdeviceptr ptr, cs_block_info *info)
+static ptr_kind find_import(CUdeviceptr ptr, block *info)
 {
     uint64_t base, size;
     CUcontext ctx;
     if (!cs_ipc_find_import((uint64_t)ptr, &base, &size, &ctx))
         return PTR_UNKNOWN;
-    *info = (cs_block_info){.base = base, .requested = size, .size = size, .key = ctx,
-                            .pooled = true, .imported = true};
+    *info = (block){.b = {.base = base, .requested = size, .size = size, .key = ctx,
+                          .pooled = true},
+                    .imported = true};
     return (uint64_t)ptr >= base && (uint64_t)ptr < base + size ? PTR_BLOCK : PTR_FREED;
 }
 
 /* What ptr is to the program: in a block it holds (info filled), in a block it freed or past
  * its size, or not the shim's. */
-static ptr_kind find_block(const cs_driver *d, CUdeviceptr ptr, cs_block_info *info)
+static ptr_kind find_block(const cs_driver *d, CUdeviceptr ptr, block *info)
 {
     cs_shim *s = cs_shim_get();
     if (ptr == 0)
         return PTR_UNKNOWN;
+    info->imported = false;
     ptr_kind imported = find_import(ptr, info);
     if (imported != PTR_UNKNOWN || s->disabled || !s->cache)
         return imported;
-    cs_block_state st = cs_cache_find(s->cache, (uint64_t)ptr, info);
+    cs_block_state st = cs_cache_find(s->cache, (uint64_t)ptr, &info->b);
     if (st == CS_BLOCK_UNKNOWN && d->cuMemGetAddressRange_v2) {
         /* Inside a classic block: the driver knows its allocation. */
         CUdeviceptr base = 0;
         size_t size = 0;
         if (d->cuMemGetAddressRange_v2(&base, &size, ptr) == CUDA_SUCCESS && base != ptr)
-            st = cs_cache_find(s->cache, (uint64_t)base, info);
+            st = cs_cache_find(s->cache, (uint64_t)base, &info->b);
     }
     if (st == CS_BLOCK_UNKNOWN)
         return PTR_UNKNOWN;
-    if (st == CS_BLOCK_IDLE || (uint64_t)ptr >= info->base + info->requested)
+    if (st == CS_BLOCK_IDLE || (uint64_t)ptr >= info->b.base + info->b.requested)
         return PTR_FREED;
     return PTR_BLOCK;
 }
 
 /* Can a block be exported: a pooled one when its context's chunks are made exportable. */
-static bool exportable(const cs_block_info *info)
+static bool exportable(const block *info)
 {
     if (info->imported)
         return false;
-    return !info->pooled || (info->dev && cs_backend_exportable(info->dev));
+    return !info->b.pooled || (info->b.dev && cs_backend_exportable(info->b.dev));
 }
 
 /* A host address the driver knows nothing of: what it answers there is what it answers for
@@ -80,28 +89,28 @@ static CUdeviceptr unknown_pointer(void)
 }
 
 /* The attributes answered for the block; false for the driver's to answer. */
-static bool block_attribute(CUpointer_attribute a, void *data, const cs_block_info *info)
+static bool block_attribute(CUpointer_attribute a, void *data, const block *info)
 {
     uint64_t v;
     switch (a) {
     case CU_POINTER_ATTRIBUTE_CONTEXT:
         /* The context it was allocated in, as for cuMemAlloc memory (the driver answers NULL
          * for virtual memory, which no context owns). */
-        v = (uint64_t)(uintptr_t)info->key;
+        v = (uint64_t)(uintptr_t)info->b.key;
         break;
     case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
     case CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR:
-        v = info->base;
+        v = info->b.base;
         break;
     case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
     case CU_POINTER_ATTRIBUTE_MAPPING_SIZE:
-        v = info->requested;
+        v = info->b.requested;
         break;
     case CU_POINTER_ATTRIBUTE_BUFFER_ID:
     case CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID:
         if (info->imported)
             return false;  /* the driver's id of the mapping */
-        v = BUFFER_ID_BASE | info->serial;
+        v = BUFFER_ID_BASE | info->b.serial;
         break;
     case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
     case CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES: {
@@ -124,13 +133,13 @@ static bool block_attribute(CUpointer_attribute a, void *data, const cs_block_in
 CS_EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr)
 {
     REAL(d, cuMemGetAddressRange_v2);
-    cs_block_info info;
+    block info;
     switch (find_block(d, dptr, &info)) {
     case PTR_BLOCK:
         if (pbase)
-            *pbase = (CUdeviceptr)info.base;
+            *pbase = (CUdeviceptr)info.b.base;
         if (psize)
-            *psize = (size_t)info.requested;
+            *psize = (size_t)info.b.requested;
         return CUDA_SUCCESS;
     case PTR_FREED:
         return CUDA_ERROR_NOT_FOUND;
@@ -145,15 +154,15 @@ CS_EXPORT CUresult cuMemGetAddressRange(unsigned int *pbase, unsigned int *psize
                                         unsigned int dptr)
 {
     REAL(d, cuMemGetAddressRange);
-    cs_block_info info;
+    block info;
     switch (find_block(d, (CUdeviceptr)dptr, &info)) {
     case PTR_BLOCK:
-        if (info.base > UINT32_MAX || info.requested > UINT32_MAX)
+        if (info.b.base > UINT32_MAX || info.b.requested > UINT32_MAX)
             break;
         if (pbase)
-            *pbase = (unsigned int)info.base;
+            *pbase = (unsigned int)info.b.base;
         if (psize)
-            *psize = (unsigned int)info.requested;
+            *psize = (unsigned int)info.b.requested;
         return CUDA_SUCCESS;
     case PTR_FREED:
         return CUDA_ERROR_NOT_FOUND;
@@ -169,7 +178,7 @@ CS_EXPORT CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribu
                                          CUdeviceptr ptr)
 {
     REAL(d, cuPointerGetAttribute);
-    cs_block_info info;
+    block info;
     switch (find_block(d, ptr, &info)) {
     case PTR_BLOCK:
         if (data && block_attribute(attribute, data, &info))
@@ -188,7 +197,7 @@ CS_EXPORT CUresult cuPointerGetAttributes(unsigned int numAttributes,
                                           CUdeviceptr ptr)
 {
     REAL(d, cuPointerGetAttributes);
-    cs_block_info info;
+    block info;
     ptr_kind kind = find_block(d, ptr, &info);
     if (kind == PTR_FREED)
         return d->cuPointerGetAttributes(numAttributes, attributes, data, unknown_pointer());
@@ -205,16 +214,16 @@ CS_EXPORT CUresult cuPointerGetAttributes(unsigned int numAttributes,
 CS_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr)
 {
     REAL(d, cuIpcGetMemHandle);
-    cs_block_info info;
+    block info;
     switch (find_block(d, dptr, &info)) {
     case PTR_FREED:
         return CUDA_ERROR_INVALID_VALUE;
     case PTR_BLOCK:
         if (info.imported)
             return CUDA_ERROR_INVALID_VALUE;  /* IPC memory is not exported again */
-        if (info.pooled)  /* the driver cannot export virtual memory this way: cs_ipc.c */
-            return (uint64_t)dptr == info.base && pHandle
-                       ? cs_ipc_export(pHandle, &info, exportable(&info))
+        if (info.b.pooled)  /* the driver cannot export virtual memory this way: cs_ipc.c */
+            return (uint64_t)dptr == info.b.base && pHandle
+                       ? cs_ipc_export(pHandle, &info.b, exportable(&info))
                        : CUDA_ERROR_INVALID_VALUE;
         break;
     default:
