@@ -1,6 +1,6 @@
 /* File descriptors passed between processes (shim/cs_fdpass.c), without CUDA: replies of
  * every size around the batches of descriptors, a process with no server, a forked child
- * serving for itself, and requests that make no sense. */
+ * serving for itself, a server of another user, and requests that make no sense. */
 #include <errno.h>
 #include <fcntl.h>
 #include <setjmp.h>
@@ -158,6 +158,44 @@ static void test_forked_child_serves(void **state)
     close(g_reply.fds[0]);
 }
 
+/* A server of another user is not asked (nor would it answer). Needs root to make a process
+ * of another user; without, only that the switch is refused is checked. */
+static void test_other_user(void **state)
+{
+    (void)state;
+    if (getuid() != 0) {
+        assert_int_equal(setuid(65534), -1);
+        return;
+    }
+    int ready[2], done[2];
+    assert_int_equal(pipe(ready), 0);
+    assert_int_equal(pipe(done), 0);
+    pid_t child = fork();
+    if (child == 0) {
+        close(ready[0]);
+        close(done[1]);
+        cs_fdpass_after_fork_child();
+        uint64_t t = 0;
+        char c;
+        if (setgid(65534) != 0 || setuid(65534) != 0 || cs_fdpass_serve(handler, &t) != 0 ||
+            write(ready[1], &t, sizeof t) != sizeof t || read(done[0], &c, 1) != 1)
+            _exit(1);
+        _exit(0);
+    }
+    close(ready[1]);
+    close(done[0]);
+    uint64_t token = 0;
+    assert_int_equal(read(ready[0], &token, sizeof token), sizeof token);
+    assert_int_equal(ask(child, token, 1), EPERM);
+    assert_int_equal(g_reply.nfds, 0);
+    assert_int_equal(write(done[1], "x", 1), 1);
+    int status;
+    assert_int_equal(waitpid(child, &status, 0), child);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    close(ready[0]);
+    close(done[1]);
+}
+
 /* Bytes that are no request: the server hangs up without a reply, and keeps serving. */
 static void test_garbage_request(void **state)
 {
@@ -194,6 +232,7 @@ int main(void)
         cmocka_unit_test(test_replies_of_every_size),
         cmocka_unit_test(test_no_server),
         cmocka_unit_test(test_forked_child_serves),
+        cmocka_unit_test(test_other_user),
         cmocka_unit_test(test_garbage_request),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

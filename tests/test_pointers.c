@@ -11,6 +11,7 @@
  * (through fake_real_symbol, past the shim) are what the shim's must equal there. */
 #include <cuda.h>
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -728,6 +729,9 @@ static void test_ipc_open_elsewhere(void **state)
         fill_bytes(p, sizes[i], FILL);
         assert_int_equal(run_child(&h, sizes[i], "close-fails", NULL), 0);
         /* Each driver call of the importer failing in turn. */
+        /* No room for the block's descriptors (the large block has two chunks). */
+        if (i == 0)
+            assert_int_equal(run_child(&h, sizes[i], "nofile", NULL), 0);
         const char *fail[] = {"fail:cuMemImportFromShareableHandle", "fail:cuMemAddressReserve",
                               "fail:cuMemMap", "fail:cuMemSetAccess"};
         for (size_t k = 0; k < 4; k++)
@@ -835,9 +839,11 @@ static void test_ipc_chunks_not_exportable(void **state)
 }
 
 /* The child: IPC_WHAT is read (open, see FILL, write REPLY, close), hold (open, see FILL,
- * tell the parent on fd 3, wait for it on fd 4, still see FILL, close), expect:N (the open
- * fails with CUresult N) or fail:ENTRY (the importer's call ENTRY fails with out of memory:
- * so does the open, leaving nothing behind). Exit 0 when all went as said. */
+ * tell the parent on fd 3, wait for it on fd 4, still see FILL, close), close-fails (the
+ * close's wait fails), expect:N (the open fails with CUresult N), nofile (room for one
+ * descriptor of the block's two: CUDA_ERROR_OPERATING_SYSTEM) or fail:ENTRY (the importer's
+ * call ENTRY fails with out of memory: so does the open). Nothing is left behind by a failed
+ * open. Exit 0 when all went as said. */
 static int ipc_child(void)
 {
     const char *hex = getenv("IPC_HANDLE"), *what = getenv("IPC_WHAT");
@@ -857,6 +863,25 @@ static int ipc_child(void)
         if (r != (CUresult)atoi(what + 7)) {
             fprintf(stderr, "ipc child: open gave %d, expected %s\n", (int)r, what + 7);
             return 11;
+        }
+        return 0;
+    }
+    if (!strcmp(what, "nofile")) {
+        /* Room for two more descriptors: the socket and one chunk of the two sent. */
+        struct rlimit r;
+        rlim_t limit = 0;
+        for (int free_slots = 0; free_slots < 2; limit++)
+            free_slots += fcntl((int)limit, F_GETFD) == -1;
+        if (getrlimit(RLIMIT_NOFILE, &r) != 0)
+            return 21;
+        r.rlim_cur = limit;
+        if (setrlimit(RLIMIT_NOFILE, &r) != 0)
+            return 21;
+        CUresult rc = cuIpcOpenMemHandle(&p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+        if (rc != CUDA_ERROR_OPERATING_SYSTEM || fake_vmm_allocations() ||
+            fake_vmm_reservations()) {
+            fprintf(stderr, "ipc child: nofile: open gave %d\n", (int)rc);
+            return 22;
         }
         return 0;
     }
