@@ -1654,7 +1654,6 @@ uint64_t cs_pool_need(cs_pool *p, uint64_t bytes, bool move, bool ordered)
     pthread_mutex_lock(&p->lock);
     uint64_t size = round_up(bytes, CS_POOL_ALIGN);
     bool small = bytes <= cs_pool_slab_max(p->gran);
-    uint64_t usable = usable_epoch(p, ordered && !small);
     if (small) {
         slab_class *k = class_find(p, bytes);
         int first;
@@ -1665,6 +1664,9 @@ uint64_t cs_pool_need(cs_pool *p, uint64_t bytes, bool move, bool ordered)
     window w, fresh;
     uint64_t need = 0;
     zone z = small ? ZONE_SMALL : ZONE_LARGE;
+    /* Which free memory may serve is asked (the GPU, for a small block's new slab) only when
+     * the block needs free memory at all. */
+    uint64_t usable = size ? usable_epoch(p, ordered && !small) : 0;
     if (size && !best_fit(p, size, usable, z, &a, &i)) {
         /* What cs_pool_alloc would take with no more new memory than needed: the best
          * window's plan, else one where the largest hole starts (a new arena: all of it). */
