@@ -15,8 +15,12 @@ WORKLOAD:
   train   shared/bench/torch_train.py (a small transformer trained with AdamW, sequence length
           changing every step), run as it is through runpy with ITERS=N; its RESULT line gives
           it/s and the loss. A step is one of its iterations.
+  alloc   the host's cost of allocating: a step allocates 12 tensors (the activation sizes of
+          torch_train.py's sequence lengths, 2-8 MiB, and four others from 4 KB to 32 MiB),
+          fills each (one kernel), and frees them all; nothing synchronizes. Prints the sum
+          of the last step's first elements.
 
-Warm-up steps come first (resnet 8: every size twice; gpt2 2; train: its own 8), then the
+Warm-up steps come first (resnet 8: every size twice; gpt2 2; train: its own 8; alloc 200), then the
 timed steps, with torch.cuda.synchronize() before each clock reading. The seeds are fixed
 (torch.manual_seed(0)), so runs under different allocators do the same work; the loss and
 checksum let them be compared (a loss may differ in the last digit between runs: cuDNN and
@@ -356,19 +360,46 @@ def run_train(args, dev, sync):
     return args.steps / it_s if it_s > 0 else float("inf"), m.group(2), ""
 
 
+# --------------------------------------------------------------------------- allocations
+
+
+def run_alloc(args, dev, sync):
+    sizes = [16 * t * 512 for t in (64, 96, 128, 192, 256, 80, 160, 224)]
+    sizes += [1000, 4096, 512 * 2048, 16 * 256 * 2048]  # floats: 4 KB to 32 MiB
+
+    def step(i):
+        live = []
+        for n in sizes:
+            t = torch.empty(n, device=dev)
+            t.fill_(float(i % 7))
+            live.append(t)
+        return live[0][0] + live[-1][0]
+
+    for i in range(args.warmup if args.warmup is not None else 200):
+        step(i)
+    sync()
+    t0 = time.perf_counter()
+    for i in range(args.steps):
+        last = step(i)
+    sync()
+    sec = time.perf_counter() - t0
+    return sec, "%.1f" % last.item(), ""
+
+
 # --------------------------------------------------------------------------- main
 
-DEFAULT_STEPS = {"resnet": 600, "gpt2": 15, "train": 400}
-RUNNERS = {"resnet": run_resnet, "gpt2": run_gpt2, "train": run_train}
+DEFAULT_STEPS = {"resnet": 600, "gpt2": 15, "train": 400, "alloc": 20000}
+RUNNERS = {"resnet": run_resnet, "gpt2": run_gpt2, "train": run_train, "alloc": run_alloc}
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("workload", choices=sorted(RUNNERS))
     ap.add_argument("--steps", type=int, default=None,
-                    help="timed steps (default: resnet 600, gpt2 15 rounds, train 400)")
+                    help="timed steps (default: resnet 600, gpt2 15 rounds, train 400, "
+                    "alloc 20000)")
     ap.add_argument("--warmup", type=int, default=None,
-                    help="warm-up steps (default: resnet 8, gpt2 2; train: its own 8)")
+                    help="warm-up steps (default: resnet 8, gpt2 2, alloc 200; train: its own 8)")
     ap.add_argument("--sample-ms", type=float, default=5.0,
                     help="NVML sampling interval in ms; 0 turns sampling off")
     ap.add_argument("--device", default="cuda", help="cuda (default), or cpu for a smoke test")
