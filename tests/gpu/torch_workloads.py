@@ -18,7 +18,7 @@ WORKLOAD:
   alloc   the host's cost of allocating: a step allocates 12 tensors (the activation sizes of
           torch_train.py's sequence lengths, 2-8 MiB, and four others from 4 KB to 32 MiB),
           fills each (one kernel), and frees them all; nothing synchronizes. Prints the sum
-          of the last step's first elements.
+          of the first elements of the last step's first and last tensors.
 
 Warm-up steps come first (resnet 8: every size twice; gpt2 2; train: its own 8; alloc 200), then the
 timed steps, with torch.cuda.synchronize() before each clock reading. The seeds are fixed
@@ -185,6 +185,19 @@ class ResNet18(nn.Module):
         return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
 
 
+def run_steps(step, args, sync, warmup):
+    """The warm-up steps (--warmup, else `warmup`), then the timed ones between two
+    synchronizations: their seconds and the last step's result."""
+    for i in range(args.warmup if args.warmup is not None else warmup):
+        step(i)
+    sync()
+    t0 = time.perf_counter()
+    for i in range(args.steps):
+        last = step(i)
+    sync()
+    return time.perf_counter() - t0, last
+
+
 def run_resnet(args, dev, sync):
     sizes = (128, 160, 192, 224)
     batch = 32
@@ -202,14 +215,7 @@ def run_resnet(args, dev, sync):
         opt.step()
         return loss
 
-    for i in range(args.warmup if args.warmup is not None else 8):
-        step(i)
-    sync()
-    t0 = time.perf_counter()
-    for i in range(args.steps):
-        loss = step(i)
-    sync()
-    sec = time.perf_counter() - t0
+    sec, loss = run_steps(step, args, sync, 8)
     return sec, "%.4f" % loss.item(), ""
 
 
@@ -375,14 +381,7 @@ def run_alloc(args, dev, sync):
             live.append(t)
         return live[0][0] + live[-1][0]
 
-    for i in range(args.warmup if args.warmup is not None else 200):
-        step(i)
-    sync()
-    t0 = time.perf_counter()
-    for i in range(args.steps):
-        last = step(i)
-    sync()
-    sec = time.perf_counter() - t0
+    sec, last = run_steps(step, args, sync, 200)
     return sec, "%.1f" % last.item(), ""
 
 
