@@ -208,7 +208,7 @@ static void test_small_miss_from_a_slab_asks_nothing(void **state)
 {
     (void)state;
     if (!shim_pooled() || !ordered())
-        skip();  /* the classic backend has no slabs */
+        skip();  /* the classic backend has no slabs; completed reuse: above */
     CUstream s = make_stream(CU_STREAM_NON_BLOCKING);
     fake_set_work_ticks(100000);  /* the GPU far behind: nothing below completes */
     CUdeviceptr big = must_alloc(16 * MiB);
