@@ -51,11 +51,11 @@ static int error_of(int e)
     return e == EAGAIN || e == EWOULDBLOCK ? ETIMEDOUT : e ? e : EPROTO;
 }
 
-/* All of n bytes, or an errno (EPROTO: the peer closed first). */
-static int send_all(int fd, const void *p, size_t n)
+/* All of n bytes sent (out) or received, or an errno (EPROTO: the peer closed first). */
+static int transfer(int fd, char *c, size_t n, bool out)
 {
-    for (const char *c = p; n;) {
-        ssize_t k = send(fd, c, n, MSG_NOSIGNAL);
+    while (n) {
+        ssize_t k = out ? send(fd, c, n, MSG_NOSIGNAL) : recv(fd, c, n, 0);
         if (k < 0 && errno == EINTR)
             continue;
         if (k <= 0)
@@ -66,18 +66,14 @@ static int send_all(int fd, const void *p, size_t n)
     return 0;
 }
 
+static int send_all(int fd, const void *p, size_t n)
+{
+    return transfer(fd, (char *)p, n, true);  /* only read from */
+}
+
 static int recv_all(int fd, void *p, size_t n)
 {
-    for (char *c = p; n;) {
-        ssize_t k = recv(fd, c, n, 0);
-        if (k < 0 && errno == EINTR)
-            continue;
-        if (k <= 0)
-            return error_of(k < 0 ? errno : 0);
-        c += k;
-        n -= (size_t)k;
-    }
-    return 0;
+    return transfer(fd, p, n, false);
 }
 
 static int send_fds(int fd, const int *fds, size_t n)

@@ -113,12 +113,16 @@ static void test_no_server(void **state)
     assert_int_equal(cs_fdpass_ask(getpid(), g_token, &g_req, &g_reply), EINVAL);
 }
 
-/* A child after fork serves for itself (the parent's server is not its own); the parent
- * asks it. */
-static void test_forked_child_serves(void **state)
+/* A forked child serving for itself, as the shim's fork handler makes it (as user `uid`
+ * unless -1), until child_end. */
+typedef struct {
+    pid_t pid;
+    int done;        /* a byte written here ends it */
+    uint64_t token;  /* its server's */
+} child_server;
+
+static child_server child_start(int uid)
 {
-    (void)state;
-    serve();
     int ready[2], done[2];
     assert_int_equal(pipe(ready), 0);
     assert_int_equal(pipe(done), 0);
@@ -126,33 +130,50 @@ static void test_forked_child_serves(void **state)
     if (child == 0) {
         close(ready[0]);
         close(done[1]);
-        cs_fdpass_after_fork_child();  /* as the shim's fork handler does */
+        cs_fdpass_after_fork_child();
         uint64_t t = 0;
         char c;
-        if (cs_fdpass_serve(handler, &t) != 0 || t == g_token ||
-            write(ready[1], &t, sizeof t) != sizeof t || read(done[0], &c, 1) != 1)
+        if ((uid >= 0 && (setgid((gid_t)uid) != 0 || setuid((uid_t)uid) != 0)) ||
+            cs_fdpass_serve(handler, &t) != 0 || write(ready[1], &t, sizeof t) != sizeof t ||
+            read(done[0], &c, 1) != 1)
             _exit(1);
         _exit(0);
     }
     close(ready[1]);  /* a child that dies is then an end of file, not a wait */
     close(done[0]);
-    uint64_t child_token = 0;
-    assert_int_equal(read(ready[0], &child_token, sizeof child_token), sizeof child_token);
-    assert_int_equal(ask(child, g_token, 2), ECONNREFUSED);  /* the parent's token is not its */
-    assert_int_equal(ask(child, child_token, 2), 0);
+    child_server c = {.pid = child, .done = done[1]};
+    assert_int_equal(read(ready[0], &c.token, sizeof c.token), sizeof c.token);
+    close(ready[0]);
+    return c;
+}
+
+static void child_end(child_server c)
+{
+    assert_int_equal(write(c.done, "x", 1), 1);
+    int status;
+    assert_int_equal(waitpid(c.pid, &status, 0), c.pid);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    close(c.done);
+}
+
+/* A child after fork serves for itself (the parent's server is not its own); the parent
+ * asks it. */
+static void test_forked_child_serves(void **state)
+{
+    (void)state;
+    serve();
+    child_server child = child_start(-1);
+    assert_true(child.token != g_token);
+    assert_int_equal(ask(child.pid, g_token, 2), ECONNREFUSED);  /* the parent's token is not its */
+    assert_int_equal(ask(child.pid, child.token, 2), 0);
     char want[32];
-    snprintf(want, sizeof want, "pid:%d", (int)child);
+    snprintf(want, sizeof want, "pid:%d", (int)child.pid);
     assert_int_equal(g_reply.len, strlen(want));
     assert_memory_equal(g_reply.data, want, g_reply.len);
     assert_int_equal(g_reply.nfds, 2);
     close(g_reply.fds[0]);
     close(g_reply.fds[1]);
-    assert_int_equal(write(done[1], "x", 1), 1);
-    int status;
-    assert_int_equal(waitpid(child, &status, 0), child);
-    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-    close(ready[0]);
-    close(done[1]);
+    child_end(child);
     /* And ours still answers. */
     assert_int_equal(ask(getpid(), g_token, 1), 0);
     close(g_reply.fds[0]);
@@ -167,33 +188,10 @@ static void test_other_user(void **state)
         assert_int_equal(setuid(65534), -1);
         return;
     }
-    int ready[2], done[2];
-    assert_int_equal(pipe(ready), 0);
-    assert_int_equal(pipe(done), 0);
-    pid_t child = fork();
-    if (child == 0) {
-        close(ready[0]);
-        close(done[1]);
-        cs_fdpass_after_fork_child();
-        uint64_t t = 0;
-        char c;
-        if (setgid(65534) != 0 || setuid(65534) != 0 || cs_fdpass_serve(handler, &t) != 0 ||
-            write(ready[1], &t, sizeof t) != sizeof t || read(done[0], &c, 1) != 1)
-            _exit(1);
-        _exit(0);
-    }
-    close(ready[1]);
-    close(done[0]);
-    uint64_t token = 0;
-    assert_int_equal(read(ready[0], &token, sizeof token), sizeof token);
-    assert_int_equal(ask(child, token, 1), EPERM);
+    child_server child = child_start(65534);
+    assert_int_equal(ask(child.pid, child.token, 1), EPERM);
     assert_int_equal(g_reply.nfds, 0);
-    assert_int_equal(write(done[1], "x", 1), 1);
-    int status;
-    assert_int_equal(waitpid(child, &status, 0), child);
-    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-    close(ready[0]);
-    close(done[1]);
+    child_end(child);
 }
 
 /* Bytes that are no request: the server hangs up without a reply, and keeps serving. */
