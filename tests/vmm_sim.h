@@ -50,7 +50,8 @@ typedef struct vmm_sim {
     uint64_t completed;      /* every work epoch up to this one is done */
     uint64_t work_epoch_max; /* the newest epoch of any work recorded */
     uint64_t issued;         /* the newest fence epoch the test's backend handed out */
-    sim_set handles;         /* a = handle, b = size, c = va it is mapped at (0: none) */
+    sim_set handles;         /* a = handle, b = size, c = how many mappings it has (a driver
+                                maps one handle at several addresses) */
     sim_set reserves;        /* a = va, b = size, c = mappings in it */
     sim_set maps;            /* a = va, b = size, c = handle */
     sim_set work;            /* a = address, b = epoch */
@@ -280,12 +281,12 @@ static inline int sim_map(void *dev, uint64_t va, uint64_t size, uint64_t handle
         for (size_t i = 0; i < s->maps.n; i++)
             overlap |= s->maps.r[i].used && va < s->maps.r[i].a + s->maps.r[i].b &&
                        s->maps.r[i].a < va + size;
-        if (!h || h->b != size || h->c || !r || overlap) {
+        if (!h || h->b != size || !r || overlap) {
             s->misuse++;
             rc = CS_BE_ERROR;
             *raw = 1;
         } else {
-            h->c = va;
+            h->c++;
             r->c++;
             set_add(&s->maps, va, size, handle);
         }
@@ -326,7 +327,7 @@ static inline int sim_unmap(void *dev, uint64_t va, uint64_t size, int *raw)
         } else {
             sim_rec *h = set_find(&s->handles, m->c), *r = reserve_of(s, va, size);
             if (h)
-                h->c = 0;
+                h->c--;
             if (r)
                 r->c--;
             m->used = false;
