@@ -17,8 +17,8 @@
  * whole is. Only with several busy streams, or its work pending with completed reuse, does a
  * large block wait in the idle lists. A miss then first moves the memory of idle blocks whose
  * fences completed, oldest first, to the new block (see "moves") and takes memory from the
- * driver only for the rest; in ordered mode, large idle blocks the GPU still works on may
- * move too.
+ * driver only for the rest; in ordered mode, idle blocks the GPU still works on may move
+ * too (a small one's slot back to its slab, a block from its range ordered after that work).
  *
  * In front of this core sit per-thread caches (cs_tcache.c): a thread's allocation of a block
  * it freed itself, and its free of a block it holds, take no lock here. What they own the
@@ -281,10 +281,10 @@ static uint64_t backend_free(cs_heap *h, cs_block *b, bool keep, bool *waited)
     }
     if (h->dead)
         return b->size;  /* the context took its memory with it */
-    /* Unmapping does not wait for the GPU: the fence first. A large block that stays in the
-     * pool joins its free memory at once, with its fence (cs_pool.h): nobody waits. */
+    /* Unmapping does not wait for the GPU: the fence first. A block that stays in the pool
+     * joins its free memory at once, with its fence (cs_pool.h): nobody waits. */
     bool done = cs_epoch_ready(h, b->epoch);
-    if (!done && !(keep && b->size > h->slab_max)) {
+    if (!done && !keep) {
         done = h->ops->wait(h->dev, b->epoch) == 0;
         if (waited)
             *waited = true;
@@ -1057,16 +1057,20 @@ static uint64_t move_for(cs_cache *c, cs_heap *h, uint64_t bytes, bool *busy_ok)
      * block carved from free spans is as cheap as a hit. */
     if (bytes > h->slab_max && !cs_pool_fits(h->pool, bytes, ordered) && !capture_running(c))
         idle_to_pool(c, h, false, ordered, UINT64_MAX);
-    /* Before new memory, idle small blocks the GPU is done with give their slots back, so a
-     * small size that comes and goes keeps no memory of its own; before a large block's too,
-     * which cannot use their slabs' memory, but small blocks of other sizes then take their
-     * slots instead of new memory (GPT-2's replay 20 ms behind: 1.117 reserved / live, 1.123
-     * returning them before small blocks' new memory only). Within the headroom over the
-     * program's own peak, new memory fills the pool's holes (it stays, free, for blocks of
-     * other sizes later); beyond it, memory moves: free chunks of the pool into the holes,
-     * then idle blocks' memory. */
+    /* Before new memory, idle small blocks give their slots back (those the GPU is done with;
+     * ordered, all of them: a block from their ranges is ordered after their work), so a small
+     * size that comes and goes keeps no memory of its own however far behind the GPU is
+     * (GPT-2's replay 200 ms behind: 2.02 reserved / live when only the finished ones went
+     * back, 1.10 now); before a large block's too, which cannot use their slabs' memory, but
+     * small blocks of other sizes then take their slots instead of new memory (GPT-2's replay
+     * 20 ms behind: 1.117 reserved / live, 1.123 returning them before small blocks' new
+     * memory only). Within the headroom over the program's own peak, new memory fills the
+     * pool's holes (it stays, free, for blocks of other sizes later); beyond it, memory moves:
+     * free chunks of the pool into the holes (ordered, busy ones too), then idle blocks'
+     * memory. */
     uint64_t grow = cs_pool_need(h->pool, bytes, false, ordered);
-    if (grow && !capture_running(c) && idle_to_pool(c, h, true, false, UINT64_MAX))
+    if (grow && !capture_running(c) &&
+        idle_to_pool(c, h, true, ordered, UINT64_MAX))
         grow = cs_pool_need(h->pool, bytes, false, ordered);
     /* New memory must fit under the cap too (a group's other members' memory counted): over
      * it, a free span outside the block's zone beats a trim or a refusal. While a capture

@@ -25,6 +25,13 @@ typedef struct {
     uint64_t va, size, handle;
 } mapping;
 
+/* Where a chunk was mapped before it moved while work on its memory was still under way: an
+ * unmap does not wait for the GPU, so this mapping stays until that work completes at
+ * `epoch` (reap_old), its span busy meanwhile. */
+typedef struct {
+    uint64_t va, size, handle, epoch;
+} old_mapping;
+
 enum { SPAN_HOLE, SPAN_FREE, SPAN_USED, SPAN_BUSY };
 
 struct range;
@@ -43,6 +50,8 @@ typedef struct arena {
     size_t nspans, cap_spans;
     mapping *maps;        /* by address */
     size_t nmaps, cap_maps;
+    old_mapping *olds;    /* chunks moved away while busy: unmapped once their work is done */
+    size_t nolds, cap_olds;
     int busy;             /* threads with driver calls under way on it */
     bool dead, unmapped;  /* cs_pool_release_all: detached; its mappings are gone */
 } arena;
@@ -52,6 +61,9 @@ struct slab;
 /* A small range: a used span of one granule cut into pages that slabs take in runs. */
 typedef struct range {
     uint64_t va;
+    uint64_t epoch;                 /* the newest fence of a slot given back before its work
+                                       completed (0: none): a block carved from the range is
+                                       ordered after it, or takes another range */
     uint32_t free_pages;            /* bit i set when page i belongs to no slab */
     struct slab *page_slab[PAGES];  /* the slab of each page */
     struct range *prev, *next;      /* small ranges with free pages */
@@ -79,6 +91,8 @@ typedef struct {
 
 struct cs_pool {
     pthread_mutex_t lock;
+    pthread_mutex_t olds_lock;  /* held while old mappings are unmapped, and while chunks are
+                                   released: a chunk never goes before its old mappings */
     const cs_vmm_ops *ops;
     void *dev;
     uint64_t gran, page, arena_bytes;
@@ -96,6 +110,7 @@ struct cs_pool {
     void *ready_arg;
     uint64_t done;             /* every epoch up to this one completed */
     uint64_t pending_max;      /* the newest epoch a free span was given */
+    size_t nolds;              /* old mappings in all arenas, waiting for their work */
     bool dead;                 /* its context is gone (cs_pool_release_all): what a thread
                                   builds or frees meanwhile goes straight back */
     cs_pool_counts counts;
@@ -143,6 +158,7 @@ cs_pool *cs_pool_create(const cs_vmm_ops *ops, void *dev, uint64_t granularity,
     if (!p)
         return NULL;
     pthread_mutex_init(&p->lock, NULL);
+    pthread_mutex_init(&p->olds_lock, NULL);
     p->ops = ops;
     p->dev = dev;
     p->ready = ready;
@@ -184,6 +200,7 @@ static void arena_free(arena *a)
         range_free(a->spans[i].small);
     free(a->spans);
     free(a->maps);
+    free(a->olds);
     free(a);
 }
 
@@ -201,6 +218,7 @@ void cs_pool_destroy(cs_pool *p)
     free(p->gone);
     free(p->classes);
     pthread_mutex_destroy(&p->lock);
+    pthread_mutex_destroy(&p->olds_lock);
     free(p);
 }
 
@@ -232,13 +250,15 @@ static int spare_fit(const cs_pool *p, uint64_t bytes)
     return -1;
 }
 
+static int release_handle(cs_pool *p, uint64_t handle, int *raw);
+
 /* Without the lock: chunks go back to the driver. Returns their bytes. */
 static uint64_t release_chunks(cs_pool *p, const chunk *c, size_t n)
 {
     uint64_t bytes = 0;
     for (size_t i = 0; i < n; i++) {
         int ignored;
-        p->ops->release(p->dev, c[i].handle, &ignored);
+        release_handle(p, c[i].handle, &ignored);
         bytes += c[i].size;
     }
     return bytes;
@@ -532,11 +552,34 @@ static int free_run(uint32_t mask, uint32_t n)
     return -1;
 }
 
-/* A small range with a run of n free pages, and where it starts. */
-static range *small_with_run(cs_pool *p, uint32_t n, int *first)
+/* Which small ranges a block may be carved from: those whose busy slots' work completed, or,
+ * when the caller orders the block after that work, any (the newest such epoch then in
+ * `at`). Not ordered, the GPU is asked once at most (whether all of it completed). */
+typedef struct {
+    bool ordered, asked;
+    uint64_t at;
+} slot_rule;
+
+static bool range_usable(cs_pool *p, const range *r, slot_rule *rule)
+{
+    if (r->epoch <= p->done)
+        return true;
+    if (rule->ordered) {
+        if (r->epoch > rule->at)
+            rule->at = r->epoch;
+        return true;
+    }
+    if (rule->asked)
+        return false;
+    rule->asked = true;
+    return epoch_done(p, p->pending_max) && r->epoch <= p->done;
+}
+
+/* A small range with a run of n free pages that rule allows, and where the run starts. */
+static range *small_with_run(cs_pool *p, uint32_t n, slot_rule *rule, int *first)
 {
     for (range *r = p->small_free; r; r = r->next)
-        if ((*first = free_run(r->free_pages, n)) >= 0)
+        if ((*first = free_run(r->free_pages, n)) >= 0 && range_usable(p, r, rule))
             return r;
     return NULL;
 }
@@ -581,19 +624,31 @@ static bool slab_unmake(cs_pool *p, slab *sl)
     return r->free_pages == UINT32_MAX;
 }
 
+/* The first slab of class k with a free slot that rule allows. */
+static slab *slab_usable(cs_pool *p, slab_class *k, slot_rule *rule)
+{
+    for (slab *sl = k->head; sl; sl = sl->next)
+        if (range_usable(p, sl->r, rule))
+            return sl;
+    return NULL;
+}
+
 /* A small block from a slab with a free slot; else a new slab on free pages of a small range;
- * else false (with the lock held throughout). */
-static bool slot_take(cs_pool *p, uint64_t slot, uint64_t *addr, bool *no_host_memory)
+ * else false (with the lock held throughout). Ordered: it may come from a range with busy
+ * slots, *at then the epoch to order it after. */
+static bool slot_take(cs_pool *p, uint64_t slot, bool ordered, uint64_t *addr, uint64_t *at,
+                      bool *no_host_memory)
 {
     slab_class *k = class_for(p, slot);
     *no_host_memory = !k;
     if (!k)
         return false;
-    slab *sl = k->head;
+    slot_rule rule = {.ordered = ordered, .at = *at};
+    slab *sl = slab_usable(p, k, &rule);
     if (!sl) {
         int first;
         uint32_t n = slab_pages(p, slot);
-        range *r = small_with_run(p, n, &first);
+        range *r = small_with_run(p, n, &rule, &first);
         if (!r)
             return false;
         if (!(sl = slab_make(p, r, first, n, slot))) {
@@ -607,6 +662,7 @@ static bool slot_take(cs_pool *p, uint64_t slot, uint64_t *addr, bool *no_host_m
         partial_remove(k, sl);
     p->counts.slab_free -= slot;
     *addr = sl->r->va + (uint64_t)sl->first * p->page + (uint64_t)i * slot;
+    *at = rule.at;
     return true;
 }
 
@@ -756,6 +812,9 @@ typedef struct {
     int from;
     bool mapped;
     bool stuck;            /* rollback: its unmap failed, still mapped in the window */
+    bool keep_old;         /* from a free span whose work is under way: mapped here too, and
+                              unmapped there once that work completes (an old mapping) */
+    uint64_t epoch;        /* keep_old: that work's epoch */
 } place;
 
 /* A piece of the window: a hole to fill, or a free span already mapped. */
@@ -776,7 +835,11 @@ typedef struct {
     size_t ntrade;
     uint64_t created;
     uint64_t gen;          /* the access generation when the plan was made */
+    uint64_t usable;       /* free chunks whose work completed up to this epoch may move */
     bool dry;              /* only count: stop at `left`, take nothing (cs_pool_need) */
+    bool ordered;          /* busy chunks may move: the block is ordered after their work */
+    uint64_t moved_epoch;  /* the newest epoch of the chunks that keep their old mapping */
+    size_t nold;           /* how many do */
     uint64_t left;         /* the new memory the plan takes, once its moves are chosen */
 } plan;
 
@@ -795,13 +858,14 @@ static bool add_place(plan *pl, place pc)
     return true;
 }
 
-/* Is mapping m of the window's arena wholly free, its work done, and outside the window? */
-static bool movable_at(cs_pool *p, const arena *a, const plan *pl, size_t m)
+/* Is mapping m of the window's arena wholly free, its work done up to the plan's usable epoch,
+ * and outside the window? */
+static bool movable_at(const arena *a, const plan *pl, size_t m)
 {
     const mapping *c = &a->maps[m];
     const span *s = &a->spans[span_at(a, c->va)];
     if (s->kind != SPAN_FREE || c->va + c->size > span_end(s) ||
-        (c->va < pl->va + pl->size && pl->va < c->va + c->size) || !epoch_done(p, s->epoch))
+        (c->va < pl->va + pl->size && pl->va < c->va + c->size) || s->epoch > pl->usable)
         return false;
     for (size_t i = 0; i < pl->nplaces; i++)
         if (pl->places[i].from == FROM_FREE && pl->places[i].from_va == c->va)
@@ -809,14 +873,30 @@ static bool movable_at(cs_pool *p, const arena *a, const plan *pl, size_t m)
     return true;
 }
 
+/* Chunk c of the window's arena is to move to `at`. If the work on its memory may still be
+ * under way (its epoch not known complete: not asked, the plan is ordered), it keeps its old
+ * mapping until then, and the block is ordered after that work. False without host memory. */
+static bool place_moved(const cs_pool *p, const arena *a, plan *pl, uint64_t at, mapping c)
+{
+    uint64_t e = a->spans[span_at(a, c.va)].epoch;
+    bool busy = e > p->done;
+    if (!add_place(pl, (place){at, c.va, {c.handle, c.size}, FROM_FREE, false, false, busy,
+                               busy ? e : 0}))
+        return false;
+    if (busy && e > pl->moved_epoch)
+        pl->moved_epoch = e;
+    pl->nold += busy;
+    return true;
+}
+
 /* The largest wholly free chunk of the window's arena outside the window of at most `bytes`:
  * its mapping index, or -1. */
-static long movable(cs_pool *p, const arena *a, const plan *pl, uint64_t bytes)
+static long movable(const arena *a, const plan *pl, uint64_t bytes)
 {
     long best = -1;
     for (size_t m = 0; m < a->nmaps; m++)
         if (a->maps[m].size <= bytes && (best < 0 || a->maps[m].size > a->maps[best].size) &&
-            movable_at(p, a, pl, m))
+            movable_at(a, pl, m))
             best = (long)m;
     return best;
 }
@@ -826,7 +906,7 @@ static long movable(cs_pool *p, const arena *a, const plan *pl, uint64_t bytes)
 static bool place_spare(cs_pool *p, plan *pl, uint64_t va, int e)
 {
     chunk c = spare_pop(p, e);
-    if (add_place(pl, (place){va, 0, c, FROM_SPARE, false, false}))
+    if (add_place(pl, (place){va, 0, c, FROM_SPARE, false, false, false, 0}))
         return true;
     spare_push(p, c);  /* room was there: it was just taken */
     return false;
@@ -853,6 +933,9 @@ static int plan_make(cs_pool *p, const window *w, uint64_t size, uint64_t max_ne
     pl->a = a;
     pl->va = w->va;
     pl->size = size;
+    /* Asked once for the plan (the oldest pending epochs first), not once per chunk: with
+     * the GPU far behind, every busy chunk looked at was a question. */
+    pl->usable = usable_epoch(p, pl->ordered);
     size_t first = span_at(a, w->va), n = 0;
     for (size_t i = first; i < a->nspans && a->spans[i].va < w->va + size; i++)
         n++;
@@ -916,10 +999,9 @@ static int plan_make(cs_pool *p, const window *w, uint64_t size, uint64_t max_ne
     for (size_t i = 0; i < pl->npieces && left > max_new; i++) {
         uint64_t end = pl->pieces[i].va + pl->pieces[i].size;
         long m;
-        while (tail[i] && left > max_new && (m = movable(p, a, pl, tail[i])) >= 0) {
+        while (tail[i] && left > max_new && (m = movable(a, pl, tail[i])) >= 0) {
             mapping c = a->maps[m];
-            if (!add_place(pl, (place){end - tail[i], c.va, {c.handle, c.size}, FROM_FREE,
-                                       false, false})) {
+            if (!place_moved(p, a, pl, end - tail[i], c)) {
                 free(tail);
                 plan_undo(p, pl);
                 return CS_BE_OOM;
@@ -931,15 +1013,15 @@ static int plan_make(cs_pool *p, const window *w, uint64_t size, uint64_t max_ne
     }
     /* Still short: the smallest free chunk larger than the last tail, if its hole goes on. */
     if (left > max_new && tail[last] && ext) {
-        long m = movable(p, a, pl, tail[last] + ext);
+        long m = movable(a, pl, tail[last] + ext);
         for (size_t k = 0; m >= 0 && k < a->nmaps; k++)
             if (a->maps[k].size > tail[last] && a->maps[k].size < a->maps[m].size &&
-                movable_at(p, a, pl, k))
+                movable_at(a, pl, k))
                 m = (long)k;
         if (m >= 0 && a->maps[m].size > tail[last]) {
             mapping c = a->maps[m];
             uint64_t at = pl->pieces[last].va + pl->pieces[last].size - tail[last];
-            if (!add_place(pl, (place){at, c.va, {c.handle, c.size}, FROM_FREE, false, false})) {
+            if (!place_moved(p, a, pl, at, c)) {
                 free(tail);
                 plan_undo(p, pl);
                 return CS_BE_OOM;
@@ -968,7 +1050,7 @@ static int plan_make(cs_pool *p, const window *w, uint64_t size, uint64_t max_ne
             uint64_t sz = p->gran << e;
             uint64_t k = e == 0 ? (tail[i] - big) / p->gran : (big & sz) ? 1 : 0;
             for (; k; k--) {
-                if (!add_place(pl, (place){at, 0, {0, sz}, FROM_NEW, false, false})) {
+                if (!add_place(pl, (place){at, 0, {0, sz}, FROM_NEW, false, false, false, 0})) {
                     free(tail);
                     plan_undo(p, pl);
                     return CS_BE_OOM;
@@ -991,7 +1073,8 @@ static int plan_make(cs_pool *p, const window *w, uint64_t size, uint64_t max_ne
             }
     }
     /* Busy: the window as it is (its pieces keep their bounds), and each chunk that moves. */
-    if (!room_spans(a, 3 + 2 * nmoved)) {
+    if (!room_spans(a, 3 + 2 * nmoved) ||
+        !grow((void **)&a->olds, &a->cap_olds, a->nolds, pl->nold, sizeof *a->olds)) {
         plan_undo(p, pl);
         return CS_BE_OOM;
     }
@@ -1012,10 +1095,10 @@ static int plan_make(cs_pool *p, const window *w, uint64_t size, uint64_t max_ne
 
 /* Under the lock: the new memory a plan for window w takes at the least (with no new memory
  * allowed, it moves all it can): a plan made and undone. */
-static uint64_t plan_least(cs_pool *p, const window *w, uint64_t size, bool move)
+static uint64_t plan_least(cs_pool *p, const window *w, uint64_t size, bool move, bool ordered)
 {
     /* No host memory to plan: all of its holes. */
-    plan pl = {.dry = true, .left = round_up(w->holes, p->gran)};
+    plan pl = {.dry = true, .left = round_up(w->holes, p->gran), .ordered = ordered};
     plan_make(p, w, size, move ? 0 : UINT64_MAX, &pl);
     plan_free(&pl);
     return pl.left;
@@ -1028,7 +1111,7 @@ static int plan_run(cs_pool *p, plan *pl, int *raw)
     for (size_t i = 0; i < pl->nplaces; i++) {
         place *pc = &pl->places[i];
         int rc = CS_BE_OK;
-        if (pc->from == FROM_FREE) {
+        if (pc->from == FROM_FREE && !pc->keep_old) {
             rc = p->ops->unmap(p->dev, pc->from_va, pc->c.size, raw);
             if (rc == CS_BE_OK)
                 pc->from = FROM_SPARE;  /* unmapped: a spare chunk like the others */
@@ -1069,6 +1152,8 @@ static void plan_count(cs_pool *p, const plan *pl)
             p->counts.unmaps++;
             p->counts.moves++;
         }
+        if (pc->keep_old && pc->mapped)
+            p->counts.moves++;  /* its unmap is counted when its old mapping goes */
         p->counts.maps += pc->mapped;
     }
 }
@@ -1086,6 +1171,93 @@ static void unreserve(cs_pool *p, const arena *a)
 {
     int ignored;
     p->ops->unreserve(p->dev, a->va, a->size, &ignored);
+}
+
+/* ---------------------------------------------------------------- old mappings */
+
+/* Under the lock: the epoch up to which all work completed, if the work on the oldest old
+ * mapping did (one question at most); else 0. */
+static uint64_t olds_done(cs_pool *p)
+{
+    uint64_t oldest = UINT64_MAX;
+    for (size_t k = 0; k < p->narenas; k++)
+        for (size_t i = 0; i < p->arenas[k]->nolds; i++)
+            if (p->arenas[k]->olds[i].epoch < oldest)
+                oldest = p->arenas[k]->olds[i].epoch;
+    return epoch_done(p, oldest) ? p->done : 0;
+}
+
+/* Old mappings whose work completed leave: unmapped, their spans holes again. With handle !=
+ * 0, those of that chunk only (about to be released: its own work completed, and theirs, which
+ * came before, with it; one whose work did not would stay mapped, and the driver would keep
+ * the memory until it went). p->olds_lock held, the pool's lock not. True when there may be
+ * more to take. */
+static bool olds_leave(cs_pool *p, uint64_t handle)
+{
+    enum { BATCH = 32 };
+    typedef struct {
+        arena *a;
+        old_mapping o;
+        bool ok;
+    } leaving;
+    leaving go[BATCH];
+    size_t n = 0;
+    pthread_mutex_lock(&p->lock);
+    uint64_t done = !p->nolds || p->dead ? 0 : handle ? UINT64_MAX : olds_done(p);
+    for (size_t k = 0; done && k < p->narenas && n < BATCH; k++) {
+        arena *a = p->arenas[k];
+        for (size_t i = 0; i < a->nolds && n < BATCH;) {
+            const old_mapping *o = &a->olds[i];
+            if (handle ? o->handle != handle || !epoch_done(p, o->epoch) : o->epoch > done) {
+                i++;
+                continue;
+            }
+            go[n++] = (leaving){a, a->olds[i], false};
+            a->olds[i] = a->olds[--a->nolds];
+            p->nolds--;
+            a->busy++;
+        }
+    }
+    pthread_mutex_unlock(&p->lock);
+    int raw;
+    for (size_t i = 0; i < n; i++)
+        go[i].ok = p->ops->unmap(p->dev, go[i].o.va, go[i].o.size, &raw) == CS_BE_OK;
+    arena *last[BATCH];
+    size_t nlast = 0;
+    pthread_mutex_lock(&p->lock);
+    for (size_t i = 0; i < n; i++) {
+        arena *a = go[i].a;
+        p->counts.unmaps += go[i].ok;
+        if (go[i].ok && !a->dead)  /* else busy for good (unmapped with its arena) */
+            settle(a, span_at(a, go[i].o.va), SPAN_HOLE);
+        if (arena_leave(a))
+            last[nlast++] = a;
+    }
+    pthread_mutex_unlock(&p->lock);
+    for (size_t i = 0; i < nlast; i++)
+        unreserve(p, last[i]);
+    return n == BATCH;
+}
+
+/* Without the lock: the old mappings whose work completed are unmapped. No question to the
+ * GPU while there are none. */
+static void reap_old(cs_pool *p)
+{
+    pthread_mutex_lock(&p->olds_lock);
+    while (olds_leave(p, 0))
+        continue;
+    pthread_mutex_unlock(&p->olds_lock);
+}
+
+/* Without the lock: a chunk goes back to the driver, its old mappings first. */
+static int release_handle(cs_pool *p, uint64_t handle, int *raw)
+{
+    pthread_mutex_lock(&p->olds_lock);
+    while (olds_leave(p, handle))
+        continue;
+    int rc = p->ops->release(p->dev, handle, raw);
+    pthread_mutex_unlock(&p->olds_lock);
+    return rc;
 }
 
 /* Undo a plan whose driver calls failed, or whose arena was detached meanwhile. Without the
@@ -1145,17 +1317,25 @@ static uint64_t plan_rollback(cs_pool *p, plan *pl)
         if (back)
             back[nback++] = pc->c;
         else
-            p->ops->release(p->dev, pc->c.handle, &raw);  /* no host memory at all: rare */
+            p->ops->release(p->dev, pc->c.handle, &raw);  /* no host memory at all: rare
+                                                           (an old mapping of it, if any, keeps
+                                                           it with the driver until it goes) */
         p->counts.releases++;
     }
     for (size_t k = 0; !dead && k < pl->npieces; k++)
         settle(a, span_at(a, pl->pieces[k].va), pl->pieces[k].hole ? SPAN_HOLE : SPAN_FREE);
     /* A chunk whose unmap failed stays mapped where it is: free there once it is granted,
-     * else busy for good (neither handed out nor released: what it holds stays counted). */
+     * else busy for good (neither handed out nor released: what it holds stays counted). One
+     * that kept its old mapping is back there: its second mapping stays busy for good. */
     for (size_t i = 0; i < pl->nplaces; i++) {
         place *pc = &pl->places[i];
         if (!pc->stuck || dead)
             continue;
+        if (pc->keep_old) {
+            if (room_spans(a, 2))
+                settle(a, cut(a, pc->va, pc->c.size), SPAN_BUSY);
+            continue;
+        }
         bool room = room_spans(a, 2) &&
                     grow((void **)&a->maps, &a->cap_maps, a->nmaps, 1, sizeof *a->maps);
         size_t s = room ? cut(a, pc->va, pc->c.size) : span_at(a, pc->va);
@@ -1168,7 +1348,7 @@ static uint64_t plan_rollback(cs_pool *p, plan *pl)
     pthread_mutex_unlock(&p->lock);
     for (size_t i = 0; i < nstale; i++) {
         p->ops->unmap(p->dev, stale[i].from_va, stale[i].c.size, &raw);
-        p->ops->release(p->dev, stale[i].c.handle, &raw);
+        release_handle(p, stale[i].c.handle, &raw);
     }
     release_chunks(p, back, nback);
     if (last)
@@ -1237,13 +1417,15 @@ static void carve(cs_pool *p, arena *a, size_t i, uint64_t size, range *r, uint6
     a->spans[i].small = r;
     *va = a->spans[i].va;
     *epoch = epoch_out(p, a->spans[i].epoch);
+    if (r && *epoch > r->epoch)
+        r->epoch = *epoch;  /* its blocks are ordered after that work, as its own busy slots */
     p->counts.carves++;
 }
 
 /* A used span of `size` bytes (CS_POOL_ALIGN bytes; one granule for a small range), a small
  * range when r is not NULL (it then belongs to the span; on failure it stays the caller's).
- * See cs_pool_alloc; a small range is never ordered (its slots are handed out later, without
- * an epoch). */
+ * See cs_pool_alloc; a small range made of busy memory keeps its epoch, its slots handed out
+ * ordered after it. */
 static int alloc_span(cs_pool *p, uint64_t size, range *r, uint64_t max_new, bool ordered,
                       uint64_t *va, uint64_t *created, uint64_t *released, bool *carved,
                       uint64_t *epoch, int *raw)
@@ -1263,7 +1445,7 @@ static int alloc_span(cs_pool *p, uint64_t size, range *r, uint64_t max_new, boo
         arena *a;
         size_t i;
         window w;
-        uint64_t usable = usable_epoch(p, ordered && !r);
+        uint64_t usable = usable_epoch(p, ordered);
         if (best_fit(p, size, usable, z, &a, &i) ||
             (anywhere && best_fit(p, size, usable, ZONE_ANY, &a, &i))) {
             /* Carved out of a free span: no driver call. */
@@ -1301,14 +1483,14 @@ static int alloc_span(cs_pool *p, uint64_t size, range *r, uint64_t max_new, boo
                 return rc;
             continue;
         }
-        plan pl = {0};
+        plan pl = {.ordered = ordered};
         int rc = plan_make(p, &w, size, max_new, &pl);
         window fresh;
         if (rc == CS_BE_SHORT && fresh_window(p, size, z, &fresh) && fresh.va != w.va) {
             /* Chunks too large for the holes of the best window: where a hole goes on, the
              * last one may reach past the block. */
             plan_free(&pl);
-            pl = (plan){0};
+            pl = (plan){.ordered = ordered};
             w = fresh;
             rc = plan_make(p, &w, size, max_new, &pl);
         }
@@ -1353,16 +1535,25 @@ static int alloc_span(cs_pool *p, uint64_t size, range *r, uint64_t max_new, boo
         plan_count(p, &pl);
         for (size_t k = 0; k < pl.nplaces; k++) {
             place *pc = &pl.places[k];
-            if (pc->from_va)  /* moved here: a hole where it was */
+            if (pc->keep_old) {  /* moved here busy: mapped where it was until done */
+                a->olds[a->nolds++] =
+                    (old_mapping){pc->from_va, pc->c.size, pc->c.handle, pc->epoch};
+                p->nolds++;
+            } else if (pc->from_va) {  /* moved here: a hole where it was */
                 settle(a, span_at(a, pc->from_va), SPAN_HOLE);
+            }
             map_insert(a, (mapping){pc->va, pc->c.size, pc->c.handle});
         }
         i = span_at(a, pl.va);
         join(a, i, span_at(a, pl.va + size + pl.over - 1) + 1, SPAN_USED);
-        *epoch = epoch_out(p, a->spans[i].epoch);  /* the newest of its free pieces */
-        if (pl.over && room_spans(a, 1)) {  /* the last chunk's rest: free, and new */
+        *epoch = epoch_out(p, a->spans[i].epoch > pl.moved_epoch ? a->spans[i].epoch
+                                                                 : pl.moved_epoch);
+        if (r && *epoch > r->epoch)
+            r->epoch = *epoch;
+        if (pl.over && room_spans(a, 1)) {  /* the last chunk's rest: free, and new (or, of a
+                                               chunk moved busy, as busy as it was) */
             split_at(a, pl.va + size);
-            a->spans[i + 1].epoch = 0;
+            a->spans[i + 1].epoch = epoch_out(p, pl.moved_epoch);
             settle(a, i + 1, SPAN_FREE);
         }  /* else (no host memory) the block's span keeps it, and frees it with the block */
         a->spans[i].small = r;
@@ -1387,6 +1578,8 @@ static int alloc_span(cs_pool *p, uint64_t size, range *r, uint64_t max_new, boo
         *created = pl.created;
         pthread_mutex_unlock(&p->lock);
         plan_free(&pl);
+        if (ordered)  /* with the driver calls of a mapping, never on a carve */
+            reap_old(p);
         return CS_BE_OK;
     }
 }
@@ -1423,7 +1616,7 @@ int cs_pool_alloc(cs_pool *p, uint64_t bytes, uint64_t max_new, bool ordered, ui
     for (;;) {
         bool no_mem = false;
         pthread_mutex_lock(&p->lock);
-        bool dead = p->dead, ok = !dead && slot_take(p, bytes, addr, &no_mem);
+        bool dead = p->dead, ok = !dead && slot_take(p, bytes, ordered, addr, at, &no_mem);
         pthread_mutex_unlock(&p->lock);
         if (ok)
             return CS_BE_OK;
@@ -1439,8 +1632,8 @@ int cs_pool_alloc(cs_pool *p, uint64_t bytes, uint64_t max_new, bool ordered, ui
         }
         r->free_pages = UINT32_MAX;
         uint64_t va, made = 0, gone = 0;
-        int rc = alloc_span(p, p->gran, r, max_new > *created ? max_new - *created : 0, false,
-                            &va, &made, &gone, no_call, at, raw);
+        int rc = alloc_span(p, p->gran, r, max_new > *created ? max_new - *created : 0,
+                            ordered, &va, &made, &gone, no_call, at, raw);
         *created += made;
         *released += gone;
         if (rc != CS_BE_OK) {
@@ -1511,7 +1704,7 @@ static uint64_t drop_chunks(cs_pool *p, arena *a, const mapping *m, size_t n, ui
     pthread_mutex_unlock(&p->lock);
     for (size_t i = 0; i < n; i++)
         if (!kept[i])
-            p->ops->release(p->dev, m[i].handle, &raw);
+            release_handle(p, m[i].handle, &raw);
     if (last)
         unreserve(p, a);
     return released;
@@ -1550,14 +1743,22 @@ int cs_pool_free(cs_pool *p, uint64_t addr, bool keep, bool done, uint64_t epoch
 {
     *released = 0;
     int rc = CS_BE_OK;
-    /* Memory given back is unmapped at once: its work must be done first. So must a small
-     * block's (a slab's slots carry no epoch), and any block's when no ready function can
-     * tell when its epoch completes. A large block kept joins the free space with its epoch. */
+    /* Memory given back is unmapped at once: its work must be done first. So must any block's
+     * when no ready function can tell when its epoch completes. A large block kept joins the
+     * free space with its epoch; a small one's slot goes back to its slab, its range keeping
+     * the newest such epoch (a block carved from the range is ordered after it). */
+    bool waited = false;  /* for the device: every epoch so far completed */
     if (!done && (!keep || !p->ready)) {
+        waited = true;
         wait_device(p, &rc, raw);
         done = true;
     }
     pthread_mutex_lock(&p->lock);
+    if (p->dead) {  /* its context went (meanwhile, when the pool waited): with the block */
+        pthread_mutex_unlock(&p->lock);
+        *raw = DESTROYED;
+        return CS_BE_ERROR;
+    }
     arena *a = arena_at(p, addr);
     size_t i = a ? span_at(a, addr) : 0;
     span *s = a ? &a->spans[i] : NULL;
@@ -1566,22 +1767,7 @@ int cs_pool_free(cs_pool *p, uint64_t addr, bool keep, bool done, uint64_t epoch
         *raw = INVALID_VALUE;
         return CS_BE_ERROR;
     }
-    if (s->small && !done) {
-        /* The block is its caller's, and stays where it is meanwhile, unless its context
-         * goes (cs_pool_release_all): then with everything else. */
-        pthread_mutex_unlock(&p->lock);
-        wait_device(p, &rc, raw);
-        done = true;
-        pthread_mutex_lock(&p->lock);
-        if (p->dead) {
-            pthread_mutex_unlock(&p->lock);
-            *raw = DESTROYED;
-            return CS_BE_ERROR;
-        }
-        a = arena_at(p, addr);
-        i = span_at(a, addr);
-        s = &a->spans[i];
-    }
+    uint64_t busy = 0;  /* a range going whole: its busy slots' newest epoch */
     if (s->small) {
         range *r = s->small;
         slab *sl = r->page_slab[(addr - r->va) / p->page];
@@ -1592,6 +1778,10 @@ int cs_pool_free(cs_pool *p, uint64_t addr, bool keep, bool done, uint64_t epoch
             return CS_BE_ERROR;
         }
         slab_class *k = class_find(p, sl->slot);  /* exists: the slab was made through it */
+        if (!done && epoch > r->epoch)
+            r->epoch = epoch;
+        if (r->epoch > p->pending_max)
+            p->pending_max = r->epoch;
         sl->free_slots[sl->nfree++] = (uint32_t)(off / sl->slot);
         p->counts.slab_free += sl->slot;
         if (sl->nfree == 1)
@@ -1605,13 +1795,17 @@ int cs_pool_free(cs_pool *p, uint64_t addr, bool keep, bool done, uint64_t epoch
             pthread_mutex_unlock(&p->lock);
             return rc;
         }
-        /* The whole range is free: it goes, as a large block would. */
+        /* The whole range is free: it goes, as a large block would, with its busy slots'
+         * newest epoch (none after a wait for the device). */
+        busy = r->epoch > p->done && !waited ? r->epoch : 0;
         small_remove(p, r);
         p->counts.slab_free -= p->gran;
         range_free(r);
         s->small = NULL;
     }
     s->epoch = done ? 0 : epoch;
+    if (busy > s->epoch)
+        s->epoch = busy;
     if (s->epoch > p->pending_max)
         p->pending_max = s->epoch;
     const span *f = &a->spans[settle(a, i, SPAN_FREE)];
@@ -1657,7 +1851,11 @@ uint64_t cs_pool_need(cs_pool *p, uint64_t bytes, bool move, bool ordered)
     if (small) {
         slab_class *k = class_find(p, bytes);
         int first;
-        size = (k && k->head) || small_with_run(p, slab_pages(p, bytes), &first) ? 0 : p->gran;
+        slot_rule rule = {.ordered = ordered};
+        size = (k && slab_usable(p, k, &rule)) ||
+                       small_with_run(p, slab_pages(p, bytes), &rule, &first)
+                   ? 0
+                   : p->gran;
     }
     arena *a;
     size_t i;
@@ -1666,14 +1864,14 @@ uint64_t cs_pool_need(cs_pool *p, uint64_t bytes, bool move, bool ordered)
     zone z = small ? ZONE_SMALL : ZONE_LARGE;
     /* Which free memory may serve is asked (the GPU, for a small block's new slab) only when
      * the block needs free memory at all. */
-    uint64_t usable = size ? usable_epoch(p, ordered && !small) : 0;
+    uint64_t usable = size ? usable_epoch(p, ordered) : 0;
     if (size && !best_fit(p, size, usable, z, &a, &i)) {
         /* What cs_pool_alloc would take with no more new memory than needed: the best
          * window's plan, else one where the largest hole starts (a new arena: all of it). */
         bool found = best_window(p, size, usable, z, &w);
-        need = found ? plan_least(p, &w, size, move) : round_up(size, p->gran);
+        need = found ? plan_least(p, &w, size, move, ordered) : round_up(size, p->gran);
         if (need && found && fresh_window(p, size, z, &fresh) && fresh.va != w.va) {
-            uint64_t n = plan_least(p, &fresh, size, move);
+            uint64_t n = plan_least(p, &fresh, size, move, ordered);
             need = n < need ? n : need;
         }
         /* At the least, a free span outside the zone (alloc_span, short of new memory). */
@@ -1738,6 +1936,7 @@ static bool wait_for_busy_spans(cs_pool *p)
 uint64_t cs_pool_trim(cs_pool *p, uint64_t bytes, bool may_wait)
 {
     uint64_t released = 0;
+    reap_old(p);
     /* Unmapped chunks first: no driver call but the release. */
     while (released < bytes) {
         chunk out[64];
@@ -1780,12 +1979,18 @@ uint64_t cs_pool_release_all(cs_pool *p)
     p->counts.spare = p->counts.slab_free = 0;
     for (size_t i = 0; i < narenas; i++)
         arenas[i]->dead = true;
+    p->nolds = 0;  /* they go with their arenas */
     pthread_mutex_unlock(&p->lock);
-    /* No one touches a detached arena's spans or mappings: they are this thread's. */
+    /* No one touches a detached arena's spans or mappings: they are this thread's (old
+     * mappings being unmapped meanwhile: once that is done). */
+    pthread_mutex_lock(&p->olds_lock);
     uint64_t released = 0, unmaps = 0, releases = 0;
     int ignored;
     for (size_t i = 0; i < narenas; i++) {
         arena *a = arenas[i];
+        for (size_t m = 0; m < a->nolds; m++)  /* their chunks are mapped below too */
+            unmaps += p->ops->unmap(p->dev, a->olds[m].va, a->olds[m].size, &ignored) ==
+                      CS_BE_OK;
         for (size_t m = 0; m < a->nmaps; m++) {
             unmaps += p->ops->unmap(p->dev, a->maps[m].va, a->maps[m].size, &ignored) ==
                       CS_BE_OK;
@@ -1793,7 +1998,7 @@ uint64_t cs_pool_release_all(cs_pool *p)
             released += a->maps[m].size;
             releases++;
         }
-        a->nmaps = 0;
+        a->nmaps = a->nolds = 0;
     }
     for (int e = 0; e < MAX_EXP; e++) {
         for (size_t k = 0; k < spare[e].n; k++)
@@ -1802,6 +2007,7 @@ uint64_t cs_pool_release_all(cs_pool *p)
         releases += spare[e].n;
         free(spare[e].h);
     }
+    pthread_mutex_unlock(&p->olds_lock);
     pthread_mutex_lock(&p->lock);
     p->counts.unmaps += unmaps;
     p->counts.releases += releases;

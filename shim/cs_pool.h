@@ -16,15 +16,20 @@
  * epoch, as the cache counts them): memory freed while the GPU still works on it joins the
  * free space at once, and a block carved out of it is handed out with that epoch, for the
  * cache to order the block's next work after it (or, not ordered, is carved only once the
- * epoch completed). Only when none fits does the pool map memory: into the place that needs the
- * least of it (a window of free spans and holes), filling its holes with spare chunks first,
- * then with new ones, and, when the cache allows no new memory, with chunks unmapped from
- * free spans elsewhere (a move). A chunk is one physical allocation of the granularity times
- * a power of two, mapped whole: new memory comes in the hole's size in binary, so a mapping
- * costs few handles. A chunk leaves its place (moved or given back) only once every page of it
- * is free and the epochs of its free spans completed: unmapping never waits for the GPU, and
- * the pool waits for the device only to give back memory whose work is still under way (a
- * trim, a release of the cache). */
+ * epoch completed). A small block freed busy goes back to its slab at once, its range keeping
+ * the newest such epoch: a block from that range is ordered after it in the same way. Only
+ * when none fits does the pool map memory: into the place that needs the least of it (a
+ * window of free spans and holes), filling its holes with spare chunks first, then with new
+ * ones, and, when the cache allows no new memory, with chunks moved from free spans elsewhere
+ * (a move). A chunk is one physical allocation of the granularity times a power of two, mapped
+ * whole: new memory comes in the hole's size in binary, so a mapping costs few handles. A
+ * chunk moves only once every page of it is free. An unmap never waits for the GPU, so a
+ * chunk whose work is still under way moves only for an ordered block: it is mapped at its new
+ * place as well (the driver maps one physical allocation at several addresses), the block is
+ * ordered after that work, and its old mapping, a busy span meanwhile, is unmapped once the
+ * work completed (an old mapping). A chunk goes back to the driver only once its work
+ * completed, after its old mappings: the pool waits for the device only to give back memory
+ * whose work is still under way (a trim, a release of the cache). */
 #ifndef CS_POOL_H
 #define CS_POOL_H
 
@@ -95,10 +100,12 @@ uint64_t cs_pool_slab_max(uint64_t granularity);
  * *created: bytes taken from the driver; *released: spare bytes given back to the driver to
  * make room (a block that needs new memory first trades spare chunks that fit nowhere).
  * *carved (may be NULL): the block was carved out of free memory (a free span, a slab's slot)
- * with no driver call at all. ordered: a large block may take free memory whose epoch has
- * not completed; *epoch (may be NULL) is then the newest such epoch (0: none), and the caller
- * must order every stream's next work after it before the block is used. Not ordered, and
- * for small blocks always, only memory whose work completed is taken. */
+ * with no driver call at all. ordered: the block may take memory whose epoch has not completed
+ * (a free span, a slot of a busy range, a chunk that moves busy); *epoch (may be NULL) is then
+ * the newest such epoch (0: none), and the caller must order every stream's next work after it
+ * before the block is used. Ordered, the pool also unmaps old mappings whose work completed
+ * (the caller allows no ordered block while a stream capture runs). Not ordered, only memory
+ * whose work completed is taken. */
 int cs_pool_alloc(cs_pool *p, uint64_t bytes, uint64_t max_new, bool ordered, uint64_t *addr,
                   uint64_t *created, uint64_t *released, bool *carved, uint64_t *epoch,
                   int *raw);
@@ -108,9 +115,10 @@ int cs_pool_alloc(cs_pool *p, uint64_t bytes, uint64_t max_new, bool ordered, ui
 bool cs_pool_carve(cs_pool *p, uint64_t bytes, bool ordered, uint64_t *addr, uint64_t *epoch);
 /* A block leaves the cache. keep: its memory stays in the pool, free (a move); else the
  * chunks that are then wholly free, their work done, go back to the driver. done: the work
- * before its free is known to have completed; else that work completes at `epoch`: a large
- * block kept (with a ready function) joins the free space at once, remembering it; otherwise
- * the pool waits for the device first. *released: bytes given back. */
+ * before its free is known to have completed; else that work completes at `epoch`: a block
+ * kept (with a ready function) joins the free space at once, remembering it (a small one's
+ * slot in its range's epoch); otherwise the pool waits for the device first. *released: bytes
+ * given back. */
 int cs_pool_free(cs_pool *p, uint64_t addr, bool keep, bool done, uint64_t epoch,
                  uint64_t *released, int *raw);
 /* The most new physical memory a block of `bytes` can ever take from the driver: a small block

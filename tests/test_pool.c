@@ -1660,14 +1660,14 @@ static void test_busy_free_memory(void **state)
     assert_int_equal(cs_pool_alloc(p, 2 * G, 0, true, &z, &c, &r, NULL, &e, &raw), CS_BE_OK);
     assert_int_equal(e, 6);
     assert_int_equal(cs_pool_free(p, z, true, true, 0, &r, &raw), CS_BE_OK);
-    /* Done: like any free memory. A small block never takes busy memory. */
+    /* Done: like any free memory. A small block not ordered never takes busy memory. */
     done_epoch = 6;
     assert_true(cs_pool_fits(p, 2 * G, false));
     assert_int_equal(cs_pool_alloc(p, 2 * G, 0, false, &z, &c, &r, NULL, &e, &raw), CS_BE_OK);
     assert_int_equal(e, 0);
     sim_work(&sim, z, 7);
     assert_int_equal(cs_pool_free(p, z, true, false, 7, &r, &raw), CS_BE_OK);
-    assert_int_equal(cs_pool_alloc(p, 4 * KiB, 0, true, &c, &c, &r, NULL, &e, &raw), CS_BE_SHORT);
+    assert_int_equal(cs_pool_alloc(p, 4 * KiB, 0, false, &c, &c, &r, NULL, &e, &raw), CS_BE_SHORT);
     /* y's memory, done, joins the busy span beside it and is busy with it (a free span keeps
      * its newest epoch). A trim takes only what is done, then waits for the device once and
      * takes the rest; one that may not wait (a capture runs) leaves the rest. */
@@ -1723,21 +1723,194 @@ static void test_done_part_of_busy_memory(void **state)
     assert_int_equal(sim->misuse, 0);
 }
 
-/* A small block kept while its work is not known done: the pool waits for the device without
- * its lock, and the context may go meanwhile (cs_pool_release_all): the free then finds the
- * pool empty and says so. */
+/* A small block given back while its work is not known done: the pool waits for the device
+ * without its lock, and the context may go meanwhile (cs_pool_release_all): the free then
+ * finds the pool gone and says so. */
 static void test_release_all_during_small_free_wait(void **state)
 {
     fx *f = *state;
     uint64_t s = take(f, 4 * KiB, NULL, NULL), released = 7;
     int raw = 0;
     gone_during(f, SIM_SYNC, 1);
-    assert_int_equal(cs_pool_free(f->p, s, true, false, 3, &released, &raw), CS_BE_ERROR);
+    assert_int_equal(cs_pool_free(f->p, s, false, false, 3, &released, &raw), CS_BE_ERROR);
     f->sim.hook = NULL;
     assert_int_equal(gone_hook.armed, 0);
     assert_int_equal(raw, 709);  /* CUDA_ERROR_CONTEXT_IS_DESTROYED */
     assert_int_equal(released, 0);
     assert_all_gone(f);
+}
+
+/* ---------------------------------------------------------------- chunks moved while busy */
+
+/* The scene of the moves (move_scene), x freed while the GPU still works on it (epoch 5). */
+static void busy_move_scene(fx *f, uint64_t *x, uint64_t *y, uint64_t *z)
+{
+    *x = take(f, 2 * G, NULL, NULL);
+    *y = take(f, 1 * G, NULL, NULL);
+    *z = take(f, 1 * G, NULL, NULL);
+    sim_work(&f->sim, *x, 5);
+    sim_work(&f->sim, *x + G, 5);
+    uint64_t r;
+    int raw;
+    assert_int_equal(cs_pool_free(f->p, *x, true, false, 5, &r, &raw), CS_BE_OK);
+    give(f, *z, true);
+}
+
+/* Ordered, x's chunks move while its work runs: mapped where the block needs them, and still
+ * where they were (an unmap does not wait for the GPU) until that work completes; the block
+ * is told the epoch to order after. Not ordered, they stay where they are. */
+static void test_busy_chunks_move_ordered(void **state)
+{
+    fx *f = *state;
+    uint64_t x, y, z, a = 0, created = 1, released = 1, e = 0;
+    busy_move_scene(f, &x, &y, &z);
+    uint64_t hx = sim_handle_at(&f->sim, x), hx1 = sim_handle_at(&f->sim, x + G);
+    int raw = 0;
+    assert_int_equal(cs_pool_need(f->p, 3 * G, true, false), 2 * G);
+    assert_int_equal(cs_pool_alloc(f->p, 3 * G, 0, false, &a, &created, &released, NULL, &e, &raw),
+                     CS_BE_SHORT);
+    assert_int_equal(f->sim.calls[SIM_UNMAP], 0);
+    assert_int_equal(cs_pool_need(f->p, 3 * G, true, true), 0);
+    size_t mark = f->sim.nlog;
+    assert_int_equal(cs_pool_alloc(f->p, 3 * G, 0, true, &a, &created, &released, NULL, &e, &raw),
+                     CS_BE_OK);
+    assert_int_equal(a, z);
+    assert_int_equal(created, 0);
+    assert_int_equal(e, 5);
+    assert_string_equal(sim_log_from(&f->sim, mark), "MMA");  /* no unmap */
+    assert_int_equal(sim_handle_at(&f->sim, x), hx);  /* still mapped there ... */
+    assert_int_equal(sim_handle_at(&f->sim, x + G), hx1);
+    uint64_t here[2] = {sim_handle_at(&f->sim, z + G), sim_handle_at(&f->sim, z + 2 * G)};
+    assert_true((here[0] == hx && here[1] == hx1) || (here[0] == hx1 && here[1] == hx));
+    assert_no_block(f, x);  /* ... in no block, neither free nor a hole */
+    assert_false(cs_pool_fits(f->p, 1 * G, true));
+    assert_int_equal(counts(f).moves, 2);
+    assert_int_equal(counts(f).unmaps, 0);
+    /* Nothing unmaps them before their work completes; then the next trim does. */
+    assert_int_equal(cs_pool_trim(f->p, UINT64_MAX, false), 0);
+    assert_int_equal(f->sim.calls[SIM_UNMAP], 0);
+    __atomic_store_n(&done_epoch, 5, __ATOMIC_RELEASE);
+    sim_complete(&f->sim, 5);
+    assert_int_equal(cs_pool_trim(f->p, 0, false), 0);
+    assert_int_equal(sim_mapped_at(&f->sim, x), 0);
+    assert_int_equal(sim_mapped_at(&f->sim, x + G), 0);
+    assert_int_equal(counts(f).unmaps, 2);
+    assert_int_equal(sim_mapped_at(&f->sim, z + G), G);  /* the block's, untouched */
+    /* x's place is a hole again: a block there maps new memory. */
+    uint64_t b = take(f, 2 * G, &created, NULL);
+    assert_int_equal(b, x);
+    assert_int_equal(created, 2 * G);
+    give(f, a, false);
+    give(f, b, false);
+    assert_int_equal(f->sim.unsafe_unmaps, 0);
+    assert_int_equal(f->sim.misuse, 0);
+}
+
+/* A chunk that moved busy, then given back to the driver once its work completed but before a
+ * trim came by: its old mapping goes first (a driver keeps memory mapped anywhere). */
+static void test_busy_moved_chunk_released(void **state)
+{
+    fx *f = *state;
+    uint64_t x, y, z, a = 0, c, r, e;
+    busy_move_scene(f, &x, &y, &z);
+    int raw = 0;
+    assert_int_equal(cs_pool_alloc(f->p, 3 * G, 0, true, &a, &c, &r, NULL, &e, &raw), CS_BE_OK);
+    assert_int_equal(e, 5);
+    __atomic_store_n(&done_epoch, 5, __ATOMIC_RELEASE);
+    sim_complete(&f->sim, 5);
+    size_t mark = f->sim.nlog;
+    assert_int_equal(give(f, a, false), 3 * G);
+    /* The block's three chunks unmapped, then released, x's two each after its old mapping. */
+    assert_string_equal(sim_log_from(&f->sim, mark), "UUURURUR");
+    assert_int_equal(sim_mapped_at(&f->sim, x), 0);
+    assert_int_equal(sim_mapped_at(&f->sim, x + G), 0);
+    assert_int_equal(sim_live_handles(&f->sim), 1);  /* y's */
+    assert_int_equal(f->sim.unsafe_unmaps, 0);
+    assert_int_equal(f->sim.misuse, 0);
+}
+
+/* A move of busy chunks whose mapping fails: the block's window is undone, and the chunks are
+ * free where they were, still busy, mapped once. */
+static void test_busy_move_rolled_back(void **state)
+{
+    fx *f = *state;
+    uint64_t x, y, z, a = 0, c, r, e;
+    busy_move_scene(f, &x, &y, &z);
+    uint64_t hx = sim_handle_at(&f->sim, x);
+    int raw = 0;
+    sim_fail_in(&f->sim, SIM_MAP, 2, CS_BE_ERROR);
+    assert_int_not_equal(cs_pool_alloc(f->p, 3 * G, 0, true, &a, &c, &r, NULL, &e, &raw),
+                         CS_BE_OK);
+    assert_int_equal(sim_handle_at(&f->sim, x), hx);
+    assert_int_equal(sim_mapped_at(&f->sim, z + G), 0);
+    assert_int_equal(sim_mapped_at(&f->sim, z + 2 * G), 0);
+    assert_false(cs_pool_fits(f->p, 2 * G, false));  /* free, busy */
+    assert_true(cs_pool_fits(f->p, 2 * G, true));
+    /* Done: a move as any other. */
+    __atomic_store_n(&done_epoch, 5, __ATOMIC_RELEASE);
+    sim_complete(&f->sim, 5);
+    assert_int_equal(cs_pool_alloc(f->p, 3 * G, 0, false, &a, &c, &r, NULL, &e, &raw), CS_BE_OK);
+    assert_int_equal(a, z);
+    assert_int_equal(e, 0);
+    assert_int_equal(sim_mapped_at(&f->sim, x), 0);
+    give(f, a, false);
+    assert_int_equal(f->sim.unsafe_unmaps, 0);
+    assert_int_equal(f->sim.misuse, 0);
+}
+
+/* The context goes while a chunk that moved busy is still mapped where it was: everything is
+ * unmapped and released, its old mapping too. */
+static void test_release_all_with_old_mapping(void **state)
+{
+    fx *f = *state;
+    uint64_t x, y, z, a = 0, c, r, e;
+    busy_move_scene(f, &x, &y, &z);
+    int raw = 0;
+    assert_int_equal(cs_pool_alloc(f->p, 3 * G, 0, true, &a, &c, &r, NULL, &e, &raw), CS_BE_OK);
+    sim_complete(&f->sim, 5);  /* the context's work went with it */
+    cs_pool_release_all(f->p);
+    assert_all_gone(f);
+}
+
+/* A small block freed while the GPU works on it goes back to its slab at once (no wait), its
+ * range remembering the epoch: a block ordered after it takes the slot, told the epoch; one
+ * that is not takes other memory (here none may be new: short). Once done, any takes it. */
+static void test_small_slot_back_busy(void **state)
+{
+    fx *f = *state;
+    uint64_t s1 = take(f, 4 * KiB, NULL, NULL), s2 = take(f, 4 * KiB, NULL, NULL);
+    uint64_t a = 0, c, r, e = 0;
+    int raw = 0;
+    sim_work(&f->sim, s1, 5);
+    assert_int_equal(cs_pool_free(f->p, s1, true, false, 5, &r, &raw), CS_BE_OK);
+    assert_int_equal(f->sim.calls[SIM_SYNC], 0);
+    assert_int_equal(counts(f).slab_free, G - 4 * KiB);  /* its slot is free again */
+    assert_int_equal(cs_pool_need(f->p, 4 * KiB, true, false), G);
+    assert_int_equal(cs_pool_alloc(f->p, 4 * KiB, 0, false, &a, &c, &r, NULL, &e, &raw),
+                     CS_BE_SHORT);
+    assert_int_equal(cs_pool_need(f->p, 4 * KiB, true, true), 0);
+    assert_int_equal(cs_pool_alloc(f->p, 4 * KiB, 0, true, &a, &c, &r, NULL, &e, &raw), CS_BE_OK);
+    assert_int_equal(a, s1);
+    assert_int_equal(e, 5);
+    assert_int_equal(cs_pool_free(f->p, a, true, false, 6, &r, &raw), CS_BE_OK);
+    __atomic_store_n(&done_epoch, 6, __ATOMIC_RELEASE);
+    sim_complete(&f->sim, 6);
+    assert_int_equal(cs_pool_alloc(f->p, 4 * KiB, 0, false, &a, &c, &r, NULL, &e, &raw), CS_BE_OK);
+    assert_int_equal(a, s1);
+    assert_int_equal(e, 0);
+    /* The last slot of a range goes busy: the range's granule is free memory with that epoch,
+     * which a small block of another size takes only ordered after it. */
+    give(f, a, true);
+    sim_work(&f->sim, s2, 7);
+    assert_int_equal(cs_pool_free(f->p, s2, true, false, 7, &r, &raw), CS_BE_OK);
+    assert_int_equal(counts(f).slab_free, 0);
+    assert_int_equal(counts(f).free_mapped, G);
+    assert_int_equal(cs_pool_alloc(f->p, 64 * KiB, 0, false, &a, &c, &r, NULL, &e, &raw),
+                     CS_BE_SHORT);
+    assert_int_equal(cs_pool_alloc(f->p, 64 * KiB, 0, true, &a, &c, &r, NULL, &e, &raw), CS_BE_OK);
+    assert_int_equal(e, 7);
+    assert_int_equal(f->sim.unsafe_unmaps, 0);
+    assert_int_equal(f->sim.misuse, 0);
 }
 
 int main(void)
@@ -1748,6 +1921,11 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_done_part_of_busy_memory, setup_busy, teardown),
         cmocka_unit_test_setup_teardown(test_release_all_during_small_free_wait, setup_busy,
                                         teardown),
+        cmocka_unit_test_setup_teardown(test_busy_chunks_move_ordered, setup_busy, teardown),
+        cmocka_unit_test_setup_teardown(test_busy_moved_chunk_released, setup_busy, teardown),
+        cmocka_unit_test_setup_teardown(test_busy_move_rolled_back, setup_busy, teardown),
+        cmocka_unit_test_setup_teardown(test_release_all_with_old_mapping, setup_busy, teardown),
+        cmocka_unit_test_setup_teardown(test_small_slot_back_busy, setup_busy, teardown),
         cmocka_unit_test_setup_teardown(test_large_new_chunks, setup, teardown),
         cmocka_unit_test_setup_teardown(test_carve_from_free_span, setup, teardown),
         cmocka_unit_test_setup_teardown(test_zones, setup, teardown),
