@@ -2,6 +2,7 @@
 
     python3 tests/gpu/torch_workloads.py WORKLOAD [--steps N] [--warmup W] [--sample-ms MS]
                                                   [--device cuda|cpu] [--train-script PATH]
+                                                  [--spin-cycles C]
 
 WORKLOAD:
   resnet  ResNet-18 (BasicBlock, [2, 2, 2, 2], 1000 classes) trained with SGD (momentum 0.9),
@@ -11,7 +12,11 @@ WORKLOAD:
           random weights), eval mode, no_grad, greedy generation with a key/value cache that
           grows by torch.cat at every token (as the legacy cache of Hugging Face's
           transformers does): batch 4, a random prompt of 32 tokens, 128 new tokens. A step
-          is one such round. Prints a checksum of all generated tokens.
+          is one such round. Prints a checksum of all generated tokens. The host reads the
+          GPU once a round; with --spin-cycles C a kernel spins C GPU clock cycles
+          (torch.cuda._sleep) after each token, so that the GPU falls ever further behind the
+          host within a round (the case where freed memory is still in use when it is
+          needed again; 1,000,000 cycles are about 0.6 ms on an H100).
   train   shared/bench/torch_train.py (a small transformer trained with AdamW, sequence length
           changing every step), run as it is through runpy with ITERS=N; its RESULT line gives
           it/s and the loss. A step is one of its iterations.
@@ -294,6 +299,8 @@ def run_gpt2(args, dev, sync):
             logits, past = model(tok, past, prompt_len + i)
             tok = logits[:, -1].argmax(-1, keepdim=True)
             out.append(tok)
+            if args.spin_cycles:
+                torch.cuda._sleep(args.spin_cycles)
         gen = torch.cat(out, dim=1)
         # One host read per round (the 64-bit sum fits: at most 50256 * 131328).
         s = int((gen * weights).sum().item())
@@ -403,11 +410,15 @@ def main():
                     help="NVML sampling interval in ms; 0 turns sampling off")
     ap.add_argument("--device", default="cuda", help="cuda (default), or cpu for a smoke test")
     ap.add_argument("--train-script", default=None, help="path of torch_train.py")
+    ap.add_argument("--spin-cycles", type=int, default=0,
+                    help="gpt2: a kernel spinning this many GPU cycles after each token")
     args = ap.parse_args()
     if args.steps is None:
         args.steps = DEFAULT_STEPS[args.workload]
     if args.steps < 1:
         ap.error("--steps must be at least 1")
+    if args.spin_cycles < 0 or (args.spin_cycles and not args.device.startswith("cuda")):
+        ap.error("--spin-cycles must be at least 0, and needs --device cuda")
 
     torch.manual_seed(0)
     cuda = args.device.startswith("cuda")
