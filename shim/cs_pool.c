@@ -264,6 +264,13 @@ static uint64_t release_chunks(cs_pool *p, const chunk *c, size_t n)
     return bytes;
 }
 
+/* Wait for all work on the device (without the lock): rc becomes CS_BE_ERROR if that fails. */
+static void wait_device(cs_pool *p, int *rc, int *raw)
+{
+    if (p->ops->sync(p->dev, raw) != CS_BE_OK)
+        *rc = CS_BE_ERROR;
+}
+
 /* ---------------------------------------------------------------- arenas and spans (locked) */
 
 static size_t arena_index(const cs_pool *p, uint64_t addr)  /* first arena with va > addr */
@@ -636,19 +643,27 @@ static slab *slab_usable(cs_pool *p, slab_class *k, slot_rule *rule)
 /* A small block from a slab with a free slot; else a new slab on free pages of a small range;
  * else false (with the lock held throughout). Ordered: it may come from a range with busy
  * slots, *at then the epoch to order it after. */
-static bool slot_take(cs_pool *p, uint64_t slot, bool ordered, uint64_t *addr, uint64_t *at,
-                      bool *no_host_memory)
+static bool slot_take(cs_pool *p, uint64_t slot, bool ordered, range *fresh, uint64_t *addr,
+                      uint64_t *at, bool *no_host_memory)
 {
     slab_class *k = class_for(p, slot);
     *no_host_memory = !k;
     if (!k)
         return false;
     slot_rule rule = {.ordered = ordered, .at = *at};
-    slab *sl = slab_usable(p, k, &rule);
+    int first;
+    uint32_t n = slab_pages(p, slot);
+    /* A range made for this block comes first, if it is still there with room: else, the
+     * GPU's answer changed meanwhile, the block would take another slab and leave the new
+     * range empty for good. */
+    range *r = NULL;
+    for (range *f = fresh ? p->small_free : NULL; f && !r; f = f->next)
+        if (f == fresh && (first = free_run(f->free_pages, n)) >= 0 && range_usable(p, f, &rule))
+            r = f;
+    slab *sl = r ? NULL : slab_usable(p, k, &rule);
     if (!sl) {
-        int first;
-        uint32_t n = slab_pages(p, slot);
-        range *r = small_with_run(p, n, &rule, &first);
+        if (!r)
+            r = small_with_run(p, n, &rule, &first);
         if (!r)
             return false;
         if (!(sl = slab_make(p, r, first, n, slot))) {
@@ -1073,8 +1088,7 @@ static int plan_make(cs_pool *p, const window *w, uint64_t size, uint64_t max_ne
             }
     }
     /* Busy: the window as it is (its pieces keep their bounds), and each chunk that moves. */
-    if (!room_spans(a, 3 + 2 * nmoved) ||
-        !grow((void **)&a->olds, &a->cap_olds, a->nolds, pl->nold, sizeof *a->olds)) {
+    if (!room_spans(a, 3 + 2 * nmoved)) {
         plan_undo(p, pl);
         return CS_BE_OOM;
     }
@@ -1176,22 +1190,24 @@ static void unreserve(cs_pool *p, const arena *a)
 /* ---------------------------------------------------------------- old mappings */
 
 /* Under the lock: the epoch up to which all work completed, if the work on the oldest old
- * mapping did (one question at most); else 0. */
+ * mapping did; else 0. At most two questions: the newest, else the oldest (epochs complete in
+ * order). */
 static uint64_t olds_done(cs_pool *p)
 {
-    uint64_t oldest = UINT64_MAX;
+    uint64_t oldest = UINT64_MAX, newest = 0;
     for (size_t k = 0; k < p->narenas; k++)
-        for (size_t i = 0; i < p->arenas[k]->nolds; i++)
-            if (p->arenas[k]->olds[i].epoch < oldest)
-                oldest = p->arenas[k]->olds[i].epoch;
-    return epoch_done(p, oldest) ? p->done : 0;
+        for (size_t i = 0; i < p->arenas[k]->nolds; i++) {
+            uint64_t e = p->arenas[k]->olds[i].epoch;
+            oldest = e < oldest ? e : oldest;
+            newest = e > newest ? e : newest;
+        }
+    return epoch_done(p, newest) || epoch_done(p, oldest) ? p->done : 0;
 }
 
 /* Old mappings whose work completed leave: unmapped, their spans holes again. With handle !=
- * 0, those of that chunk only (about to be released: its own work completed, and theirs, which
- * came before, with it; one whose work did not would stay mapped, and the driver would keep
- * the memory until it went). p->olds_lock held, the pool's lock not. True when there may be
- * more to take. */
+ * 0, those of that chunk (about to be released: its own work completed, and theirs, which came
+ * before it, with it). One whose unmap fails stays, to be tried again. p->olds_lock held, the
+ * pool's lock not. True when there may be more to take. */
 static bool olds_leave(cs_pool *p, uint64_t handle)
 {
     enum { BATCH = 32 };
@@ -1208,7 +1224,7 @@ static bool olds_leave(cs_pool *p, uint64_t handle)
         arena *a = p->arenas[k];
         for (size_t i = 0; i < a->nolds && n < BATCH;) {
             const old_mapping *o = &a->olds[i];
-            if (handle ? o->handle != handle || !epoch_done(p, o->epoch) : o->epoch > done) {
+            if (handle ? o->handle != handle : o->epoch > done) {
                 i++;
                 continue;
             }
@@ -1223,20 +1239,26 @@ static bool olds_leave(cs_pool *p, uint64_t handle)
     for (size_t i = 0; i < n; i++)
         go[i].ok = p->ops->unmap(p->dev, go[i].o.va, go[i].o.size, &raw) == CS_BE_OK;
     arena *last[BATCH];
-    size_t nlast = 0;
+    size_t nlast = 0, nok = 0;
     pthread_mutex_lock(&p->lock);
     for (size_t i = 0; i < n; i++) {
         arena *a = go[i].a;
+        nok += go[i].ok;
         p->counts.unmaps += go[i].ok;
-        if (go[i].ok && !a->dead)  /* else busy for good (unmapped with its arena) */
+        if (go[i].ok && !a->dead) {
             settle(a, span_at(a, go[i].o.va), SPAN_HOLE);
+        } else if (!go[i].ok && !a->dead &&
+                   grow((void **)&a->olds, &a->cap_olds, a->nolds, 1, sizeof *a->olds)) {
+            a->olds[a->nolds++] = go[i].o;  /* again later (its arena's end unmaps it too) */
+            p->nolds++;
+        }  /* else busy for good: its arena is gone, or no host memory */
         if (arena_leave(a))
             last[nlast++] = a;
     }
     pthread_mutex_unlock(&p->lock);
     for (size_t i = 0; i < nlast; i++)
         unreserve(p, last[i]);
-    return n == BATCH;
+    return n == BATCH && nok > 0;
 }
 
 /* Without the lock: the old mappings whose work completed are unmapped. No question to the
@@ -1281,6 +1303,7 @@ static uint64_t plan_rollback(cs_pool *p, plan *pl)
     chunk *back = malloc((pl->nplaces + 1) * sizeof *back);
     place *stale = malloc((pl->nplaces + 1) * sizeof *stale);
     size_t nback = 0, nstale = 0;
+    bool sync_first = false;  /* a chunk moved busy goes: its work first */
     pthread_mutex_lock(&p->lock);
     arena *a = pl->a;
     bool dead = a->dead;
@@ -1298,6 +1321,7 @@ static uint64_t plan_rollback(cs_pool *p, plan *pl)
             }
             if (!dead)
                 settle(a, span_at(a, pc->from_va), SPAN_HOLE);  /* unmapped below */
+            sync_first |= pc->keep_old && !dead;
             if (stale)
                 stale[nstale++] = *pc;
             p->counts.unmaps++;
@@ -1331,9 +1355,13 @@ static uint64_t plan_rollback(cs_pool *p, plan *pl)
         place *pc = &pl->places[i];
         if (!pc->stuck || dead)
             continue;
-        if (pc->keep_old) {
+        if (pc->keep_old) {  /* an old mapping now, its unmap tried again later */
             if (room_spans(a, 2))
                 settle(a, cut(a, pc->va, pc->c.size), SPAN_BUSY);
+            if (grow((void **)&a->olds, &a->cap_olds, a->nolds, 1, sizeof *a->olds)) {
+                a->olds[a->nolds++] = (old_mapping){pc->va, pc->c.size, pc->c.handle, 0};
+                p->nolds++;
+            }
             continue;
         }
         bool room = room_spans(a, 2) &&
@@ -1346,6 +1374,10 @@ static uint64_t plan_rollback(cs_pool *p, plan *pl)
     }
     bool last = arena_leave(a);
     pthread_mutex_unlock(&p->lock);
+    if (sync_first) {  /* no host memory to keep it (rare): an unmap does not wait */
+        int ignored = CS_BE_OK;
+        wait_device(p, &ignored, &raw);
+    }
     for (size_t i = 0; i < nstale; i++) {
         p->ops->unmap(p->dev, stale[i].from_va, stale[i].c.size, &raw);
         release_handle(p, stale[i].c.handle, &raw);
@@ -1516,7 +1548,9 @@ static int alloc_span(cs_pool *p, uint64_t size, range *r, uint64_t max_new, boo
         pl.ntrade = 0;
         if (rc != CS_BE_OK || w.a->dead ||
             !grow((void **)&w.a->maps, &w.a->cap_maps, w.a->nmaps, pl.nplaces,
-                  sizeof *w.a->maps)) {
+                  sizeof *w.a->maps) ||
+            !grow((void **)&w.a->olds, &w.a->cap_olds, w.a->nolds, pl.nold,
+                  sizeof *w.a->olds)) {
             if (rc == CS_BE_OK) {
                 rc = w.a->dead ? CS_BE_ERROR : CS_BE_OOM;
                 *raw = w.a->dead ? DESTROYED : HOST_OOM;
@@ -1613,10 +1647,11 @@ int cs_pool_alloc(cs_pool *p, uint64_t bytes, uint64_t max_new, bool ordered, ui
      * the new range's pages before this one comes back for its slot: then another range,
      * within what is left of max_new. */
     *no_call = true;
+    range *fresh = NULL;  /* the range made for it last */
     for (;;) {
         bool no_mem = false;
         pthread_mutex_lock(&p->lock);
-        bool dead = p->dead, ok = !dead && slot_take(p, bytes, ordered, addr, at, &no_mem);
+        bool dead = p->dead, ok = !dead && slot_take(p, bytes, ordered, fresh, addr, at, &no_mem);
         pthread_mutex_unlock(&p->lock);
         if (ok)
             return CS_BE_OK;
@@ -1640,6 +1675,7 @@ int cs_pool_alloc(cs_pool *p, uint64_t bytes, uint64_t max_new, bool ordered, ui
             free(r);
             return rc;
         }
+        fresh = r;
     }
 }
 
@@ -1731,13 +1767,6 @@ static uint64_t release_free(cs_pool *p, arena *a, uint64_t lo, uint64_t hi, uin
     }
 }
 
-/* Wait for all work on the device (without the lock): rc becomes CS_BE_ERROR if that fails. */
-static void wait_device(cs_pool *p, int *rc, int *raw)
-{
-    if (p->ops->sync(p->dev, raw) != CS_BE_OK)
-        *rc = CS_BE_ERROR;
-}
-
 int cs_pool_free(cs_pool *p, uint64_t addr, bool keep, bool done, uint64_t epoch,
                  uint64_t *released, int *raw)
 {
@@ -1747,13 +1776,19 @@ int cs_pool_free(cs_pool *p, uint64_t addr, bool keep, bool done, uint64_t epoch
      * when no ready function can tell when its epoch completes. A large block kept joins the
      * free space with its epoch; a small one's slot goes back to its slab, its range keeping
      * the newest such epoch (a block carved from the range is ordered after it). */
-    bool waited = false;  /* for the device: every epoch so far completed */
+    uint64_t upto = 0;  /* after a wait for the device: every epoch up to it completed */
     if (!done && (!keep || !p->ready)) {
-        waited = true;
+        pthread_mutex_lock(&p->lock);
+        upto = p->pending_max > epoch ? p->pending_max : epoch;
+        pthread_mutex_unlock(&p->lock);
         wait_device(p, &rc, raw);
+        if (rc != CS_BE_OK)
+            upto = 0;
         done = true;
     }
     pthread_mutex_lock(&p->lock);
+    if (upto > p->done)  /* the wait covered the epochs given out before it, not later ones */
+        p->done = upto;
     if (p->dead) {  /* its context went (meanwhile, when the pool waited): with the block */
         pthread_mutex_unlock(&p->lock);
         *raw = DESTROYED;
@@ -1796,8 +1831,8 @@ int cs_pool_free(cs_pool *p, uint64_t addr, bool keep, bool done, uint64_t epoch
             return rc;
         }
         /* The whole range is free: it goes, as a large block would, with its busy slots'
-         * newest epoch (none after a wait for the device). */
-        busy = r->epoch > p->done && !waited ? r->epoch : 0;
+         * newest epoch (none once it completed). */
+        busy = r->epoch > p->done ? r->epoch : 0;
         small_remove(p, r);
         p->counts.slab_free -= p->gran;
         range_free(r);

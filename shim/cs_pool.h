@@ -45,7 +45,8 @@ enum {
 };
 
 /* The device's virtual memory calls. Each returns a CS_BE_* code (cs_cache.h) with the raw
- * driver code in *raw. All are called without any of the pool's or the cache's locks. */
+ * driver code in *raw. All are called without the pool's lock or the cache's; unmap and
+ * release may run under the pool's lock of old mappings, so no op may call into the pool. */
 typedef struct cs_vmm_ops {
     /* Physical memory of `size` bytes (a multiple of the granularity). */
     int (*create)(void *dev, uint64_t size, uint64_t *handle, int *raw);
@@ -72,7 +73,9 @@ typedef struct cs_pool cs_pool;
 typedef struct cs_pool_counts {
     uint64_t creates, releases, maps, unmaps, reserves;
     uint64_t carves;         /* blocks carved out of free spans: no driver call */
-    uint64_t moves;          /* chunks unmapped from free spans to fill a hole elsewhere */
+    uint64_t moves;          /* chunks moved from free spans to fill a hole elsewhere (one
+                                whose work was under way mapped there while it stays mapped
+                                where it was, until that work completed) */
     uint64_t spare;          /* bytes that can go back to the driver: unmapped chunks, and
                                 mapped chunks every page of which is free */
     uint64_t free_mapped;    /* bytes of free spans (mapped, in no block) */

@@ -1742,6 +1742,13 @@ static void test_release_all_during_small_free_wait(void **state)
 
 /* ---------------------------------------------------------------- chunks moved while busy */
 
+/* The GPU finished the work of every epoch up to `epoch`. */
+static void work_done(fx *f, uint64_t epoch)
+{
+    __atomic_store_n(&done_epoch, epoch, __ATOMIC_RELEASE);
+    sim_complete(&f->sim, epoch);
+}
+
 /* The scene of the moves (move_scene), x freed while the GPU still works on it (epoch 5). */
 static void busy_move_scene(fx *f, uint64_t *x, uint64_t *y, uint64_t *z)
 {
@@ -1754,6 +1761,18 @@ static void busy_move_scene(fx *f, uint64_t *x, uint64_t *y, uint64_t *z)
     int raw;
     assert_int_equal(cs_pool_free(f->p, *x, true, false, 5, &r, &raw), CS_BE_OK);
     give(f, *z, true);
+}
+
+/* The scene of the moves with x busy, and the block of 3 granules on z taken ordered: x's
+ * chunks moved while their work runs. Returns the block. */
+static uint64_t busy_moved_block(fx *f, uint64_t *x, uint64_t *z)
+{
+    uint64_t y, a = 0, c, r, e = 0;
+    int raw = 0;
+    busy_move_scene(f, x, &y, z);
+    assert_int_equal(cs_pool_alloc(f->p, 3 * G, 0, true, &a, &c, &r, NULL, &e, &raw), CS_BE_OK);
+    assert_int_equal(e, 5);
+    return a;
 }
 
 /* Ordered, x's chunks move while its work runs: mapped where the block needs them, and still
@@ -1789,8 +1808,7 @@ static void test_busy_chunks_move_ordered(void **state)
     /* Nothing unmaps them before their work completes; then the next trim does. */
     assert_int_equal(cs_pool_trim(f->p, UINT64_MAX, false), 0);
     assert_int_equal(f->sim.calls[SIM_UNMAP], 0);
-    __atomic_store_n(&done_epoch, 5, __ATOMIC_RELEASE);
-    sim_complete(&f->sim, 5);
+    work_done(f, 5);
     assert_int_equal(cs_pool_trim(f->p, 0, false), 0);
     assert_int_equal(sim_mapped_at(&f->sim, x), 0);
     assert_int_equal(sim_mapped_at(&f->sim, x + G), 0);
@@ -1811,13 +1829,8 @@ static void test_busy_chunks_move_ordered(void **state)
 static void test_busy_moved_chunk_released(void **state)
 {
     fx *f = *state;
-    uint64_t x, y, z, a = 0, c, r, e;
-    busy_move_scene(f, &x, &y, &z);
-    int raw = 0;
-    assert_int_equal(cs_pool_alloc(f->p, 3 * G, 0, true, &a, &c, &r, NULL, &e, &raw), CS_BE_OK);
-    assert_int_equal(e, 5);
-    __atomic_store_n(&done_epoch, 5, __ATOMIC_RELEASE);
-    sim_complete(&f->sim, 5);
+    uint64_t x, z, a = busy_moved_block(f, &x, &z);
+    work_done(f, 5);
     size_t mark = f->sim.nlog;
     assert_int_equal(give(f, a, false), 3 * G);
     /* The block's three chunks unmapped, then released, x's two each after its old mapping. */
@@ -1847,8 +1860,7 @@ static void test_busy_move_rolled_back(void **state)
     assert_false(cs_pool_fits(f->p, 2 * G, false));  /* free, busy */
     assert_true(cs_pool_fits(f->p, 2 * G, true));
     /* Done: a move as any other. */
-    __atomic_store_n(&done_epoch, 5, __ATOMIC_RELEASE);
-    sim_complete(&f->sim, 5);
+    work_done(f, 5);
     assert_int_equal(cs_pool_alloc(f->p, 3 * G, 0, false, &a, &c, &r, NULL, &e, &raw), CS_BE_OK);
     assert_int_equal(a, z);
     assert_int_equal(e, 0);
@@ -1863,10 +1875,8 @@ static void test_busy_move_rolled_back(void **state)
 static void test_release_all_with_old_mapping(void **state)
 {
     fx *f = *state;
-    uint64_t x, y, z, a = 0, c, r, e;
-    busy_move_scene(f, &x, &y, &z);
-    int raw = 0;
-    assert_int_equal(cs_pool_alloc(f->p, 3 * G, 0, true, &a, &c, &r, NULL, &e, &raw), CS_BE_OK);
+    uint64_t x, z;
+    busy_moved_block(f, &x, &z);
     sim_complete(&f->sim, 5);  /* the context's work went with it */
     cs_pool_release_all(f->p);
     assert_all_gone(f);
@@ -1893,8 +1903,7 @@ static void test_small_slot_back_busy(void **state)
     assert_int_equal(a, s1);
     assert_int_equal(e, 5);
     assert_int_equal(cs_pool_free(f->p, a, true, false, 6, &r, &raw), CS_BE_OK);
-    __atomic_store_n(&done_epoch, 6, __ATOMIC_RELEASE);
-    sim_complete(&f->sim, 6);
+    work_done(f, 6);
     assert_int_equal(cs_pool_alloc(f->p, 4 * KiB, 0, false, &a, &c, &r, NULL, &e, &raw), CS_BE_OK);
     assert_int_equal(a, s1);
     assert_int_equal(e, 0);
@@ -1913,6 +1922,78 @@ static void test_small_slot_back_busy(void **state)
     assert_int_equal(f->sim.misuse, 0);
 }
 
+/* A busy move whose second chunk's mapping fails, and whose rollback cannot unmap the first
+ * chunk's new mapping: that mapping becomes an old mapping, unmapped once it can be, so that
+ * the chunk never goes back to the driver while mapped anywhere. */
+static void test_busy_move_rollback_stuck(void **state)
+{
+    fx *f = *state;
+    uint64_t x, y, z, a = 0, c, r, e;
+    busy_move_scene(f, &x, &y, &z);
+    int raw = 0;
+    sim_fail_in(&f->sim, SIM_MAP, 2, CS_BE_ERROR);
+    sim_fail_in(&f->sim, SIM_UNMAP, 1, CS_BE_ERROR);
+    assert_int_not_equal(cs_pool_alloc(f->p, 3 * G, 0, true, &a, &c, &r, NULL, &e, &raw),
+                         CS_BE_OK);
+    assert_int_equal(sim_live_maps(&f->sim), 5);  /* x's two, y, z and the stuck one */
+    work_done(f, 5);
+    cs_pool_trim(f->p, UINT64_MAX, true);
+    assert_int_equal(sim_live_maps(&f->sim), 1);  /* y's */
+    assert_int_equal(f->sim.misuse, 0);
+    assert_int_equal(f->sim.unsafe_unmaps, 0);
+    give(f, y, false);
+    assert_int_equal(sim_live_handles(&f->sim), 0);
+    assert_int_equal(f->sim.misuse, 0);
+}
+
+/* A free that waits for the device covers the work issued before the wait, not work another
+ * thread issued on a slot of the same range during it: the range, whole once both are free,
+ * keeps that later slot's epoch and is not given back before it completes. */
+static vmm_sim *later_sim;
+static cs_pool *later_pool;
+static uint64_t later_slot;
+static int later_armed;
+
+static int sync_then_later_free(void *dev, int *raw)
+{
+    int rc = sim_sync(dev, raw);  /* the device idle now; then the other thread's work */
+    if (later_armed) {
+        later_armed = 0;
+        uint64_t r;
+        int raw2;
+        sim_issue(later_sim, 7);
+        sim_work(later_sim, later_slot, 7);
+        assert_int_equal(cs_pool_free(later_pool, later_slot, true, false, 7, &r, &raw2),
+                         CS_BE_OK);
+    }
+    return rc;
+}
+
+static void test_wait_keeps_later_busy_slots(void **state)
+{
+    fx *f = *state;
+    static cs_vmm_ops ops;
+    ops = sim_vmm_ops;
+    ops.sync = sync_then_later_free;
+    cs_pool_destroy(f->p);
+    f->p = cs_pool_create(&ops, &f->sim, G, ARENA, ready_upto, NULL);
+    later_sim = &f->sim;
+    later_pool = f->p;
+    uint64_t s1 = take(f, 4 * KiB, NULL, NULL), released = 1;
+    later_slot = take(f, 4 * KiB, NULL, NULL);  /* the same slab, the same range */
+    sim_issue(&f->sim, 3);
+    sim_work(&f->sim, s1, 3);
+    later_armed = 1;
+    int raw = 0;
+    assert_int_equal(cs_pool_free(f->p, s1, false, false, 3, &released, &raw), CS_BE_OK);
+    assert_int_equal(released, 0);  /* the range stays, busy with epoch 7 */
+    assert_int_equal(f->sim.unsafe_unmaps, 0);
+    work_done(f, 7);
+    assert_int_equal(cs_pool_trim(f->p, UINT64_MAX, false), G);
+    assert_int_equal(f->sim.unsafe_unmaps, 0);
+    assert_int_equal(f->sim.misuse, 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1926,6 +2007,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_busy_move_rolled_back, setup_busy, teardown),
         cmocka_unit_test_setup_teardown(test_release_all_with_old_mapping, setup_busy, teardown),
         cmocka_unit_test_setup_teardown(test_small_slot_back_busy, setup_busy, teardown),
+        cmocka_unit_test_setup_teardown(test_busy_move_rollback_stuck, setup_busy, teardown),
+        cmocka_unit_test_setup_teardown(test_wait_keeps_later_busy_slots, setup_busy, teardown),
         cmocka_unit_test_setup_teardown(test_large_new_chunks, setup, teardown),
         cmocka_unit_test_setup_teardown(test_carve_from_free_span, setup, teardown),
         cmocka_unit_test_setup_teardown(test_zones, setup, teardown),
