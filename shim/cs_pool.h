@@ -46,7 +46,7 @@ enum {
 
 /* The device's virtual memory calls. Each returns a CS_BE_* code (cs_cache.h) with the raw
  * driver code in *raw. All are called without the pool's lock or the cache's; unmap and
- * release may run under the pool's lock of old mappings, so no op may call into the pool. */
+ * release may run under the pool's lock of old mappings, so neither may call into the pool. */
 typedef struct cs_vmm_ops {
     /* Physical memory of `size` bytes (a multiple of the granularity). */
     int (*create)(void *dev, uint64_t size, uint64_t *handle, int *raw);
