@@ -651,8 +651,8 @@ static bool slot_take(cs_pool *p, uint64_t slot, bool ordered, range *fresh, uin
     if (!k)
         return false;
     slot_rule rule = {.ordered = ordered, .at = *at};
-    int first;
-    uint32_t n = slab_pages(p, slot);
+    int first = 0;
+    uint32_t n = fresh ? slab_pages(p, slot) : 0;
     /* A range made for this block comes first, if it is still there with room: else, the
      * GPU's answer changed meanwhile, the block would take another slab and leave the new
      * range empty for good. */
@@ -662,6 +662,7 @@ static bool slot_take(cs_pool *p, uint64_t slot, bool ordered, range *fresh, uin
             r = f;
     slab *sl = r ? NULL : slab_usable(p, k, &rule);
     if (!sl) {
+        n = n ? n : slab_pages(p, slot);  /* a new slab's pages: only when one is made */
         if (!r)
             r = small_with_run(p, n, &rule, &first);
         if (!r)

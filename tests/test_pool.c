@@ -1742,6 +1742,13 @@ static void test_release_all_during_small_free_wait(void **state)
 
 /* ---------------------------------------------------------------- chunks moved while busy */
 
+/* Nothing misused, no memory unmapped while work on it could still run. */
+static void assert_safe(fx *f)
+{
+    assert_int_equal(f->sim.unsafe_unmaps, 0);
+    assert_int_equal(f->sim.misuse, 0);
+}
+
 /* The GPU finished the work of every epoch up to `epoch`. */
 static void work_done(fx *f, uint64_t epoch)
 {
@@ -1820,8 +1827,7 @@ static void test_busy_chunks_move_ordered(void **state)
     assert_int_equal(created, 2 * G);
     give(f, a, false);
     give(f, b, false);
-    assert_int_equal(f->sim.unsafe_unmaps, 0);
-    assert_int_equal(f->sim.misuse, 0);
+    assert_safe(f);
 }
 
 /* A chunk that moved busy, then given back to the driver once its work completed but before a
@@ -1838,8 +1844,7 @@ static void test_busy_moved_chunk_released(void **state)
     assert_int_equal(sim_mapped_at(&f->sim, x), 0);
     assert_int_equal(sim_mapped_at(&f->sim, x + G), 0);
     assert_int_equal(sim_live_handles(&f->sim), 1);  /* y's */
-    assert_int_equal(f->sim.unsafe_unmaps, 0);
-    assert_int_equal(f->sim.misuse, 0);
+    assert_safe(f);
 }
 
 /* A move of busy chunks whose mapping fails: the block's window is undone, and the chunks are
@@ -1866,8 +1871,7 @@ static void test_busy_move_rolled_back(void **state)
     assert_int_equal(e, 0);
     assert_int_equal(sim_mapped_at(&f->sim, x), 0);
     give(f, a, false);
-    assert_int_equal(f->sim.unsafe_unmaps, 0);
-    assert_int_equal(f->sim.misuse, 0);
+    assert_safe(f);
 }
 
 /* The context goes while a chunk that moved busy is still mapped where it was: everything is
@@ -1918,8 +1922,7 @@ static void test_small_slot_back_busy(void **state)
                      CS_BE_SHORT);
     assert_int_equal(cs_pool_alloc(f->p, 64 * KiB, 0, true, &a, &c, &r, NULL, &e, &raw), CS_BE_OK);
     assert_int_equal(e, 7);
-    assert_int_equal(f->sim.unsafe_unmaps, 0);
-    assert_int_equal(f->sim.misuse, 0);
+    assert_safe(f);
 }
 
 /* A busy move whose second chunk's mapping fails, and whose rollback cannot unmap the first
@@ -1939,8 +1942,7 @@ static void test_busy_move_rollback_stuck(void **state)
     work_done(f, 5);
     cs_pool_trim(f->p, UINT64_MAX, true);
     assert_int_equal(sim_live_maps(&f->sim), 1);  /* y's */
-    assert_int_equal(f->sim.misuse, 0);
-    assert_int_equal(f->sim.unsafe_unmaps, 0);
+    assert_safe(f);
     give(f, y, false);
     assert_int_equal(sim_live_handles(&f->sim), 0);
     assert_int_equal(f->sim.misuse, 0);
@@ -1990,8 +1992,7 @@ static void test_wait_keeps_later_busy_slots(void **state)
     assert_int_equal(f->sim.unsafe_unmaps, 0);
     work_done(f, 7);
     assert_int_equal(cs_pool_trim(f->p, UINT64_MAX, false), G);
-    assert_int_equal(f->sim.unsafe_unmaps, 0);
-    assert_int_equal(f->sim.misuse, 0);
+    assert_safe(f);
 }
 
 int main(void)
