@@ -1063,8 +1063,8 @@ static uint64_t move_for(cs_cache *c, cs_heap *h, uint64_t bytes, bool *busy_ok)
      * (GPT-2's replay 200 ms behind: 2.02 reserved / live when only the finished ones went
      * back, 1.10 now); before a large block's too, which cannot use their slabs' memory, but
      * small blocks of other sizes then take their slots instead of new memory (GPT-2's replay
-     * 20 ms behind: 1.117 reserved / live, 1.123 returning them before small blocks' new
-     * memory only). Within the headroom over the program's own peak, new memory fills the
+     * 20 ms behind, when only finished slots went back: 1.117 reserved / live, 1.123
+     * returning them before small blocks' new memory only). Within the headroom over the program's own peak, new memory fills the
      * pool's holes (it stays, free, for blocks of other sizes later); beyond it, memory moves:
      * free chunks of the pool into the holes (ordered, busy ones too), then idle blocks'
      * memory. */
