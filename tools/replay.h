@@ -3,7 +3,9 @@
  * workload: hits, driver calls, memory held, and what that saves in driver time.
  *
  * replay_trace.c reads traces, replay_sim.c is the simulated device and the replay loop,
- * replay_plot.c draws sweeps as SVG, replay_main.c is the command line and the reports. */
+ * replay_map.c the pointer map they share, replay_expandable.c a model of PyTorch's
+ * expandable segments to compare with (--vs-expandable), replay_plot.c draws sweeps as SVG,
+ * replay_main.c is the command line and the reports. */
 #ifndef REPLAY_H
 #define REPLAY_H
 
@@ -61,6 +63,29 @@ typedef struct {
  * that reached the shim when the trace has any, else those that reached the driver and were
  * not made by the shim. Returns as replay_trace_load. */
 int replay_trace_load_any(replay_trace *t, const char *path, replay_source *src);
+
+/* ---------------------------------------------------------------- pointer map (replay_map.c) */
+
+typedef struct {
+    uint64_t key;   /* 0: empty (traces and the simulated device never use 0) */
+    uint64_t addr;  /* the cache's pointer, the simulated device's block, or the model's block */
+    uint64_t size;  /* requested size */
+    bool failed;    /* the replayed allocation failed: its free is dropped */
+} replay_slot;
+
+typedef struct {
+    replay_slot *s;
+    size_t cap, count;  /* cap: a power of two */
+} replay_map;
+
+/* Init: an empty map of cap slots (a power of two); false when out of memory. Put: inserts or
+ * replaces v by its key, growing as needed; false when out of memory (the map unchanged).
+ * Take: removes key into *out; false if absent. */
+bool replay_map_init(replay_map *m, size_t cap);
+void replay_map_free(replay_map *m);
+replay_slot *replay_map_find(replay_map *m, uint64_t key);
+bool replay_map_put(replay_map *m, replay_slot v);
+bool replay_map_take(replay_map *m, uint64_t key, replay_slot *out);
 
 /* ---------------------------------------------------------------- simulation (replay_sim.c) */
 
