@@ -130,6 +130,19 @@ typedef struct {
  * not be created (out of host memory). */
 int replay_run(const replay_trace *t, const replay_config *cfg, replay_result *out);
 
+/* ------------------------------------------- PyTorch's expandable segments (replay_expandable.c) */
+
+typedef struct {
+    uint64_t peak_mapped;  /* the most bytes both pools' segments had mapped at once */
+    uint64_t peak_live;    /* the trace's peak live bytes, every allocation in place */
+    double over_live;      /* peak_mapped / peak_live */
+} replay_expandable_result;
+
+/* Replays t's allocations and frees through a model of PyTorch's caching allocator with
+ * expandable segments (one stream, default settings; the rules in replay_expandable.c). It
+ * depends on nothing but the trace. 0, or -1 when out of host memory. */
+int replay_expandable_run(const replay_trace *t, replay_expandable_result *out);
+
 /* ---------------------------------------------------------------- plots (replay_plot.c) */
 
 typedef struct {
