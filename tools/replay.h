@@ -68,7 +68,7 @@ int replay_trace_load_any(replay_trace *t, const char *path, replay_source *src)
 
 typedef struct {
     uint64_t key;   /* 0: empty (traces and the simulated device never use 0) */
-    uint64_t addr;  /* the cache's pointer, the simulated device's block, or the model's block */
+    uint64_t addr;  /* the cache's pointer (replay loop) or the model's block (the model) */
     uint64_t size;  /* requested size */
     bool failed;    /* the replayed allocation failed: its free is dropped */
 } replay_slot;
