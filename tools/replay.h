@@ -3,7 +3,9 @@
  * workload: hits, driver calls, memory held, and what that saves in driver time.
  *
  * replay_trace.c reads traces, replay_sim.c is the simulated device and the replay loop,
- * replay_plot.c draws sweeps as SVG, replay_main.c is the command line and the reports. */
+ * replay_map.c the pointer map they share, replay_expandable.c a model of PyTorch's
+ * expandable segments to compare with (--vs-expandable), replay_plot.c draws sweeps as SVG,
+ * replay_main.c is the command line and the reports. */
 #ifndef REPLAY_H
 #define REPLAY_H
 
@@ -62,6 +64,29 @@ typedef struct {
  * not made by the shim. Returns as replay_trace_load. */
 int replay_trace_load_any(replay_trace *t, const char *path, replay_source *src);
 
+/* ---------------------------------------------------------------- pointer map (replay_map.c) */
+
+typedef struct {
+    uint64_t key;   /* 0: empty (traces and the simulated device never use 0) */
+    uint64_t addr;  /* the cache's pointer (replay loop) or the model's block (the model) */
+    uint64_t size;  /* requested size */
+    bool failed;    /* the replayed allocation failed: its free is dropped */
+} replay_slot;
+
+typedef struct {
+    replay_slot *s;
+    size_t cap, count;  /* cap: a power of two */
+} replay_map;
+
+/* Init: an empty map of cap slots (a power of two); false when out of memory. Put: inserts or
+ * replaces v by its key, growing as needed; false when out of memory (the map unchanged).
+ * Take: removes key into *out; false if absent. */
+bool replay_map_init(replay_map *m, size_t cap);
+void replay_map_free(replay_map *m);
+replay_slot *replay_map_find(replay_map *m, uint64_t key);
+bool replay_map_put(replay_map *m, replay_slot v);
+bool replay_map_take(replay_map *m, uint64_t key, replay_slot *out);
+
 /* ---------------------------------------------------------------- simulation (replay_sim.c) */
 
 /* Costs of driver calls in microseconds, for the "driver time saved" estimate. */
@@ -104,6 +129,19 @@ typedef struct {
 /* Replays t through a fresh cache on a fresh simulated device; 0, or -1 when the cache could
  * not be created (out of host memory). */
 int replay_run(const replay_trace *t, const replay_config *cfg, replay_result *out);
+
+/* ------------------------------------------- PyTorch's expandable segments (replay_expandable.c) */
+
+typedef struct {
+    uint64_t peak_mapped;  /* the most bytes both pools' segments had mapped at once */
+    uint64_t peak_live;    /* the trace's peak live bytes, every allocation in place */
+    double over_live;      /* peak_mapped / peak_live */
+} replay_expandable_result;
+
+/* Replays t's allocations and frees through a model of PyTorch's caching allocator with
+ * expandable segments (one stream, default settings; the rules in replay_expandable.c). It
+ * depends on nothing but the trace. 0, or -1 when out of host memory. */
+int replay_expandable_run(const replay_trace *t, replay_expandable_result *out);
 
 /* ---------------------------------------------------------------- plots (replay_plot.c) */
 

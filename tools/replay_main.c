@@ -44,6 +44,9 @@ static void usage(FILE *f)
           "  --sweep thresholds=LIST  ... and per threshold (the two lists are crossed)\n"
           "  --caps LIST, --thresholds LIST   the same as the two --sweep forms\n"
           "  --plot FILE.svg        draw the runs: x = peak reserved, y = driver calls\n"
+          "  --vs-expandable        also replay each trace through a model of PyTorch's\n"
+          "                         caching allocator with expandable_segments:True and\n"
+          "                         report its peak mapped memory beside the cache's\n"
           "  --json                 machine-readable output on stdout\n"
           "  --help, --version\n"
           "SIZE: bytes, 512K, 8G, 1.5GiB, 75% (of --device-size), none.\n"
@@ -104,6 +107,7 @@ typedef struct {
     setting device, caps[MAX_SETTINGS], thresholds[MAX_SETTINGS];
     int ncaps, nthresholds;
     bool sweep, json;
+    bool vs_expandable;  /* --vs-expandable */
     const char *plot;
     char **files;  /* the traces, in order: options and files may be mixed */
     int nfiles;
@@ -134,6 +138,8 @@ static int parse_args(int argc, char **argv, args *a)
             exit(0);
         } else if (!strcmp(arg, "--json")) {
             a->json = true;
+        } else if (!strcmp(arg, "--vs-expandable")) {
+            a->vs_expandable = true;
         } else if (!strcmp(arg, "--")) {
             while (++i < argc)
                 a->files[a->nfiles++] = argv[i];
@@ -270,9 +276,10 @@ static void print_source(const replay_source *src)
                " other allocation calls skipped)\n", src->level, src->skipped);
 }
 
+/* One run as JSON; with es (--vs-expandable), the model's two fields too. */
 static void print_json_run(const char *path, const replay_source *src, const setting *cap,
                            const setting *thr, const replay_config *cfg, const replay_result *r,
-                           bool first)
+                           const replay_expandable_result *es, bool first)
 {
     printf("%s\n    {\"trace\": ", first ? "" : ",");
     json_string(path);
@@ -305,8 +312,12 @@ static void print_json_run(const char *path, const replay_source *src, const set
            cfg->classic ? "classic" : "pooled", cfg->granularity, r->moves, r->creates,
            r->chunk_releases, r->maps, r->unmaps);
     printf("     \"fences\": %" PRIu64 ", \"fence_queries\": %" PRIu64 ", \"fence_waits\": %" PRIu64
-           ", \"baseline_us\": %.3f, \"cached_us\": %.3f, \"saved_us\": %.3f}",
+           ", \"baseline_us\": %.3f, \"cached_us\": %.3f, \"saved_us\": %.3f",
            r->fences, r->fence_queries, r->fence_waits, r->baseline_us, r->cached_us, r->saved_us);
+    if (es)
+        printf(",\n     \"expandable_peak_mapped\": %" PRIu64 ", \"expandable_over_live\": %.6f",
+               es->peak_mapped, es->over_live);
+    putchar('}');
 }
 
 static const char *mib(uint64_t b, char *buf)
@@ -315,8 +326,22 @@ static const char *mib(uint64_t b, char *buf)
     return buf;
 }
 
+/* The model's line: its peak mapped, over the trace's peak live, and the cache's peak reserved
+ * over it (with r; a sweep's header has no run to compare). */
+static void print_expandable(const replay_expandable_result *es, const replay_result *r)
+{
+    char b[48];
+    printf("  expandable model    %" PRIu64 " B (%s) mapped at peak: %.3f of peak live",
+           es->peak_mapped, mib(es->peak_mapped, b), es->over_live);
+    if (r)
+        printf(", peak reserved %.3f of it",
+               es->peak_mapped ? (double)r->peak_reserved / (double)es->peak_mapped : 0);
+    putchar('\n');
+}
+
 static void print_text_run(const char *path, const replay_source *src, const setting *cap,
-                           const setting *thr, const args *a, const replay_result *r)
+                           const setting *thr, const args *a, const replay_result *r,
+                           const replay_expandable_result *es)
 {
     char b1[48], b2[48];
     printf("%s: cap %s, threshold %s, device %s, gpu lag %.3f us, reuse %s, backend %s\n",
@@ -347,6 +372,8 @@ static void print_text_run(const char *path, const replay_source *src, const set
     printf("  peak reserved       %" PRIu64 " B (%s)\n", r->peak_reserved,
            mib(r->peak_reserved, b2));
     printf("  reserved / live     %.3f\n", r->reserved_over_live);
+    if (es)
+        print_expandable(es, r);
     printf("  releases            %" PRIu64 "\n", r->releases);
     printf("  OOM recoveries      %" PRIu64 "\n", r->oom_recoveries);
     printf("  OOM failures        %" PRIu64 "\n", r->oom_failures);
@@ -358,11 +385,14 @@ static void print_text_run(const char *path, const replay_source *src, const set
            r->baseline_us / 1000, r->cached_us / 1000, r->saved_us / 1000);
 }
 
-static void print_sweep_header(const char *path, const replay_source *src, const args *a)
+static void print_sweep_header(const char *path, const replay_source *src, const args *a,
+                               const replay_expandable_result *es)
 {
     printf("%s: sweep, device %s, gpu lag %.3f us\n", path, a->device.text,
            (double)a->cfg.gpu_lag_ns / 1000);
     print_source(src);
+    if (es)
+        print_expandable(es, NULL);
     printf("  %-10s %-10s %8s %8s %8s %12s %7s %8s %7s %7s %7s %10s\n", "cap", "threshold",
            "hit%", "d.alloc", "d.free", "reserved_MiB", "res/liv", "releases", "oomrec",
            "oomfail", "capref", "saved_ms");
@@ -413,8 +443,15 @@ int main(int argc, char **argv)
     size_t n = 0;
     for (int t = 0; t < ntraces && !rc; t++) {
         const char *path = a.files[t];
+        /* The model depends on the trace alone: once per trace, shown with each of its runs. */
+        replay_expandable_result model, *es = a.vs_expandable ? &model : NULL;
+        if (es && replay_expandable_run(&traces[t], es)) {
+            fprintf(stderr, REPLAY_NAME ": out of memory\n");
+            rc = 1;
+            break;
+        }
         if (a.sweep && !a.json)
-            print_sweep_header(path, &srcs[t], &a);
+            print_sweep_header(path, &srcs[t], &a, es);
         for (int ci = 0; ci < a.ncaps && !rc; ci++)
             for (int ti = 0; ti < a.nthresholds && !rc; ti++) {
                 replay_config cfg = a.cfg;
@@ -427,12 +464,12 @@ int main(int argc, char **argv)
                     break;
                 }
                 if (a.json)
-                    print_json_run(path, &srcs[t], &a.caps[ci], &a.thresholds[ti], &cfg, &r,
+                    print_json_run(path, &srcs[t], &a.caps[ci], &a.thresholds[ti], &cfg, &r, es,
                                    n == 0);
                 else if (a.sweep)
                     print_sweep_row(&a.caps[ci], &a.thresholds[ti], &r);
                 else
-                    print_text_run(path, &srcs[t], &a.caps[ci], &a.thresholds[ti], &a, &r);
+                    print_text_run(path, &srcs[t], &a.caps[ci], &a.thresholds[ti], &a, &r, es);
                 snprintf(labels[n], sizeof labels[n], "cap=%s thr=%s", a.caps[ci].text,
                          a.thresholds[ti].text);
                 pts[n] = (replay_point){base_name(path), labels[n], (double)r.peak_reserved,

@@ -15,87 +15,6 @@
 
 #include "cs_cache.h"
 
-/* ---------------------------------------------------------------- uint64 -> entry map
- * Open addressing, linear probing, backward-shift deletion: traces reuse pointers all the
- * time, and tombstones would pile up. */
-
-typedef struct {
-    uint64_t key;   /* 0: empty (traces and the simulated device never use 0) */
-    uint64_t addr;  /* the cache's pointer, or the simulated size for the device's map */
-    uint64_t size;  /* requested size */
-    bool failed;    /* the replayed allocation failed: its free is dropped */
-} slot;
-
-typedef struct {
-    slot *s;
-    size_t cap, count;
-} map;
-
-static size_t hash(uint64_t k, size_t cap)
-{
-    return (size_t)((k * 0x9E3779B97F4A7C15ull) >> 17) & (cap - 1);
-}
-
-static bool map_init(map *m, size_t cap)
-{
-    m->s = calloc(cap, sizeof *m->s);
-    m->cap = cap;
-    m->count = 0;
-    return m->s != NULL;
-}
-
-static slot *map_find(map *m, uint64_t key)
-{
-    for (size_t i = hash(key, m->cap);; i = (i + 1) & (m->cap - 1)) {
-        if (m->s[i].key == key)
-            return &m->s[i];
-        if (!m->s[i].key)
-            return NULL;
-    }
-}
-
-static bool map_put(map *m, slot v)
-{
-    if ((m->count + 1) * 2 > m->cap) {
-        map old = *m;
-        if (!map_init(m, old.cap * 2))
-            return *m = old, false;
-        for (size_t i = 0; i < old.cap; i++)
-            if (old.s[i].key)
-                map_put(m, old.s[i]);
-        free(old.s);
-    }
-    size_t i = hash(v.key, m->cap);
-    while (m->s[i].key && m->s[i].key != v.key)
-        i = (i + 1) & (m->cap - 1);
-    if (!m->s[i].key)
-        m->count++;
-    m->s[i] = v;
-    return true;
-}
-
-/* Remove key; false if absent. */
-static bool map_take(map *m, uint64_t key, slot *out)
-{
-    slot *p = map_find(m, key);
-    if (!p)
-        return false;
-    *out = *p;
-    size_t hole = (size_t)(p - m->s);
-    for (size_t i = (hole + 1) & (m->cap - 1); m->s[i].key; i = (i + 1) & (m->cap - 1)) {
-        size_t home = hash(m->s[i].key, m->cap);
-        /* Move i into the hole unless its home lies cyclically in (hole, i]. */
-        bool stays = hole <= i ? (home > hole && home <= i) : (home > hole || home <= i);
-        if (!stays) {
-            m->s[hole] = m->s[i];
-            hole = i;
-        }
-    }
-    m->s[hole].key = 0;
-    m->count--;
-    return true;
-}
-
 /* ---------------------------------------------------------------- the simulated device */
 
 typedef struct {
@@ -106,7 +25,7 @@ typedef struct {
     uint64_t next_va;   /* the pooled backend's virtual ranges */
     uint64_t *done;     /* completion time of each epoch */
     size_t nepochs, cap_epochs;
-    map blocks;         /* addr -> size, to know what a free gives back */
+    replay_map blocks;  /* addr -> size, to know what a free gives back */
 } sim_device;
 
 static int sim_alloc(void *d, uint64_t size, uint64_t *addr, int *raw)
@@ -116,7 +35,7 @@ static int sim_alloc(void *d, uint64_t size, uint64_t *addr, int *raw)
         *raw = 2;  /* CUDA_ERROR_OUT_OF_MEMORY */
         return CS_BE_OOM;
     }
-    if (!map_put(&s->blocks, (slot){.key = s->next_addr, .size = size})) {
+    if (!replay_map_put(&s->blocks, (replay_slot){.key = s->next_addr, .size = size})) {
         *raw = 2;
         return CS_BE_OOM;
     }
@@ -131,8 +50,8 @@ static int sim_alloc(void *d, uint64_t size, uint64_t *addr, int *raw)
 static int sim_free(void *d, uint64_t addr, int *raw)
 {
     sim_device *s = d;
-    slot b;
-    if (!map_take(&s->blocks, addr, &b)) {
+    replay_slot b;
+    if (!replay_map_take(&s->blocks, addr, &b)) {
         *raw = 1;  /* CUDA_ERROR_INVALID_VALUE */
         return CS_BE_ERROR;
     }
@@ -267,10 +186,10 @@ static uint64_t threshold_for(void *arg, uint64_t total)
     return ((const replay_config *)arg)->threshold;
 }
 
-static void replay_event_one(const replay_event *e, cs_cache *c, cs_heap *h, map *live,
-                             uint64_t *live_bytes, replay_result *r)
+static void replay_event_one(const replay_event *e, cs_cache *c, cs_heap *h,
+                             replay_map *live, uint64_t *live_bytes, replay_result *r)
 {
-    slot old;
+    replay_slot old;
     switch (e->kind) {
     case 'a': {
         r->allocs++;
@@ -279,8 +198,9 @@ static void replay_event_one(const replay_event *e, cs_cache *c, cs_heap *h, map
         bool ok = cs_cache_alloc(c, h, e->size, &addr, &raw, NULL) == CS_OK;
         /* A PTR still live here was freed by an unrecorded path: its block stays in use (as
          * in tests/trace_player.c) and its bytes stay counted as live. */
-        map_take(live, e->ptr, &old);
-        if (!map_put(live, (slot){.key = e->ptr, .addr = addr, .size = e->size, .failed = !ok}))
+        replay_map_take(live, e->ptr, &old);
+        if (!replay_map_put(live, (replay_slot){.key = e->ptr, .addr = addr, .size = e->size,
+                                                .failed = !ok}))
             ok = false;
         if (!ok) {
             r->replay_failures++;
@@ -292,7 +212,7 @@ static void replay_event_one(const replay_event *e, cs_cache *c, cs_heap *h, map
         break;
     }
     case 'f':
-        if (!e->ptr || !map_take(live, e->ptr, &old)) {
+        if (!e->ptr || !replay_map_take(live, e->ptr, &old)) {
             r->skipped_frees++;  /* allocated before recording began, or never */
             break;
         }
@@ -315,9 +235,9 @@ int replay_run(const replay_trace *t, const replay_config *cfg, replay_result *r
     memset(r, 0, sizeof *r);
     sim_device dev = {.size = cfg->device_size, .next_addr = 0x700000000000ull,
                       .next_va = 0x7f0000000000ull, .lag = cfg->gpu_lag_ns};
-    map live;
-    if (!map_init(&dev.blocks, 1024) || !map_init(&live, 1024)) {
-        free(dev.blocks.s);
+    replay_map live;
+    if (!replay_map_init(&dev.blocks, 1024) || !replay_map_init(&live, 1024)) {
+        replay_map_free(&dev.blocks);
         return -1;
     }
     cs_cache_config cc = {.cap_for = cap_for, .threshold_for = threshold_for,
@@ -330,8 +250,8 @@ int replay_run(const replay_trace *t, const replay_config *cfg, replay_result *r
                   : NULL;
     if (!h) {
         cs_cache_destroy(c);
-        free(dev.blocks.s);
-        free(live.s);
+        replay_map_free(&dev.blocks);
+        replay_map_free(&live);
         return -1;
     }
 
@@ -385,8 +305,8 @@ int replay_run(const replay_trace *t, const replay_config *cfg, replay_result *r
     /* Only the cache's bookkeeping and the fences left in it: the device is simulated. */
     cs_cache_forget_heap(c, (void *)1);
     cs_cache_destroy(c);
-    free(dev.blocks.s);
+    replay_map_free(&dev.blocks);
     free(dev.done);
-    free(live.s);
+    replay_map_free(&live);
     return 0;
 }

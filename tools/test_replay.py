@@ -7,10 +7,14 @@ PART: exact (hand-written traces, every number worked out by hand from the cache
 shim/cs_cache.c: see the comments in each trace), malformed (each bad line with its line
 number, exit 2), sweep (the sweep's SVG parsed as XML), jsonl (traces of libcacheaudit.so:
 the same events as basic.trace give the same numbers, from the driver's or the shim's calls),
-shared (the recorded traces in TRACES; exit 77 when they are absent). Python standard library only."""
+expandable (--vs-expandable: the model of PyTorch's expandable segments on hand-written
+traces, every number worked out by hand from its rules in tools/replay_expandable.c; the
+output without the flag unchanged; the recorded traces), shared (the recorded traces in TRACES;
+exit 77 when they are absent). Python standard library only."""
 import gzip
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -427,6 +431,10 @@ def part_shared(replay, traces):
                 check(f"{what}: chunks alive >= mapped",
                       r["chunk_creates"] - r["chunk_releases"] >= r["chunk_maps"] - r["chunk_unmaps"],
                       True)
+        # The expandable segments model, measured.
+        model = replay_json(replay, "--vs-expandable", path)
+        check(f"{name}: expandable_peak_mapped", model[0].get("expandable_peak_mapped")
+              if model else None, EXPANDABLE_SHARED[name])
         pooled, classic, roomy = runs.get(()), runs.get(("--backend", "classic")), \
             runs.get(("--headroom", "25"))
         if pooled and classic and roomy:
@@ -455,6 +463,102 @@ def part_shared(replay, traces):
             check(f"{what}: reserved <= cap", c["peak_reserved"] <= cap, True)
             check(f"{what}: hit rate <= uncapped", c["hit_rate"] <= r["hit_rate"], True)
             check(f"{what}: no failures", (c["replay_failures"], c["oom_failures"]), (0, 0))
+
+
+# --vs-expandable on hand-written traces: (peak mapped, peak live), derived in each trace's
+# comments.
+EXPANDABLE = {
+    "expandable-pools.trace": (24 * MiB, 6598657),
+    "expandable-coalesce.trace": (20 * MiB, 20 * MiB),
+    "expandable-extend.trace": (40 * MiB, 38 * MiB),
+    "expandable-bestfit.trace": (20 * MiB, 20 * MiB),
+    "expandable-equal.trace": (20 * MiB, 20 * MiB),
+    "expandable-last.trace": (40 * MiB, 18 * MiB),
+    "expandable-split.trace": (4 * MiB, 4193145),
+    "expandable-again.trace": (60 * MiB, 52 * MiB),
+}
+# The recorded traces, measured (the rules checked by hand on the traces above): peak mapped.
+EXPANDABLE_RECORDED = {"torch-resnet.trace.gz": 1113587712, "torch-train.trace.gz": 1614807040,
+                       "torch-gpt2.trace.gz": 771751936}
+EXPANDABLE_SHARED = {"resnet.trace.gz": 1113587712, "cupy.trace.gz": 153092096}
+JSON_MODEL_FIELDS = re.compile(r',\n     "expandable_peak_mapped": \d+, "expandable_over_live": [\d.]+')
+
+
+def expect_model(replay, path, mapped, live, *args):
+    runs = replay_json(replay, "--vs-expandable", *args, path)
+    what = f"{os.path.basename(path)} {' '.join(args)}".strip()
+    if not runs:
+        failures.append(f"{what}: no runs")
+    for r in runs:
+        check(f"{what}: expandable_peak_mapped", r.get("expandable_peak_mapped"), mapped)
+        check(f"{what}: expandable_over_live", r.get("expandable_over_live"),
+              round(mapped / live, 6))
+
+
+def model_line(r, mapped):
+    """The text report's line for a run r (from --json) of a trace whose model maps mapped."""
+    return (f"  expandable model    {mapped} B ({mapped / MiB:.1f} MiB) mapped at peak: "
+            f"{mapped / r['peak_live']:.3f} of peak live, peak reserved "
+            f"{r['peak_reserved'] / mapped:.3f} of it\n")
+
+
+def part_expandable(replay, data):
+    t = lambda name: os.path.join(data, name)
+    for name, (mapped, live) in EXPANDABLE.items():
+        expect_model(replay, t(name), mapped, live)
+    # Rounding: a 1 B request takes 512 B, so 4096 of them fill one 2 MiB page and 4097 need a
+    # second; 513 B takes 1024, 2048 fill the page. (Unrounded, all would fit one page.)
+    with tempfile.TemporaryDirectory() as d:
+        for size, count, pages in ((1, 4096, 1), (1, 4097, 2), (513, 2048, 1), (513, 2049, 2)):
+            path = os.path.join(d, f"round-{size}-{count}.trace")
+            with open(path, "w") as f:
+                f.writelines(f"a {size} {i + 1:x} {i}\n" for i in range(count))
+            expect_model(replay, path, pages * 2 * MiB, size * count)
+    # The model depends on the trace alone: the same in every run whatever the options.
+    expect_model(replay, t("expandable-last.trace"), 40 * MiB, 18 * MiB, "--caps", "none,8M",
+                 "--thresholds", "none,1M", "--backend", "classic", "--gpu-lag-us", "100")
+    expect_model(replay, t("expandable-last.trace"), 40 * MiB, 18 * MiB, "--device-size", "30M")
+    for name, mapped in EXPANDABLE_RECORDED.items():
+        runs = replay_json(replay, "--vs-expandable", t(name))
+        check(f"{name}: expandable_peak_mapped", runs[0].get("expandable_peak_mapped") if runs
+              else None, mapped)
+    # Without the flag, basic.trace's text and JSON byte for byte as before the flag existed
+    # (basic.expected.*: written by the build before it, the path and version made symbols).
+    basic = t("basic.trace")
+    version = run(replay, "--version").stdout.split()[-1]
+    for args, golden in (([], "basic.expected.txt"), (["--json"], "basic.expected.json")):
+        with open(t(golden)) as f:
+            want = f.read().replace("TRACE", basic).replace("VERSION", version)
+        check(f"{golden}: unchanged", run(replay, *args, basic).stdout, want)
+    # Text: the line after "reserved / live", and nothing else changed; without the flag,
+    # text and JSON exactly as before (the JSON with the flag is the JSON without it plus the
+    # model's two fields).
+    for name in ("basic.trace", "expandable-pools.trace"):
+        plain, model = run(replay, t(name)), run(replay, "--vs-expandable", t(name))
+        r = replay_json(replay, t(name))[0]
+        mapped = replay_json(replay, "--vs-expandable", t(name))[0]["expandable_peak_mapped"]
+        check(f"{name}: text without the flag", "expandable model" in plain.stdout, False)
+        ratio = f"  reserved / live     {r['reserved_over_live']:.3f}\n"
+        check(f"{name}: text with the flag", model.stdout,
+              plain.stdout.replace(ratio, ratio + model_line(r, mapped)))
+        plain, model = run(replay, "--json", t(name)), run(replay, "--json", "--vs-expandable",
+                                                           t(name))
+        check(f"{name}: json without the flag", '"expandable_' in plain.stdout, False)
+        check(f"{name}: json with the flag, less the model's fields",
+              JSON_MODEL_FIELDS.sub("", model.stdout), plain.stdout)
+        check(f"{name}: json model fields", len(JSON_MODEL_FIELDS.findall(model.stdout)), 1)
+    # A sweep: the model's line once under each trace's header, the table as without it.
+    traces = [t("expandable-extend.trace"), t("expandable-split.trace")]
+    plain = run(replay, "--caps", "none,2M", *traces).stdout
+    model = run(replay, "--caps", "none,2M", "--vs-expandable", *traces).stdout
+    check("sweep: model lines", [l for l in model.splitlines() if "expandable model" in l],
+          ["  expandable model    41943040 B (40.0 MiB) mapped at peak: 1.053 of peak live",
+           "  expandable model    4194304 B (4.0 MiB) mapped at peak: 1.000 of peak live"])
+    check("sweep: the rest unchanged",
+          "\n".join(l for l in model.splitlines() if "expandable model" not in l) + "\n", plain)
+    check("sweep without the flag", "expandable model" in plain, False)
+    p = run(replay, "--help")
+    check("--help", "--vs-expandable" in p.stdout, True)
 
 
 def jsonl_record(name, lib, frm, ns, args, out, result):
@@ -534,6 +638,7 @@ def main():
      "sweep": lambda: part_sweep(replay, data),
      "jsonl": lambda: part_jsonl(replay, data),
      "recorded": lambda: part_recorded(replay, data),
+     "expandable": lambda: part_expandable(replay, data),
      "shared": lambda: part_shared(replay, traces)}[part]()
     for f in failures:
         print("FAIL", f)
