@@ -111,7 +111,8 @@ struct cs_cache {
     cs_block **buckets;
     size_t nbuckets, nblocks;
     uint64_t foreign_frees;
-    uint64_t serial;         /* atomic: the last buffer id handed out (cs_block.serial) */
+    uint64_t serial;         /* atomic: the last buffer id given out (cs_block.serial), to a
+                                block or to a thread cache's batch of them */
     cs_tcache *tcaches;      /* every thread cache of this cache */
     device_state devices[CS_MAX_DEVICES];
 };

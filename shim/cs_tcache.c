@@ -8,11 +8,12 @@
  * class within an eighth, a large one only its exact size) that is ready by exactly the core's
  * test (cs_epoch_ready_or_ordered: epoch <= the heap's known-safe epoch, else, unless ordered
  * reuse with one stream busy, backend reached()), else in ordered mode the oldest that fits,
- * after order_after(). Neither takes the cache's lock or writes a line another thread writes: the
- * thread cache's own lock is contended only by a thread reclaiming from it, which holds the
- * cache's lock first. Everything else (a miss, a full class, another thread's block, a
- * foreign pointer, a double free of an unowned block) goes to the locked core, which sees
- * owned blocks through their owner's lock.
+ * after order_after(). Neither takes the cache's lock or writes a line another thread writes
+ * (but for a batch of buffer ids every 1024 hand-outs, next_serial): the thread cache's own
+ * lock is contended only by a thread reclaiming from it, which holds the cache's lock first.
+ * Everything else (a miss, a full class, another thread's block, a foreign pointer, a double
+ * free of an unowned block) goes to the locked core, which sees owned blocks through their
+ * owner's lock.
  *
  * Large blocks of a pooled heap are not kept here: freed, their memory joins the pool's free
  * spans (cs_cache_free), which a thread cache would keep cut into whole blocks.
@@ -46,7 +47,7 @@
 
 #include "cs_libc.h"
 
-enum { TC_CLASSES = 256, TC_PER_CLASS = 4 };
+enum { TC_CLASSES = 256, TC_PER_CLASS = 4, TC_SERIALS = 1024 };
 #define TC_MAX_IDLE (1ull << 30)
 
 typedef struct {
@@ -72,6 +73,7 @@ struct cs_tcache {
     cs_tcache *cache_next;    /* the cache's list (the cache's lock) */
     cs_tcache *all_prev, *all_next;  /* every thread cache of the process (the registry) */
     cs_tcache *mine_next;     /* its thread's list (that thread only) */
+    uint64_t serial_next, serial_end;  /* buffer ids of its own to hand out, [next, end) */
 };
 
 /* The registry keeps every thread cache reachable until its thread frees it, and orders
@@ -389,6 +391,21 @@ static cs_block *take(tc_slot *s, cs_heap *h, int cls, uint64_t size, uint64_t b
     return NULL;
 }
 
+/* A buffer id for a block handed out (cs_block.serial): from the thread cache's own batch,
+ * TC_SERIALS taken from the cache's count at a time, so that a hit writes no line other
+ * threads write (one shared counter bumped at every hit made two threads slower than one:
+ * 20 M pairs/s against 27 M, 60 M with the batches). Unique in the process; in order only
+ * within a batch. Thread cache's lock held. */
+static uint64_t next_serial(cs_cache *c, cs_tcache *tc)
+{
+    if (__builtin_expect(tc->serial_next == tc->serial_end, 0)) {
+        uint64_t last = __atomic_fetch_add(&c->serial, TC_SERIALS, __ATOMIC_RELAXED);
+        tc->serial_next = last + 1;
+        tc->serial_end = last + 1 + TC_SERIALS;
+    }
+    return tc->serial_next++;
+}
+
 bool cs_tc_alloc(cs_cache *c, cs_heap *h, int cls, uint64_t size, uint64_t bytes, uint64_t *addr)
 {
     if (cls >= TC_CLASSES)
@@ -404,7 +421,7 @@ bool cs_tc_alloc(cs_cache *c, cs_heap *h, int cls, uint64_t size, uint64_t bytes
         return false;
     }
     b->requested = size;
-    b->serial = __atomic_add_fetch(&c->serial, 1, __ATOMIC_RELAXED);
+    b->serial = next_serial(c, tc);
     cs_block_set_state(b, BLOCK_IN_USE);
     s->idle -= b->size;
     s->in_use += b->size;

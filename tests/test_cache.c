@@ -1028,6 +1028,68 @@ static void test_find_while_the_owner_hands_out(void **state)
     assert_true(found > 0);
 }
 
+/* Buffer ids (cs_block.serial) are unique in the process however threads hand blocks out:
+ * each thread cache takes them a batch at a time, and the core one at a time. Four threads
+ * each hand out a block 3,000 times (about three batches), through their own caches (the
+ * same size again) and through the core (a thread cache full of its class sends the fifth
+ * block of a class to the core); every id is recorded and no two may be equal. */
+enum { SERIAL_THREADS = 4, SERIAL_ROUNDS = 600, SERIAL_PER_ROUND = 5 };
+static uint64_t g_serials[SERIAL_THREADS][SERIAL_ROUNDS * SERIAL_PER_ROUND];
+
+typedef struct {
+    fx *f;
+    int index;
+} serial_arg;
+
+static void *hand_out_recording_ids(void *arg)
+{
+    serial_arg *sa = arg;
+    uint64_t *ids = g_serials[sa->index], a[SERIAL_PER_ROUND];
+    int n = 0;
+    for (int r = 0; r < SERIAL_ROUNDS; r++) {
+        for (int i = 0; i < SERIAL_PER_ROUND; i++) {
+            int raw;
+            cs_block_info info;
+            assert_int_equal(cs_cache_alloc(sa->f->cache, sa->f->heap, 4096, &a[i], &raw, NULL),
+                             CS_OK);
+            assert_int_equal(cs_cache_find(sa->f->cache, a[i], &info), CS_BLOCK_IN_USE);
+            ids[n++] = info.serial;
+        }
+        for (int i = 0; i < SERIAL_PER_ROUND; i++)
+            assert_int_equal(cs_cache_free(sa->f->cache, a[i]), CS_OK);
+    }
+    return NULL;
+}
+
+static int compare_ids(const void *x, const void *y)
+{
+    uint64_t a = *(const uint64_t *)x, b = *(const uint64_t *)y;
+    return a < b ? -1 : a > b;
+}
+
+static void test_serials_unique_across_threads(void **state)
+{
+    fx *f = *state;
+    pthread_t t[SERIAL_THREADS];
+    serial_arg args[SERIAL_THREADS];
+    for (int i = 0; i < SERIAL_THREADS; i++) {
+        args[i] = (serial_arg){f, i};
+        assert_int_equal(pthread_create(&t[i], NULL, hand_out_recording_ids, &args[i]), 0);
+    }
+    for (int i = 0; i < SERIAL_THREADS; i++)
+        assert_int_equal(pthread_join(t[i], NULL), 0);
+    cacheshim_stats s = stats(f);
+    assert_true(s.hits > 0);                         /* the thread caches' path was taken */
+    assert_true(s.requests - s.hits >= SERIAL_THREADS); /* and the core's */
+    size_t n = SERIAL_THREADS * SERIAL_ROUNDS * SERIAL_PER_ROUND;
+    uint64_t *all = &g_serials[0][0];
+    qsort(all, n, sizeof *all, compare_ids);
+    assert_true(all[0] > 0);
+    for (size_t i = 1; i < n; i++)
+        if (all[i] == all[i - 1])
+            fail_msg("buffer id %llu handed out twice", (unsigned long long)all[i]);
+}
+
 static void test_threads(void **state)
 {
     fx *f = *state;
@@ -1773,6 +1835,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_oom_sequence, setup_small_device, teardown),
         cmocka_unit_test_setup_teardown(test_oom_step0_waits_for_fitting_block, setup_small_device, teardown),
         cmocka_unit_test_setup_teardown(test_find_while_the_owner_hands_out, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_serials_unique_across_threads, setup, teardown),
         cmocka_unit_test_setup_teardown(test_threads, setup, teardown),
         cmocka_unit_test_setup_teardown(test_threads_threshold_zero, setup_no_idle, teardown),
         cmocka_unit_test_setup_teardown(test_tc_fast_path_takes_no_lock, setup, teardown),
