@@ -1608,11 +1608,15 @@ static int alloc_span(cs_pool *p, uint64_t size, range *r, uint64_t max_new, boo
             small_add(p, r);
             p->counts.slab_free += p->gran;
         }
-        a->busy--;  /* not detached: the lock was held since the check */
+        /* Detached meanwhile only if the lock was dropped for a grant above: then the
+         * reservation is this thread's to give back if it was the last one on it. */
+        bool last = arena_leave(a);
         *va = pl.va;
         *created = pl.created;
         pthread_mutex_unlock(&p->lock);
         plan_free(&pl);
+        if (last)
+            unreserve(p, a);
         if (ordered)  /* with the driver calls of a mapping, never on a carve */
             reap_old(p);
         return CS_BE_OK;
