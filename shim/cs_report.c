@@ -190,7 +190,7 @@ static size_t add_block(table_line *out, const char *title, const row *rows, siz
     out[0].label = title;
     out[0].heading = true;
     for (int c = 0; c < cols; c++)
-        snprintf(out[0].cells[c], CELL, "%s", names[c]);
+        snprintf(out[0].cells[c], CELL, "%.*s", CELL - 1, names[c]);  /* a cell: cut to fit */
     for (size_t r = 0; r < nrows; r++) {
         out[1 + r].label = rows[r].label;
         out[1 + r].heading = false;
