@@ -142,11 +142,12 @@ static int recv_fds(int fd, int *fds, size_t n)
 
 /* ---------------------------------------------------------------- the server */
 
+/* The peer's user is its effective one (SO_PEERCRED): compared with ours. */
 static bool same_user(int fd)
 {
     struct ucred cred;
     socklen_t len = sizeof cred;
-    return getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0 && cred.uid == getuid();
+    return getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0 && cred.uid == geteuid();
 }
 
 static void answer(int fd, cs_fdpass_msg *req, cs_fdpass_msg *reply)

@@ -108,8 +108,13 @@ static bool block_attribute(CUpointer_attribute a, void *data, const block *info
         break;
     case CU_POINTER_ATTRIBUTE_BUFFER_ID:
     case CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID:
-        if (info->imported)
-            return false;  /* the driver's id of the mapping */
+        if (info->imported) {
+            /* The driver's id of the mapping under the block's first byte: one id for the
+             * whole block, though each chunk under it is a mapping of its own. */
+            const cs_driver *d = cs_driver_get();
+            return d->cuPointerGetAttribute &&
+                   d->cuPointerGetAttribute(data, a, (CUdeviceptr)info->b.base) == CUDA_SUCCESS;
+        }
         v = BUFFER_ID_BASE | info->b.serial;
         break;
     case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:

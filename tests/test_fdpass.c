@@ -194,6 +194,37 @@ static void test_other_user(void **state)
     child_end(child);
 }
 
+/* A process whose effective user is not its real one (it dropped privileges with seteuid)
+ * is still of its own user: it asks its own server, and is answered. The kernel names a
+ * peer by its effective user. Needs root, as test_other_user. */
+static void test_effective_user(void **state)
+{
+    (void)state;
+    if (getuid() != 0) {
+        assert_int_equal(seteuid(65534), -1);
+        return;
+    }
+    pid_t child = fork();
+    assert_true(child >= 0);
+    if (child == 0) {
+        cs_fdpass_after_fork_child();
+        uint64_t t = 0;
+        if (setegid(65534) != 0 || seteuid(65534) != 0 || cs_fdpass_serve(handler, &t) != 0)
+            _exit(2);
+        int e = ask(getpid(), t, 2);
+        if (e != 0 || g_reply.nfds != 2) {
+            fprintf(stderr, "effective user: ask gave %s, %zu descriptors\n", strerror(e),
+                    g_reply.nfds);
+            _exit(3);
+        }
+        _exit(0);
+    }
+    int status;
+    assert_int_equal(waitpid(child, &status, 0), child);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+}
+
 /* Bytes that are no request: the server hangs up without a reply, and keeps serving. */
 static void test_garbage_request(void **state)
 {
@@ -231,6 +262,7 @@ int main(void)
         cmocka_unit_test(test_no_server),
         cmocka_unit_test(test_forked_child_serves),
         cmocka_unit_test(test_other_user),
+        cmocka_unit_test(test_effective_user),
         cmocka_unit_test(test_garbage_request),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -917,6 +917,24 @@ static int ipc_child(void)
                 (unsigned long long)base, n, capable);
         return 19;
     }
+    /* One block, one buffer id (and memory block id), wherever in it the pointer is, through
+     * both entry points: the large block lies in two chunks, each the driver's own mapping. */
+    const CUpointer_attribute ids[] = {CU_POINTER_ATTRIBUTE_BUFFER_ID,
+                                       CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID};
+    for (size_t k = 0; k < 2; k++) {
+        unsigned long long first = 0, last = 1, last2 = 2;
+        CUpointer_attribute a = ids[k];
+        void *data = &last2;
+        if (cuPointerGetAttribute(&first, a, p) != CUDA_SUCCESS ||
+            cuPointerGetAttribute(&last, a, p + size - 1) != CUDA_SUCCESS ||
+            cuPointerGetAttributes(1, &a, &data, p + size - 1) != CUDA_SUCCESS ||
+            first != last || first != last2) {
+            fprintf(stderr, "ipc child: attribute %d: %#llx at the start, %#llx and %#llx at "
+                            "the end\n",
+                    (int)a, first, last, last2);
+            return 23;
+        }
+    }
     if (!strcmp(what, "close-fails")) {
         /* The wait before the unmap fails, with no context current: the call says so, the
          * memory goes all the same, and the context it entered is left again. */
