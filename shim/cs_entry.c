@@ -228,12 +228,12 @@ static CUresult capture_begin(CUstream stream, int per_thread, CUresult (*begin)
                               CUresult (*begin_mode)(CUstream, CUstreamCaptureMode),
                               CUstreamCaptureMode mode)
 {
-    bool track = !cs_shim_get()->disabled;
+    bool track = !cs_shim_get()->disabled, was = false;
     if (track)
-        cs_streams_capture_beginning(stream, per_thread);
+        was = cs_streams_capture_beginning(stream, per_thread);
     CUresult r = begin ? begin(stream) : begin_mode(stream, mode);
     if (track)
-        cs_streams_capture_begun(stream, per_thread, r);
+        cs_streams_capture_begun(stream, per_thread, r, was);
     return r;
 }
 
@@ -274,13 +274,13 @@ CS_EXPORT CUresult cuStreamBeginCaptureToGraph(CUstream hStream, CUgraph hGraph,
                                                size_t numDependencies, CUstreamCaptureMode mode)
 {
     REAL(d, cuStreamBeginCaptureToGraph);
-    bool track = !cs_shim_get()->disabled;
+    bool track = !cs_shim_get()->disabled, was = false;
     if (track)
-        cs_streams_capture_beginning(hStream, 0);
+        was = cs_streams_capture_beginning(hStream, 0);
     CUresult r = d->cuStreamBeginCaptureToGraph(hStream, hGraph, dependencies, dependencyData,
                                                 numDependencies, mode);
     if (track)
-        cs_streams_capture_begun(hStream, 0, r);
+        cs_streams_capture_begun(hStream, 0, r, was);
     return r;
 }
 
@@ -291,13 +291,13 @@ CS_EXPORT CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream hStream, CUgraph hG
                                                     CUstreamCaptureMode mode)
 {
     REAL(d, cuStreamBeginCaptureToGraph_ptsz);
-    bool track = !cs_shim_get()->disabled;
+    bool track = !cs_shim_get()->disabled, was = false;
     if (track)
-        cs_streams_capture_beginning(hStream, 1);
+        was = cs_streams_capture_beginning(hStream, 1);
     CUresult r = d->cuStreamBeginCaptureToGraph_ptsz(hStream, hGraph, dependencies,
                                                      dependencyData, numDependencies, mode);
     if (track)
-        cs_streams_capture_begun(hStream, 1, r);
+        cs_streams_capture_begun(hStream, 1, r, was);
     return r;
 }
 

@@ -1225,11 +1225,11 @@ void cs_streams_destroying(CUstream h)
 
 /* ---------------------------------------------------------------- capture */
 
-void cs_streams_capture_beginning(CUstream stream, int per_thread)
+bool cs_streams_capture_beginning(CUstream stream, int per_thread)
 {
     cs_stream *st = find_stream(stream, per_thread, true);
     if (!st)
-        return;
+        return false;
     /* Under the lock, so no fence of another thread is half-way through recording on it:
      * its work so far is fenced and recorded now (an open fence too: the legacy stream cannot
      * be recorded on while a blocking stream captures), and from here on it counts as
@@ -1245,15 +1245,26 @@ void cs_streams_capture_beginning(CUstream stream, int per_thread)
         pthread_mutex_lock(&cs->lock);
         fence_and_seal(cs, st, true);
     }
+    bool was = __atomic_load_n(&st->capturing, __ATOMIC_ACQUIRE);
     set_capturing(st, 1);
     pthread_mutex_unlock(&cs->lock);
+    return was;
 }
 
-void cs_streams_capture_begun(CUstream stream, int per_thread, CUresult result)
+void cs_streams_capture_begun(CUstream stream, int per_thread, CUresult result, bool was)
 {
     cs_stream *st = find_stream(stream, per_thread, true);
-    if (st && result != CUDA_SUCCESS)
-        cs_streams_capture_ended(stream, per_thread);  /* learn the state from the driver */
+    if (!st || result == CUDA_SUCCESS)
+        return;
+    /* A stream flagged by a begin of its own before: learn from the driver whether that
+     * capture goes on. Otherwise this begin's flag goes, whatever the driver says: a stream
+     * that captures only as a member of another stream's capture (it waited on an event
+     * recorded there: the begin fails for that) is never flagged, and no end would clear the
+     * flag when that capture ends; while it runs, the stream is asked (recordable). */
+    if (was)
+        cs_streams_capture_ended(stream, per_thread);
+    else
+        set_capturing(st, 0);
 }
 
 void cs_streams_capture_ended(CUstream stream, int per_thread)

@@ -37,10 +37,12 @@ void cs_streams_destroying(CUstream stream);
 
 /* Stream capture, per stream. Before the real begin (per_thread: NULL is the per-thread
  * stream): what the stream did before the capture is fenced now, since nothing can be
- * recorded into it while it captures. After the real begin and end, whatever they returned:
- * the stream's capture state is learnt from the driver. */
-void cs_streams_capture_beginning(CUstream stream, int per_thread);
-void cs_streams_capture_begun(CUstream stream, int per_thread, CUresult result);
+ * recorded into it while it captures; returns whether the stream was flagged capturing
+ * already (a begin of its own before), for begun. After the real begin and end, whatever
+ * they returned: the stream's capture state is learnt from the driver (a failed begin on a
+ * stream not flagged before leaves it unflagged). */
+bool cs_streams_capture_beginning(CUstream stream, int per_thread);
+void cs_streams_capture_begun(CUstream stream, int per_thread, CUresult result, bool was);
 void cs_streams_capture_ended(CUstream stream, int per_thread);
 
 /* Driver calls that put work on a stream so far (cs_work_begin), for the statistics. */

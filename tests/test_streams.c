@@ -772,6 +772,46 @@ static void test_capture_ending_badly_leaves_cache_working(void **state)
     fake_reset_counters();  /* the violation above was the point */
 }
 
+/* A stream that joined another stream's capture (it waited on an event recorded there) is
+ * asked to begin a capture of its own: the driver refuses, since it captures already. When the
+ * capture it joined ends, it captures no more: its work is real work again, fenced at the
+ * frees after it, and the cache does not think a capture still runs. (Found in review: the
+ * failed begin left the stream flagged as capturing for good.) */
+static void test_failed_begin_on_a_joined_stream(void **state)
+{
+    (void)state;
+    CUstream s = make_stream(CU_STREAM_NON_BLOCKING), j = make_stream(CU_STREAM_NON_BLOCKING),
+             t = make_stream(CU_STREAM_NON_BLOCKING);
+    CUevent e;
+    assert_int_equal(cuEventCreate(&e, CU_EVENT_DISABLE_TIMING), CUDA_SUCCESS);
+    assert_int_equal(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+    assert_int_equal(cuEventRecord(e, s), CUDA_SUCCESS);
+    assert_int_equal(cuStreamWaitEvent(j, e, 0), CUDA_SUCCESS);  /* j joins the capture */
+    assert_int_not_equal(cuStreamBeginCapture(j, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+    assert_int_equal(cuStreamWaitEvent(s, e, 0), CUDA_SUCCESS);  /* j's branch joined back */
+    CUgraph g;
+    assert_int_equal(cuStreamEndCapture(s, &g), CUDA_SUCCESS);
+    CUstreamCaptureStatus status;
+    assert_int_equal(cuStreamIsCapturing(j, &status), CUDA_SUCCESS);
+    assert_int_equal(status, CU_STREAM_CAPTURE_STATUS_NONE);
+    /* j's work now runs: a block it used, freed, then used on t is never used by both. */
+    size_t size = 23 * MiB + 4096;
+    CUdeviceptr a = must_alloc(size);
+    launch(j, a, size);
+    must_free(a);
+    CUdeviceptr b = must_alloc(size);
+    launch(t, b, size);
+    assert_int_equal(fake_races(), 0);
+    fake_retire_all();
+    must_free(b);
+    cache_works();
+    assert_int_equal(fake_capture_violations(), 0);
+    cuEventDestroy(e);
+    cuStreamDestroy(s);
+    cuStreamDestroy(j);
+    cuStreamDestroy(t);
+}
+
 /* ================================================================ failures */
 
 /* A stream whose event cannot be recorded is dropped, blocks freed after its work are not
@@ -1041,6 +1081,7 @@ int main(int argc, char **argv)
         T(test_open_fence_failing_as_a_capture_begins),
         T(test_capture_ending_badly_leaves_cache_working),
         T(test_capture_begins_during_a_fence),
+        T(test_failed_begin_on_a_joined_stream),
     };
     const struct CMUnitTest two_devices[] = {T(test_peer_copy_after_ordered_reuse)};
     const struct CMUnitTest sync_free[] = {T(test_sync_free_waits_for_the_device)};
