@@ -101,6 +101,9 @@ struct cs_ctx_streams {
     int count;
     CUevent pool[EVENT_POOL];
     int npool;
+    int waiters;             /* threads in cs_streams_wait's cuEventSynchronize, unlocked */
+    CUevent *held;           /* events past the pool given back while waiters > 0 */
+    int nheld, held_cap;
     bool said_record, said_wait;
     bool sync_wanted;        /* atomic: a broken slot waits for one device synchronize */
     int busy;                /* atomic: streams whose last_event is set, or open_st */
@@ -185,20 +188,48 @@ static CUevent take_event(cs_ctx_streams *cs)
 {
     if (cs->npool > 0)
         return cs->pool[--cs->npool];
+    if (cs->nheld > 0)
+        return cs->held[--cs->nheld];
     CUevent e = NULL;
     if (drv()->cuEventCreate(&e, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS)
         return NULL;
     return e;
 }
 
+/* An event whose slot completed goes back to the pool, or past its size is destroyed. Not
+ * while a thread waits for an event outside the lock (cs_streams_wait): it may be that one,
+ * and a destroyed handle is a use after free (or a wait on an unrelated event that took the
+ * handle). Such events are kept on the held list meanwhile, taken again like the pool's (a
+ * waiter's event recorded again only makes its wait longer, as a pooled one does), and those
+ * past the pool destroyed when the last waiter leaves (release_held). Nothing when the
+ * context is dead: its events went with it. */
 static void give_event(cs_ctx_streams *cs, CUevent e)
 {
     if (!e || cs->dead)
         return;
-    if (cs->npool < EVENT_POOL)
+    if (cs->npool < EVENT_POOL) {
         cs->pool[cs->npool++] = e;
-    else
+    } else if (cs->waiters > 0) {
+        if (cs->nheld == cs->held_cap) {
+            int cap = cs->held_cap ? 2 * cs->held_cap : 64;
+            CUevent *held = realloc(cs->held, (size_t)cap * sizeof *held);
+            if (!held)
+                return;  /* out of host memory: the event leaks, never destroyed under a waiter */
+            cs->held = held;
+            cs->held_cap = cap;
+        }
+        cs->held[cs->nheld++] = e;
+    } else {
         drv()->cuEventDestroy_v2(e);
+    }
+}
+
+/* The last waiter left: the held events go to the pool, or are destroyed. With the context's
+ * lock held and the context current. */
+static void release_held(cs_ctx_streams *cs)
+{
+    while (cs->nheld > 0)
+        give_event(cs, cs->held[--cs->nheld]);
 }
 
 static slot *slot_at(cs_ctx_streams *cs, int i)
@@ -341,6 +372,7 @@ void cs_streams_forget(CUcontext ctx)
      * reaches the driver again. */
     cs->dead = true;
     cs->npool = 0;
+    cs->nheld = 0;
     cs->unrecorded = cs->broken = 0;
     __atomic_store_n(&cs->busy, 0, __ATOMIC_RELAXED);
     __atomic_store_n(&cs->open_st, NULL, __ATOMIC_RELAXED);
@@ -810,9 +842,12 @@ int cs_streams_wait(cs_ctx_streams *cs, uint64_t epoch)
         slot *s = slot_at(cs, 0);
         CUevent ev = s->done < s->n && !s->broken ? s->ev[s->done].ev : NULL;
         uint64_t upto = __atomic_load_n(&cs->epoch, __ATOMIC_RELAXED);
+        if (ev)
+            cs->waiters++;  /* ev is not destroyed meanwhile (give_event) */
         pthread_mutex_unlock(&cs->lock);
-        /* Without the lock: the event may be recycled meanwhile, which only makes this wait
-         * longer; poll() decides what completed. */
+        /* Without the lock: another thread may see the slot complete meanwhile and give its
+         * events back; ev stays a valid event (give_event holds it), recorded again at worst,
+         * which only makes this wait longer; poll() decides what completed. */
         bool ok;
         if (ev) {
             bool relaxed = captures_running();
@@ -824,6 +859,8 @@ int cs_streams_wait(cs_ctx_streams *cs, uint64_t epoch)
             ok = sync_device(cs, upto);
         }
         pthread_mutex_lock(&cs->lock);
+        if (ev && --cs->waiters == 0)
+            release_held(cs);  /* nothing when the context died meanwhile */
         if (!ok || cs->dead)
             break;
     }

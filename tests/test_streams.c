@@ -5,7 +5,8 @@
  * launched through cuLaunchKernel, as a program does, so the shim sees it.
  *
  * argv[1] picks the group; meson runs "streams" and "capture" with CACHESHIM_REUSE unset
- * (ordered) and with =completed, "sync-free" with CACHESHIM_SYNC_FREE=1, and "keys-full". */
+ * (ordered) and with =completed, "sync-free" with CACHESHIM_SYNC_FREE=1, "release-all" with
+ * CACHESHIM_RELEASE_THRESHOLD=0, and "keys-full". */
 #include <cuda.h>
 #include <limits.h>
 #include <pthread.h>
@@ -1027,6 +1028,83 @@ static void test_sync_free_waits_for_the_device(void **state)
     cuStreamDestroy(s);
 }
 
+/* ================================================================ a wait outside the lock */
+
+/* A thread waits for a fence outside the context's lock (cs_streams_wait: cuEventSynchronize
+ * on the head slot's first event not seen complete) while another thread sees that slot
+ * complete and pops it. Its events go back to the context's spare pool, and past the pool's
+ * 1024 they were destroyed: the waiter then synchronized on a destroyed event (a use after
+ * free of the handle on the real driver; CUDA_ERROR_INVALID_HANDLE on the fake), the wait
+ * failed for an epoch that had completed, and the free fell back to a device synchronize.
+ * Here (CACHESHIM_RELEASE_THRESHOLD=0) a free of a busy block waits for its fence: one slot
+ * of more than 1024 events, all complete but the last one (the stream made dirty first is
+ * fenced last), which the waiter synchronizes on, slowly (the fake's delay runs before it
+ * looks the event up); meanwhile the main thread retires that work and pops the slot with a
+ * free of its own. The waiter's event must still be valid: no device synchronize. */
+enum { MANY_STREAMS = 1100 };
+static CUstream many[MANY_STREAMS];
+static CUdeviceptr waited_block;
+
+static void *free_busy_block(void *arg)
+{
+    (void)arg;
+    assert_int_equal(cuCtxSetCurrent(primary), CUDA_SUCCESS);
+    must_free(waited_block);  /* over the threshold and busy: waits for its fence */
+    return NULL;
+}
+
+static void test_wait_outlives_its_slot(void **state)
+{
+    (void)state;
+    if (!shim_pooled())
+        skip();  /* the classic backend gives a block back with cuMemFree: no fence wait */
+    size_t size = 8 * MiB;
+    for (int i = 0; i < MANY_STREAMS; i++)
+        many[i] = make_stream(CU_STREAM_NON_BLOCKING);
+    waited_block = must_alloc(size);
+    CUdeviceptr other = must_alloc(size);
+    launch(many[0], waited_block, size);  /* fenced last in the slot: the one waited for */
+    for (int i = 1; i < MANY_STREAMS; i++) {
+        launch(many[i], 0, 0);
+        fake_stream_retire(many[i], -1);
+    }
+    assert_int_equal(fake_stream_pending(many[0]), 1);
+    const uint64_t delay = 1000000000ull;  /* the window: 1 s inside cuEventSynchronize */
+    fake_reset_counters();
+    fake_set_delay_ns("cuEventSynchronize", delay);
+    pthread_t th;
+    pthread_create(&th, NULL, free_busy_block, NULL);
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    double waited_s = 0;
+    while (fake_calls("cuEventSynchronize") == 0 && waited_s < 20) {
+        struct timespec pause = {0, 1000000};
+        nanosleep(&pause, NULL);
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        waited_s = (double)(t.tv_sec - t0.tv_sec) + (double)(t.tv_nsec - t0.tv_nsec) / 1e9;
+    }
+    assert_int_equal(fake_calls("cuEventSynchronize"), 1);  /* the waiter is inside it */
+    struct timespec in;
+    clock_gettime(CLOCK_MONOTONIC, &in);
+    fake_stream_retire(many[0], -1);
+    must_free(other);  /* polls: the slot is complete and goes, its events with it */
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    double popped_s = (double)(t.tv_sec - in.tv_sec) + (double)(t.tv_nsec - in.tv_nsec) / 1e9;
+    long destroyed = fake_calls("cuEventDestroy_v2");
+    pthread_join(th, NULL);
+    fake_set_delay_ns("cuEventSynchronize", 0);
+    print_message("slot popped %.3f s into the waiter's %.1f s; %ld events destroyed meanwhile; "
+                  "%ld device synchronizes\n", popped_s, (double)delay / 1e9, destroyed,
+                  fake_calls("cuCtxSynchronize"));
+    assert_true(popped_s < (double)delay / 1e9);  /* else the window was missed: no proof */
+    assert_int_equal(fake_calls("cuEventSynchronize"), 1);
+    assert_int_equal(fake_calls("cuCtxSynchronize"), 0);  /* the wait did not fail */
+    /* The events past the pool's 1024 were destroyed once the waiter had left, not leaked. */
+    assert_true(fake_calls("cuEventDestroy_v2") >= MANY_STREAMS - 1024);
+    for (int i = 0; i < MANY_STREAMS; i++)
+        assert_int_equal(cuStreamDestroy(many[i]), CUDA_SUCCESS);
+}
+
 /* ================================================================ thread-specific keys */
 
 /* A program that took every thread-specific key there is (PTHREAD_KEYS_MAX) before its first
@@ -1086,6 +1164,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest two_devices[] = {T(test_peer_copy_after_ordered_reuse)};
     const struct CMUnitTest sync_free[] = {T(test_sync_free_waits_for_the_device)};
     const struct CMUnitTest keys_full[] = {T(test_no_key_left_for_the_shim)};
+    const struct CMUnitTest release_all[] = {T(test_wait_outlives_its_slot)};
     if (!strcmp(group, "streams"))
         return cmocka_run_group_tests_name("streams", streams, setup, NULL);
     if (!strcmp(group, "capture"))
@@ -1096,6 +1175,8 @@ int main(int argc, char **argv)
         return cmocka_run_group_tests_name("keys-full", keys_full, setup, NULL);
     if (!strcmp(group, "sync-free"))
         return cmocka_run_group_tests_name("sync-free", sync_free, setup, NULL);
+    if (!strcmp(group, "release-all"))
+        return cmocka_run_group_tests_name("release-all", release_all, setup, NULL);
     fprintf(stderr, "test_streams: unknown group '%s'\n", group);
     return 2;
 }
