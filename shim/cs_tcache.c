@@ -393,9 +393,9 @@ static cs_block *take(tc_slot *s, cs_heap *h, int cls, uint64_t size, uint64_t b
 
 /* A buffer id for a block handed out (cs_block.serial): from the thread cache's own batch,
  * TC_SERIALS taken from the cache's count at a time, so that a hit writes no line other
- * threads write (one shared counter bumped at every hit made two threads slower than one:
- * 20 M pairs/s against 27 M, 60 M with the batches). Unique in the process; in order only
- * within a batch. Thread cache's lock held. */
+ * threads write (one shared counter bumped at every hit held 16 threads to 1.17x one on a
+ * 16-core host; on 2 cores, 51.6 M pairs/s against 60.6 M with the batches). Unique in the
+ * process; in order only within a batch. Thread cache's lock held. */
 static uint64_t next_serial(cs_cache *c, cs_tcache *tc)
 {
     if (__builtin_expect(tc->serial_next == tc->serial_end, 0)) {
