@@ -123,16 +123,17 @@ static void ranges_append(char *buf, size_t len, size_t *o, uint64_t from, uint6
     *o += n > 0 ? (size_t)n : 0;
 }
 
-/* Reads the block back: 0 unchanged, 1 changed (reported), -1 unreadable. sync: wait for all
- * the context's work first. */
+/* Reads the block back: 0 unchanged, 1 changed (reported), -1 unreadable, or not read because
+ * a stream capture runs (the read-back, a copy on the legacy stream, would invalidate it, as
+ * the synchronize would). sync: wait for all the context's work first. */
 static int verify(const cs_quarantined *q, bool sync)
 {
     bool pushed;
-    if (!cs_ctx_enter((CUcontext)q->ctx, &pushed))
+    if (cs_streams_capturing() || !cs_ctx_enter((CUcontext)q->ctx, &pushed))
         return -1;
     unsigned char *buf = malloc(q->size < READ_CHUNK ? q->size : READ_CHUNK);
     CUresult r = buf ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
-    if (r == CUDA_SUCCESS && sync && !cs_streams_capturing())
+    if (r == CUDA_SUCCESS && sync)
         r = cs_driver_get()->cuCtxSynchronize();
     uint64_t changed = 0;
     int nranges = 0;

@@ -358,6 +358,22 @@ static void scenario_double_free_leaving(void)
     planted_free(b);
 }
 
+/* cacheshim_debug_check() while a blocking stream captures: the read-back may not use the
+ * legacy stream then (it would invalidate the program's capture); the block stays quarantined
+ * and is checked at exit, where the stray write is found. */
+static void scenario_check_in_capture(void)
+{
+    CUstream s;
+    CHILD_CHECK(cuStreamCreate(&s, 0) == CUDA_SUCCESS);
+    uaf_memset();
+    CHILD_CHECK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED) == CUDA_SUCCESS);
+    CHILD_CHECK(api("cacheshim_debug_check")() == 0);
+    CUgraph g = NULL;
+    CHILD_CHECK(cuStreamEndCapture(s, &g) == CUDA_SUCCESS);
+    CHILD_CHECK(fake_capture_violations() == 0);
+    CHILD_CHECK(cuStreamDestroy(s) == CUDA_SUCCESS);
+}
+
 /* The fill fails: the block goes back to the cache unchecked, the free still succeeds. */
 static void scenario_fill_fails(void)
 {
@@ -397,6 +413,7 @@ static const struct {
     {"scopes", scenario_scopes},           {"fork", scenario_fork},
     {"context-gone", scenario_context_gone},
     {"double-free-leaving", scenario_double_free_leaving},
+    {"check-in-capture", scenario_check_in_capture},
 };
 
 static int child_main(const char *name)
@@ -709,6 +726,16 @@ static void test_double_free_while_leaving_quarantine(void **state)
     ASSERT_LACKS("use after free");
 }
 
+static void test_check_during_capture_waits(void **state)
+{
+    (void)state;
+    run_child(&run, "check-in-capture", "CACHESHIM_DEBUG=uaf-report", NULL);
+    assert_clean_exit();
+    ASSERT_LACKS("child check failed");
+    assert_uaf_report();  /* at exit */
+    assert_true(has_after("scenario check-in-capture returned", "use after free"));
+}
+
 static void test_driver_failures_are_said_once(void **state)
 {
     (void)state;
@@ -765,6 +792,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_scopes),
         cmocka_unit_test(test_fork_and_context_gone),
         cmocka_unit_test(test_driver_failures_are_said_once),
+        cmocka_unit_test(test_check_during_capture_waits),
         cmocka_unit_test(test_bad_setting_is_reported),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
