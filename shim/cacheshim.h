@@ -86,7 +86,8 @@ uint64_t cacheshim_trim(void);
 /* With CACHESHIM_DEBUG=uaf or uaf-report: synchronizes the contexts of the quarantined blocks
  * and checks every one of them now (they stay quarantined). Returns how many were written
  * after their free (each reported on stderr; with uaf, the first one aborts the program), or
- * -1 when neither mode is on. */
+ * -1 when neither mode is on. While a stream capture runs it reads nothing back (that would
+ * invalidate the capture) and returns 0: the blocks are checked later. */
 int cacheshim_debug_check(void);
 
 /* A scope's statistics: what the calling thread allocated between begin and end (inner scopes

@@ -76,6 +76,9 @@ typedef struct cs_quarantined {
     const void *ctx;           /* its context (the heap's key) */
     cs_site alloc_site, free_site;
     struct cs_quarantined *next;
+    /* While taken out to be checked (the quarantine's lock drops for the read-back): on the
+     * list of blocks leaving, where a second free still finds it. */
+    struct cs_quarantined *leaving_prev, *leaving_next;
 } cs_quarantined;
 
 void cs_quarantine_init(cs_cache *cache, uint64_t limit, bool abort_on_change);

@@ -33,6 +33,10 @@ static cs_cache *cache;
 static uint64_t limit;
 static bool abort_on_change;
 static cs_quarantined *head, *tail;  /* oldest first */
+/* Blocks taken off the list to be checked, until they are back on it or freed into the cache:
+ * still quarantined to a second free of theirs (cs_quarantine_holds), which would otherwise
+ * reach the cache while the block is still in use there, and free it into it twice. */
+static cs_quarantined *leaving;
 static uint64_t held_bytes;
 static bool closed;                   /* the exit check ran: nothing is held after it */
 static bool said_fill, said_read;
@@ -51,7 +55,29 @@ static void push(cs_quarantined *q)
     held_bytes += q->size;
 }
 
-/* With the lock held: the oldest blocks past the limit (the newest one always stays). */
+/* With the lock held: q is being checked, off the list / no longer. */
+static void leaving_add(cs_quarantined *q)
+{
+    q->leaving_prev = NULL;
+    q->leaving_next = leaving;
+    if (leaving)
+        leaving->leaving_prev = q;
+    leaving = q;
+}
+
+static void leaving_remove(cs_quarantined *q)
+{
+    if (q->leaving_prev)
+        q->leaving_prev->leaving_next = q->leaving_next;
+    else
+        leaving = q->leaving_next;
+    if (q->leaving_next)
+        q->leaving_next->leaving_prev = q->leaving_prev;
+    q->leaving_prev = q->leaving_next = NULL;
+}
+
+/* With the lock held: the oldest blocks past the limit (the newest one always stays), on the
+ * leaving list. */
 static cs_quarantined *take_over_limit(void)
 {
     cs_quarantined *out = NULL, **end = &out;
@@ -60,6 +86,7 @@ static cs_quarantined *take_over_limit(void)
         head = q->next;
         held_bytes -= q->size;
         q->next = NULL;
+        leaving_add(q);
         *end = q;
         end = &q->next;
     }
@@ -71,6 +98,15 @@ static cs_quarantined *take_all(void)
     cs_quarantined *out = head;
     head = tail = NULL;
     held_bytes = 0;
+    return out;
+}
+
+/* With the lock held: all of them, to be checked, on the leaving list. */
+static cs_quarantined *take_all_leaving(void)
+{
+    cs_quarantined *out = take_all();
+    for (cs_quarantined *q = out; q; q = q->next)
+        leaving_add(q);
     return out;
 }
 
@@ -87,16 +123,17 @@ static void ranges_append(char *buf, size_t len, size_t *o, uint64_t from, uint6
     *o += n > 0 ? (size_t)n : 0;
 }
 
-/* Reads the block back: 0 unchanged, 1 changed (reported), -1 unreadable. sync: wait for all
- * the context's work first. */
+/* Reads the block back: 0 unchanged, 1 changed (reported), -1 unreadable, or not read because
+ * a stream capture runs (the read-back, a copy on the legacy stream, would invalidate it, as
+ * the synchronize would). sync: wait for all the context's work first. */
 static int verify(const cs_quarantined *q, bool sync)
 {
     bool pushed;
-    if (!cs_ctx_enter((CUcontext)q->ctx, &pushed))
+    if (cs_streams_capturing() || !cs_ctx_enter((CUcontext)q->ctx, &pushed))
         return -1;
     unsigned char *buf = malloc(q->size < READ_CHUNK ? q->size : READ_CHUNK);
     CUresult r = buf ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
-    if (r == CUDA_SUCCESS && sync && !cs_streams_capturing())
+    if (r == CUDA_SUCCESS && sync)
         r = cs_driver_get()->cuCtxSynchronize();
     uint64_t changed = 0;
     int nranges = 0;
@@ -155,7 +192,7 @@ static void found(int changed)
     }
 }
 
-/* Checks each block of the list and frees it into the cache. */
+/* Checks each block of the list (leaving) and frees it into the cache. */
 static void release(cs_quarantined *list)
 {
     int changed = 0;
@@ -164,6 +201,9 @@ static void release(cs_quarantined *list)
         changed += verify(list, false) == 1;
         found(changed);
         cs_cache_free(cache, list->addr);
+        pthread_mutex_lock(&lock);  /* after the free: a second free is the cache's to answer */
+        leaving_remove(list);
+        pthread_mutex_unlock(&lock);
         free(list);
         list = next;
     }
@@ -183,6 +223,7 @@ void cs_quarantine_after_fork_parent(void)
 
 void cs_quarantine_after_fork_child(void)
 {
+    leaving = NULL;  /* the other threads' lists, which the child has not: their records stay */
     cs_quarantined *all = take_all();
     while (all) {
         cs_quarantined *next = all->next;
@@ -255,13 +296,15 @@ bool cs_quarantine_holds(uint64_t addr, cs_site *alloc_site, cs_site *free_site,
 {
     bool held = false;
     pthread_mutex_lock(&lock);
-    for (cs_quarantined *q = head; q && !held; q = q->next)
-        if (q->addr == addr) {
-            *alloc_site = q->alloc_site;
-            *free_site = q->free_site;
-            *size = q->size;
-            held = true;
-        }
+    for (int pass = 0; pass < 2 && !held; pass++)
+        for (cs_quarantined *q = pass ? leaving : head; q && !held;
+             q = pass ? q->leaving_next : q->next)
+            if (q->addr == addr) {
+                *alloc_site = q->alloc_site;
+                *free_site = q->free_site;
+                *size = q->size;
+                held = true;
+            }
     pthread_mutex_unlock(&lock);
     return held;
 }
@@ -269,7 +312,7 @@ bool cs_quarantine_holds(uint64_t addr, cs_site *alloc_site, cs_site *free_site,
 bool cs_quarantine_drain(void)
 {
     pthread_mutex_lock(&lock);
-    cs_quarantined *all = take_all();
+    cs_quarantined *all = take_all_leaving();
     pthread_mutex_unlock(&lock);
     release(all);
     return all != NULL;
@@ -280,7 +323,7 @@ int cs_quarantine_check(bool final)
     pthread_mutex_lock(&lock);
     if (final)
         __atomic_store_n(&closed, true, __ATOMIC_RELEASE);
-    cs_quarantined *all = take_all();
+    cs_quarantined *all = take_all_leaving();
     pthread_mutex_unlock(&lock);
     /* Each context synchronized once: before its first block is read. */
     const void *synced[64];
@@ -297,6 +340,9 @@ int cs_quarantine_check(bool final)
     if (final) {
         while (all) {  /* at exit: the memory stays as it is, the records go */
             cs_quarantined *next = all->next;
+            pthread_mutex_lock(&lock);
+            leaving_remove(all);
+            pthread_mutex_unlock(&lock);
             free(all);
             all = next;
         }
@@ -307,6 +353,7 @@ int cs_quarantine_check(bool final)
     cs_quarantined *added = take_all();
     while (all) {
         cs_quarantined *next = all->next;
+        leaving_remove(all);
         push(all);
         all = next;
     }

@@ -313,6 +313,67 @@ static void scenario_threads(void)
     CHILD_CHECK(fake_races() == 0);
 }
 
+/* A block freed twice while its first free is being checked on its way out of the quarantine
+ * (another thread's free pushed it out, CACHESHIM_QUARANTINE=0): still a double free, refused
+ * and reported, never a second free into the cache. The check's read-back first completes a
+ * host function on the legacy stream, which holds the checking thread there until the other
+ * thread's second free returned: no timing involved. */
+static CUdeviceptr leaving_block;
+static int leaving_stage;  /* atomic: 1 the check is under way, 2 the second free returned */
+
+static void CUDA_CB hold_the_check(void *arg)
+{
+    (void)arg;
+    __atomic_store_n(&leaving_stage, 1, __ATOMIC_RELEASE);
+    for (int i = 0; i < 10000 && __atomic_load_n(&leaving_stage, __ATOMIC_ACQUIRE) != 2; i++)
+        usleep(1000);  /* bounded: 10 s, then the second free's check below fails */
+}
+
+static void *free_leaving_again(void *arg)
+{
+    (void)arg;
+    CHILD_CHECK(cuCtxSetCurrent(child_ctx) == CUDA_SUCCESS);
+    while (__atomic_load_n(&leaving_stage, __ATOMIC_ACQUIRE) != 1)
+        usleep(100);
+    planted_free_again(leaving_block);
+    __atomic_store_n(&leaving_stage, 2, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+static void scenario_double_free_leaving(void)
+{
+    leaving_block = planted_alloc(4096);
+    planted_free(leaving_block);  /* quarantined: the newest block */
+    CUdeviceptr next = planted_alloc(4096);
+    pthread_t t;
+    CHILD_CHECK(pthread_create(&t, NULL, free_leaving_again, NULL) == 0);
+    CHILD_CHECK(cuLaunchHostFunc(NULL, hold_the_check, NULL) == CUDA_SUCCESS);
+    planted_free(next);  /* pushes leaving_block out: its check completes hold_the_check */
+    CHILD_CHECK(pthread_join(t, NULL) == 0);
+    CHILD_CHECK(__atomic_load_n(&leaving_stage, __ATOMIC_ACQUIRE) == 2);
+    /* The cache holds it once: two allocations get two blocks. */
+    CUdeviceptr a = planted_alloc(4096), b = planted_alloc(4096);
+    CHILD_CHECK(a != b);
+    planted_free(a);
+    planted_free(b);
+}
+
+/* cacheshim_debug_check() while a blocking stream captures: the read-back may not use the
+ * legacy stream then (it would invalidate the program's capture); the block stays quarantined
+ * and is checked at exit, where the stray write is found. */
+static void scenario_check_in_capture(void)
+{
+    CUstream s;
+    CHILD_CHECK(cuStreamCreate(&s, 0) == CUDA_SUCCESS);
+    uaf_memset();
+    CHILD_CHECK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED) == CUDA_SUCCESS);
+    CHILD_CHECK(api("cacheshim_debug_check")() == 0);
+    CUgraph g = NULL;
+    CHILD_CHECK(cuStreamEndCapture(s, &g) == CUDA_SUCCESS);
+    CHILD_CHECK(fake_capture_violations() == 0);
+    CHILD_CHECK(cuStreamDestroy(s) == CUDA_SUCCESS);
+}
+
 /* The fill fails: the block goes back to the cache unchecked, the free still succeeds. */
 static void scenario_fill_fails(void)
 {
@@ -351,6 +412,8 @@ static const struct {
     {"bad-free", scenario_bad_free},       {"leaks", scenario_leaks},
     {"scopes", scenario_scopes},           {"fork", scenario_fork},
     {"context-gone", scenario_context_gone},
+    {"double-free-leaving", scenario_double_free_leaving},
+    {"check-in-capture", scenario_check_in_capture},
 };
 
 static int child_main(const char *name)
@@ -651,6 +714,28 @@ static void test_threads(void **state)
     ASSERT_HAS("cacheshim: scope odd: 2 times, 300 allocations");
 }
 
+static void test_double_free_while_leaving_quarantine(void **state)
+{
+    (void)state;
+    run_child(&run, "double-free-leaving", "CACHESHIM_DEBUG=uaf", "CACHESHIM_QUARANTINE=0",
+              NULL);
+    assert_clean_exit();
+    ASSERT_HAS("cacheshim: double free of 0x");
+    assert_true(has_after("  first freed at:", "planted_free+0x"));
+    assert_true(has_after("  freed again at:", "planted_free_again+0x"));
+    ASSERT_LACKS("use after free");
+}
+
+static void test_check_during_capture_waits(void **state)
+{
+    (void)state;
+    run_child(&run, "check-in-capture", "CACHESHIM_DEBUG=uaf-report", NULL);
+    assert_clean_exit();
+    ASSERT_LACKS("child check failed");
+    assert_uaf_report();  /* at exit */
+    assert_true(has_after("scenario check-in-capture returned", "use after free"));
+}
+
 static void test_driver_failures_are_said_once(void **state)
 {
     (void)state;
@@ -688,7 +773,10 @@ int main(int argc, char **argv)
         return child_main(argv[2]);
     /* "threads": the concurrency case alone (meson runs it under TSan too). */
     if (argc == 2 && !strcmp(argv[1], "threads")) {
-        const struct CMUnitTest threads[] = {cmocka_unit_test(test_threads)};
+        const struct CMUnitTest threads[] = {
+            cmocka_unit_test(test_threads),
+            cmocka_unit_test(test_double_free_while_leaving_quarantine),
+        };
         return cmocka_run_group_tests(threads, NULL, NULL);
     }
     const struct CMUnitTest tests[] = {
@@ -704,6 +792,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_scopes),
         cmocka_unit_test(test_fork_and_context_gone),
         cmocka_unit_test(test_driver_failures_are_said_once),
+        cmocka_unit_test(test_check_during_capture_waits),
         cmocka_unit_test(test_bad_setting_is_reported),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
