@@ -201,7 +201,11 @@ static void release(cs_quarantined *list)
         changed += verify(list, false) == 1;
         found(changed);
         cs_cache_free(cache, list->addr);
-        pthread_mutex_lock(&lock);  /* after the free: a second free is the cache's to answer */
+        /* Off the leaving list only after the free: a second free before it would otherwise
+         * free the block into the cache twice. The price: a thread that gets the block from
+         * the cache, uses it and frees it again in the few instructions until the lock below
+         * is reported for a double free it did not make. */
+        pthread_mutex_lock(&lock);
         leaving_remove(list);
         pthread_mutex_unlock(&lock);
         free(list);
