@@ -1466,6 +1466,7 @@ void cs_cache_uncharge(cs_cache *c, cs_heap *h, uint64_t bytes)
     pthread_mutex_lock(&c->lock);
     device_state *d = &c->devices[h->device];
     d->outside_bytes -= bytes < d->outside_bytes ? bytes : d->outside_bytes;
+    group_settle(c, h->device);  /* the other members have the room at once */
     pthread_mutex_unlock(&c->lock);
 }
 

@@ -681,6 +681,19 @@ static void test_group_charged_what_is_held(void **state)
     assert_int_equal(grp_mine, 0);
 }
 
+/* Memory outside the cache (cs_cache_charge, cs_outside.c) given back is given back to the
+ * group too, at once: the other members must not wait for this process's next allocation to
+ * have the room. */
+static void test_group_uncharge_gives_back(void **state)
+{
+    fx *f = *state;
+    assert_int_equal(cs_cache_charge(f->cache, f->heap, 4 * MiB, NULL), CS_OK);
+    assert_int_equal(grp_mine, 4 * MiB);
+    cs_cache_uncharge(f->cache, f->heap, 4 * MiB);
+    assert_int_equal(stats(f).bytes_outside, 0);
+    assert_int_equal(grp_mine, 0);
+}
+
 /* Another thread destroys the context while this one waits for a busy block at the cap,
  * without the cache's lock: the block and the heap it waits on must stay valid, nothing is
  * counted twice, and the allocation says the context is gone. */
@@ -1801,6 +1814,7 @@ int main(void)
         cmocka_unit_test(test_size_classes),
         cmocka_unit_test_setup_teardown(test_hit_and_miss, setup, teardown),
         cmocka_unit_test_setup_teardown(test_group_charged_what_is_held, setup_group, teardown),
+        cmocka_unit_test_setup_teardown(test_group_uncharge_gives_back, setup_group, teardown),
         cmocka_unit_test_setup_teardown(test_reuse_small_within_an_eighth, setup, teardown),
         cmocka_unit_test_setup_teardown(test_reuse_small_within_an_eighth, setup_no_tc, teardown),
         cmocka_unit_test_setup_teardown(test_reuse_large_exact_granules, setup, teardown),
