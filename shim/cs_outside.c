@@ -11,11 +11,20 @@
 
 #define BUCKETS 1024
 
+/* Besides the kinds of cs_outside.h, kept here: a mapping of a handle's memory (id: its
+ * address, bytes: its size, owner: the handle's entry, not charged), and a handle whose
+ * references were all released while it was still mapped (found by no handle: the driver
+ * may give its number to a new allocation). */
+#define MAPPING ((cs_outside_kind)100)
+#define RELEASED ((cs_outside_kind)101)
+
 typedef struct entry {
     uint64_t id;
     cs_outside_kind kind;
     cs_heap *heap;
     uint64_t bytes;
+    uint64_t refs, maps;  /* a handle's references and mappings */
+    struct entry *owner;  /* a mapping's handle */
     struct entry *next;
 } entry;
 
@@ -59,7 +68,7 @@ CUresult cs_outside_alloc(cs_heap *heap, cs_outside_kind kind, uint64_t bytes,
         free(e);
         return r;
     }
-    *e = (entry){.id = id, .kind = kind, .heap = heap, .bytes = bytes};
+    *e = (entry){.id = id, .kind = kind, .heap = heap, .bytes = bytes, .refs = 1};
     pthread_mutex_lock(&lock);
     entry **at = find(kind, id);
     if (*at) {  /* the driver reused an id whose free we missed: the old charge goes */
@@ -103,6 +112,111 @@ bool cs_outside_freed(cs_outside_kind kind, uint64_t id)
     pthread_mutex_unlock(&lock);
     free(e);
     return e != NULL;
+}
+
+/* Takes e out of its bucket. Lock held. */
+static void unlink_entry(entry *e)
+{
+    entry **at = &buckets[bucket_of(e->id)];
+    while (*at != e)
+        at = &(*at)->next;
+    *at = e->next;
+}
+
+static void link_entry(entry *e)
+{
+    e->next = buckets[bucket_of(e->id)];
+    buckets[bucket_of(e->id)] = e;
+}
+
+/* A handle's memory is gone once nothing refers to it or maps it: uncharged. Lock held. */
+static void handle_check(entry *e)
+{
+    if (e->refs || e->maps)
+        return;
+    unlink_entry(e);
+    cs_cache_uncharge(cs_shim_get()->cache, e->heap, e->bytes);
+    free(e);
+}
+
+void cs_outside_mapped(uint64_t handle, uint64_t va, uint64_t size)
+{
+    pthread_mutex_lock(&lock);
+    entry *h = *find(CS_OUTSIDE_HANDLE, handle), *m = h ? malloc(sizeof *m) : NULL;
+    if (m) {  /* without host memory, the handle is uncharged at its last release */
+        *m = (entry){.id = va, .kind = MAPPING, .bytes = size, .owner = h};
+        link_entry(m);
+        h->maps++;
+    }
+    pthread_mutex_unlock(&lock);
+}
+
+void cs_outside_unmapped(uint64_t va, uint64_t size)
+{
+    pthread_mutex_lock(&lock);
+    for (size_t i = 0; i < BUCKETS; i++) {
+        entry **at = &buckets[i];
+        while (*at) {
+            entry *m = *at;
+            if (m->kind != MAPPING || m->id < va || m->id - va >= size) {
+                at = &m->next;
+                continue;
+            }
+            *at = m->next;
+            entry *h = m->owner;
+            free(m);
+            h->maps--;
+            if (!h->refs && !h->maps) {
+                handle_check(h);
+                at = &buckets[i];  /* the handle may have been in this bucket: again */
+            }
+        }
+    }
+    pthread_mutex_unlock(&lock);
+}
+
+/* The handle's entry mapped at addr, or NULL. Lock held. */
+static entry *mapped_at(uint64_t addr)
+{
+    for (size_t i = 0; i < BUCKETS; i++)
+        for (entry *m = buckets[i]; m; m = m->next)
+            if (m->kind == MAPPING && addr >= m->id && addr - m->id < m->bytes)
+                return m->owner;
+    return NULL;
+}
+
+void cs_outside_retained(uint64_t handle, uint64_t addr)
+{
+    pthread_mutex_lock(&lock);
+    entry *h = mapped_at(addr);
+    if (!h)
+        h = *find(CS_OUTSIDE_HANDLE, handle);
+    if (h) {
+        if (h->kind == RELEASED || h->id != handle) {  /* known by this number again */
+            unlink_entry(h);
+            h->kind = CS_OUTSIDE_HANDLE;
+            h->id = handle;
+            link_entry(h);
+        }
+        h->refs++;
+    }
+    pthread_mutex_unlock(&lock);
+}
+
+void cs_outside_released(uint64_t handle)
+{
+    pthread_mutex_lock(&lock);
+    entry *h = *find(CS_OUTSIDE_HANDLE, handle);
+    if (h && --h->refs == 0) {
+        if (h->maps) {
+            unlink_entry(h);
+            h->kind = RELEASED;
+            link_entry(h);
+        } else {
+            handle_check(h);
+        }
+    }
+    pthread_mutex_unlock(&lock);
 }
 
 void cs_outside_pointer_freed(uint64_t ptr)

@@ -16,7 +16,8 @@
 typedef enum {
     CS_OUTSIDE_POINTER,  /* freed by cuMemFree or cuMemFreeAsync; gone with its context */
     CS_OUTSIDE_ASYNC,    /* stream-ordered: freed by cuMemFree(Async); outlives its context */
-    CS_OUTSIDE_HANDLE,   /* a cuMemCreate handle, freed by cuMemRelease */
+    CS_OUTSIDE_HANDLE,   /* a cuMemCreate handle, freed by its last cuMemRelease and
+                          * cuMemUnmap (cs_outside_mapped and the rest, below) */
 } cs_outside_kind;
 
 /* The driver call that takes the memory, made by cs_outside_alloc (once, or twice after an
@@ -35,6 +36,15 @@ bool cs_outside_adjust(cs_outside_kind kind, uint64_t id, uint64_t bytes);
 bool cs_outside_freed(cs_outside_kind kind, uint64_t id);
 /* A pointer the driver freed: pitched, managed or stream-ordered. */
 void cs_outside_pointer_freed(uint64_t ptr);
+/* A cuMemCreate handle's memory goes once every reference to it is released (the creation,
+ * each cuMemRetainAllocationHandle) and its last mapping is unmapped; counted until then.
+ * The driver mapped [va, va + size) to the handle; it unmapped every mapping that starts in
+ * [va, va + size); it handed out one more reference to the handle mapped at addr; it
+ * released one reference. */
+void cs_outside_mapped(uint64_t handle, uint64_t va, uint64_t size);
+void cs_outside_unmapped(uint64_t va, uint64_t size);
+void cs_outside_retained(uint64_t handle, uint64_t addr);
+void cs_outside_released(uint64_t handle);
 /* Is it remembered? */
 bool cs_outside_known(cs_outside_kind kind, uint64_t id);
 /* The context is gone and with it its CS_OUTSIDE_POINTER allocations. */

@@ -1,8 +1,9 @@
 /* The device allocation calls the cache does not serve: each passes to the driver, counted
  * against CACHESHIM_CAP (cs_outside.h). Pitched and managed memory is freed with cuMemFree
  * (cs_entry.c tells cs_outside), stream-ordered memory with cuMemFreeAsync or cuMemFree,
- * cuMemCreate handles with cuMemRelease. The shim's own pooled backend calls the real
- * cuMemCreate and cuMemRelease, never these wrappers: its memory is counted once, as blocks. */
+ * cuMemCreate handles with their last cuMemRelease and cuMemUnmap. The shim's own pooled
+ * backend calls the real cuMemCreate, cuMemRelease, cuMemMap and cuMemUnmap, never these
+ * wrappers: its memory is counted once, as blocks. */
 #include "cs_exports.h"
 
 #include "cs_outside.h"
@@ -242,12 +243,43 @@ CS_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size
     return cs_outside_alloc(h, CS_OUTSIDE_HANDLE, size, create_call, &a);
 }
 
-/* The memory goes once its last mapping goes too; it is uncharged at the release. */
+/* The memory goes once its last reference is released and its last mapping unmapped: it
+ * is uncharged then (cs_outside_released). */
 CS_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
 {
     REAL(d, cuMemRelease);
     CUresult r = d->cuMemRelease(handle);
     if (r == CUDA_SUCCESS && !cs_shim_get()->disabled)
-        cs_outside_freed(CS_OUTSIDE_HANDLE, (uint64_t)handle);
+        cs_outside_released((uint64_t)handle);
+    return r;
+}
+
+/* The program's mappings and references of its handles, for when their memory goes. The
+ * shim's own pooled backend and IPC call the driver's functions, never these. */
+CS_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
+                            CUmemGenericAllocationHandle handle, unsigned long long flags)
+{
+    REAL(d, cuMemMap);
+    CUresult r = d->cuMemMap(ptr, size, offset, handle, flags);
+    if (r == CUDA_SUCCESS && !cs_shim_get()->disabled)
+        cs_outside_mapped((uint64_t)handle, (uint64_t)ptr, size);
+    return r;
+}
+
+CS_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
+{
+    REAL(d, cuMemUnmap);
+    CUresult r = d->cuMemUnmap(ptr, size);
+    if (r == CUDA_SUCCESS && !cs_shim_get()->disabled)
+        cs_outside_unmapped((uint64_t)ptr, size);
+    return r;
+}
+
+CS_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr)
+{
+    REAL(d, cuMemRetainAllocationHandle);
+    CUresult r = d->cuMemRetainAllocationHandle(handle, addr);
+    if (r == CUDA_SUCCESS && handle && !cs_shim_get()->disabled)
+        cs_outside_retained((uint64_t)*handle, (uint64_t)(uintptr_t)addr);
     return r;
 }

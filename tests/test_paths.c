@@ -556,6 +556,63 @@ static void test_create_counted_once(void **state)
     assert_int_equal(cuMemRelease(h2), CUDA_ERROR_INVALID_VALUE);  /* the driver's answer */
 }
 
+/* cuMemRelease of a handle still mapped frees nothing: the memory stays until its last
+ * mapping goes (and its last reference: cuMemRetainAllocationHandle takes one more), and
+ * stays counted until then. */
+static void test_create_released_while_mapped(void **state)
+{
+    (void)state;
+    shim_trim();
+    CUmemAllocationProp prop = {0};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = 0;
+    CUmemGenericAllocationHandle h, again;
+    CUdeviceptr va, p;
+    uint64_t used = fake_device_used(0);
+    assert_int_equal(cuMemCreate(&h, 32 * MiB, &prop, 0), CUDA_SUCCESS);
+    assert_int_equal(cuMemAddressReserve(&va, 64 * MiB, 0, 0, 0), CUDA_SUCCESS);
+    assert_int_equal(cuMemMap(va, 16 * MiB, 0, h, 0), CUDA_SUCCESS);
+    assert_int_equal(cuMemMap(va + 32 * MiB, 32 * MiB, 0, h, 0), CUDA_SUCCESS);
+    assert_int_equal(cuMemRelease(h), CUDA_SUCCESS);  /* as the CUDA samples do */
+    assert_int_equal(fake_device_used(0), used + 32 * MiB);
+    assert_int_equal(outside(), 32 * MiB);
+    assert_int_equal(cuMemAlloc(&p, 40 * MiB), CUDA_ERROR_OUT_OF_MEMORY);  /* 32 + 40 > 64 */
+    assert_int_equal(cuMemUnmap(va, 16 * MiB), CUDA_SUCCESS);
+    assert_int_equal(outside(), 32 * MiB);  /* one mapping left */
+    /* One more reference, from the address: two releases to go. */
+    assert_int_equal(cuMemRetainAllocationHandle(&again, (void *)(va + 32 * MiB)), CUDA_SUCCESS);
+    assert_int_equal(cuMemUnmap(va + 32 * MiB, 32 * MiB), CUDA_SUCCESS);
+    assert_int_equal(outside(), 32 * MiB);
+    assert_int_equal(fake_device_used(0), used + 32 * MiB);
+    assert_int_equal(cuMemRelease(again), CUDA_SUCCESS);
+    assert_int_equal(fake_device_used(0), used);
+    assert_int_equal(outside(), 0);
+    assert_int_equal(cuMemAddressFree(va, 64 * MiB), CUDA_SUCCESS);
+    /* A handle the program retains and releases while it holds its own: counted until both
+     * are released. */
+    assert_int_equal(cuMemCreate(&h, 32 * MiB, &prop, 0), CUDA_SUCCESS);
+    assert_int_equal(cuMemAddressReserve(&va, 32 * MiB, 0, 0, 0), CUDA_SUCCESS);
+    assert_int_equal(cuMemMap(va, 32 * MiB, 0, h, 0), CUDA_SUCCESS);
+    assert_int_equal(cuMemRetainAllocationHandle(&again, (void *)va), CUDA_SUCCESS);
+    assert_int_equal(cuMemRelease(again), CUDA_SUCCESS);
+    assert_int_equal(cuMemUnmap(va, 32 * MiB), CUDA_SUCCESS);
+    assert_int_equal(outside(), 32 * MiB);
+    assert_int_equal(cuMemRelease(h), CUDA_SUCCESS);
+    assert_int_equal(outside(), 0);
+    assert_int_equal(fake_device_used(0), used);
+    /* cudart finds the same wrappers. */
+    assert_ptr_equal(proc("cuMemMap", 0), dlsym(RTLD_DEFAULT, "cuMemMap"));
+    assert_ptr_equal(proc("cuMemUnmap", 0), dlsym(RTLD_DEFAULT, "cuMemUnmap"));
+    assert_ptr_equal(proc("cuMemRetainAllocationHandle", 0),
+                     dlsym(RTLD_DEFAULT, "cuMemRetainAllocationHandle"));
+    /* Failed calls change nothing. */
+    assert_int_equal(cuMemMap(va, 32 * MiB, 0, h, 0), CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(cuMemUnmap(va, 32 * MiB), CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(outside(), 0);
+    assert_int_equal(cuMemAddressFree(va, 32 * MiB), CUDA_SUCCESS);
+}
+
 /* A context's pitched and managed memory goes with it, and off the cap. */
 static void test_outside_context_destroyed(void **state)
 {
@@ -698,6 +755,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest device_cap[] = {T(test_pitch_counted),
                                             T(test_managed_counted_and_makes_room),
                                             T(test_async_counted), T(test_create_counted_once),
+                                            T(test_create_released_while_mapped),
                                             T(test_outside_context_destroyed),
                                             T(test_torch_pluggable)};
     const struct CMUnitTest oom[] = {T(test_paths_oom_release_idle)};
