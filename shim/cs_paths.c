@@ -50,7 +50,8 @@ CS_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t 
     REAL(d, cuMemAllocPitch_v2);
     cs_heap *h;
     if (!dptr || !pPitch || WidthInBytes == 0 || Height == 0 ||
-        WidthInBytes > SIZE_MAX / Height - PITCH_GUESS || !(h = current_heap(d)))
+        SIZE_MAX / Height < PITCH_GUESS || WidthInBytes > SIZE_MAX / Height - PITCH_GUESS ||
+        !(h = current_heap(d)))
         return d->cuMemAllocPitch_v2(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
     uint64_t guess = (WidthInBytes + PITCH_GUESS - 1) / PITCH_GUESS * PITCH_GUESS * Height;
     pitch_args a = {d, dptr, pPitch, WidthInBytes, Height, ElementSizeBytes};

@@ -479,6 +479,26 @@ static void test_pitch_counted(void **state)
     assert_int_equal(free_b, 64 * MiB);
 }
 
+/* A pitched size past 2^64 (rows too many for the width) is the driver's to refuse: it
+ * must not wrap to a small charge, nor make the cache give its idle memory back. */
+static void test_pitch_overflow_passes_to_driver(void **state)
+{
+    (void)state;
+    must_free(must_alloc(8 * MiB));  /* idle, cached */
+    uint64_t cached = shim_stats(0).bytes_cached;
+    assert_true(cached >= 8 * MiB);
+    fake_reset_counters();
+    CUdeviceptr p;
+    size_t pitch;
+    assert_int_equal(cuMemAllocPitch(&p, &pitch, 1, 1ull << 60, 4), CUDA_ERROR_OUT_OF_MEMORY);
+    assert_int_equal(cuMemAllocPitch(&p, &pitch, 100, SIZE_MAX / 300, 4),
+                     CUDA_ERROR_OUT_OF_MEMORY);
+    assert_int_equal(fake_calls("cuMemAllocPitch_v2"), 2);  /* once each: no retry */
+    assert_int_equal(shim_stats(0).bytes_cached, cached);
+    assert_int_equal(outside(), 0);
+    shim_trim();
+}
+
 /* cuMemAllocManaged, through cuGetProcAddress as cudart finds it; the cache's idle memory
  * goes back to the driver to make room under the cap. */
 static void test_managed_counted_and_makes_room(void **state)
@@ -753,6 +773,7 @@ int main(int argc, char **argv)
                                       T(test_cap_percent_too_small)};
     const struct CMUnitTest host_cap[] = {T(test_host_cap), T(test_host_cap_report_line)};
     const struct CMUnitTest device_cap[] = {T(test_pitch_counted),
+                                            T(test_pitch_overflow_passes_to_driver),
                                             T(test_managed_counted_and_makes_room),
                                             T(test_async_counted), T(test_create_counted_once),
                                             T(test_create_released_while_mapped),
