@@ -18,15 +18,16 @@
 #define MAPPING ((cs_outside_kind)100)
 #define RELEASED ((cs_outside_kind)101)
 
-typedef struct entry {
+struct cs_outside_entry {
     uint64_t id;
     cs_outside_kind kind;
     cs_heap *heap;
     uint64_t bytes;
     uint64_t refs, maps;  /* a handle's references and mappings */
-    struct entry *owner;  /* a mapping's handle */
-    struct entry *next;
-} entry;
+    struct cs_outside_entry *owner;  /* a mapping's handle */
+    struct cs_outside_entry *next;
+};
+typedef struct cs_outside_entry entry;
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static entry *buckets[BUCKETS];
@@ -99,19 +100,6 @@ bool cs_outside_adjust(cs_outside_kind kind, uint64_t id, uint64_t bytes)
     }
     pthread_mutex_unlock(&lock);
     return ok;
-}
-
-bool cs_outside_freed(cs_outside_kind kind, uint64_t id)
-{
-    pthread_mutex_lock(&lock);
-    entry **at = find(kind, id), *e = *at;
-    if (e) {
-        *at = e->next;
-        cs_cache_uncharge(cs_shim_get()->cache, e->heap, e->bytes);
-    }
-    pthread_mutex_unlock(&lock);
-    free(e);
-    return e != NULL;
 }
 
 /* Takes e out of its bucket. Lock held. */
@@ -203,26 +191,64 @@ void cs_outside_retained(uint64_t handle, uint64_t addr)
     pthread_mutex_unlock(&lock);
 }
 
-void cs_outside_released(uint64_t handle)
+cs_outside_entry *cs_outside_free_begin(uint64_t ptr)
 {
     pthread_mutex_lock(&lock);
-    entry *h = *find(CS_OUTSIDE_HANDLE, handle);
-    if (h && --h->refs == 0) {
-        if (h->maps) {
-            unlink_entry(h);
-            h->kind = RELEASED;
-            link_entry(h);
-        } else {
-            handle_check(h);
-        }
+    entry **at = find(CS_OUTSIDE_POINTER, ptr);
+    if (!*at)
+        at = find(CS_OUTSIDE_ASYNC, ptr);
+    entry *e = *at;
+    if (e)
+        *at = e->next;
+    pthread_mutex_unlock(&lock);
+    return e;
+}
+
+void cs_outside_free_end(cs_outside_entry *e, bool freed)
+{
+    if (!e)
+        return;
+    if (freed) {
+        cs_cache_uncharge(cs_shim_get()->cache, e->heap, e->bytes);
+        free(e);
+        return;
     }
+    pthread_mutex_lock(&lock);
+    link_entry(e);  /* the driver kept it: the pointer is still this allocation's */
     pthread_mutex_unlock(&lock);
 }
 
-void cs_outside_pointer_freed(uint64_t ptr)
+cs_outside_entry *cs_outside_release_begin(uint64_t handle)
 {
-    if (!cs_outside_freed(CS_OUTSIDE_POINTER, ptr))
-        cs_outside_freed(CS_OUTSIDE_ASYNC, ptr);
+    pthread_mutex_lock(&lock);
+    entry *h = *find(CS_OUTSIDE_HANDLE, handle);
+    if (h && h->refs == 1) {  /* the last reference: the number may be the driver's again */
+        unlink_entry(h);
+        h->kind = RELEASED;
+        link_entry(h);
+    } else {
+        h = NULL;
+    }
+    pthread_mutex_unlock(&lock);
+    return h;
+}
+
+void cs_outside_release_end(uint64_t handle, cs_outside_entry *last, bool released)
+{
+    pthread_mutex_lock(&lock);
+    if (last && released) {
+        last->refs = 0;
+        handle_check(last);  /* gone, unless still mapped */
+    } else if (last) {
+        unlink_entry(last);
+        last->kind = CS_OUTSIDE_HANDLE;
+        link_entry(last);
+    } else if (released) {
+        entry *h = *find(CS_OUTSIDE_HANDLE, handle);
+        if (h && h->refs > 1)
+            h->refs--;
+    }
+    pthread_mutex_unlock(&lock);
 }
 
 bool cs_outside_known(cs_outside_kind kind, uint64_t id)

@@ -59,8 +59,8 @@ CS_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t 
     if (r == CUDA_SUCCESS &&
         !cs_outside_adjust(CS_OUTSIDE_POINTER, *dptr, (uint64_t)*pPitch * Height)) {
         /* A wider pitch than guessed, and the cap cannot take the difference. */
-        if (d->cuMemFree_v2(*dptr) == CUDA_SUCCESS)
-            cs_outside_freed(CS_OUTSIDE_POINTER, *dptr);
+        cs_outside_entry *e = cs_outside_free_begin(*dptr);
+        cs_outside_free_end(e, d->cuMemFree_v2(*dptr) == CUDA_SUCCESS);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     return r;
@@ -190,11 +190,11 @@ static CUresult free_async(CUresult (*real)(CUdeviceptr, CUstream), CUdeviceptr 
         if (fr == CS_NOT_IN_USE)
             return CUDA_ERROR_INVALID_VALUE;
     }
+    cs_outside_entry *e = !s->disabled && p ? cs_outside_free_begin((uint64_t)p) : NULL;
     cs_stream *st = cs_work_begin(stream, per_thread);
     CUresult r = real(p, stream);
     cs_work_end(st, r);
-    if (r == CUDA_SUCCESS && !s->disabled && p)
-        cs_outside_pointer_freed((uint64_t)p);
+    cs_outside_free_end(e, r == CUDA_SUCCESS);
     return r;
 }
 
@@ -245,13 +245,15 @@ CS_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size
 }
 
 /* The memory goes once its last reference is released and its last mapping unmapped: it
- * is uncharged then (cs_outside_released). */
+ * is uncharged then (cs_outside_release_end, or cs_outside_unmapped). */
 CS_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
 {
     REAL(d, cuMemRelease);
+    if (cs_shim_get()->disabled)
+        return d->cuMemRelease(handle);
+    cs_outside_entry *last = cs_outside_release_begin((uint64_t)handle);
     CUresult r = d->cuMemRelease(handle);
-    if (r == CUDA_SUCCESS && !cs_shim_get()->disabled)
-        cs_outside_released((uint64_t)handle);
+    cs_outside_release_end((uint64_t)handle, last, r == CUDA_SUCCESS);
     return r;
 }
 

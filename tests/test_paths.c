@@ -633,6 +633,75 @@ static void test_create_released_while_mapped(void **state)
     assert_int_equal(cuMemAddressFree(va, 32 * MiB), CUDA_SUCCESS);
 }
 
+/* The driver may hand a freed pointer's address to another thread's allocation before the
+ * free's thread has forgotten the pointer: here, at once, from a host function that the
+ * free's wait for the context's work completes (the fake runs it as the free returns, with
+ * the memory already given back). Each allocation must stay counted until its own free. */
+static CUdeviceptr reused;
+static CUresult reused_rc;
+static void CUDA_CB alloc_in_free(void *arg)
+{
+    reused_rc = cuMemAllocManaged(&reused, (size_t)(uintptr_t)arg, CU_MEM_ATTACH_GLOBAL);
+}
+
+static void test_outside_address_reused_during_free(void **state)
+{
+    (void)state;
+    CUstream s;
+    assert_int_equal(cuStreamCreate(&s, 0), CUDA_SUCCESS);
+    for (int path = 0; path < 2; path++) {
+        CUdeviceptr a;
+        reused = 0;
+        if (path == 0)
+            assert_int_equal(cuMemAllocManaged(&a, 16 * MiB, CU_MEM_ATTACH_GLOBAL), CUDA_SUCCESS);
+        else
+            assert_int_equal(cuMemAllocAsync(&a, 16 * MiB, s), CUDA_SUCCESS);
+        assert_int_equal(outside(), 16 * MiB);
+        assert_int_equal(cuLaunchHostFunc(s, alloc_in_free, (void *)(uintptr_t)(16 * MiB)),
+                         CUDA_SUCCESS);
+        assert_int_equal(path == 0 ? cuMemFree(a) : cuMemFreeAsync(a, s), CUDA_SUCCESS);
+        assert_int_equal(reused_rc, CUDA_SUCCESS);
+        if (reused != a)
+            fail_msg("the fake did not give the address again (%llx, %llx): the case is not "
+                     "shown", (unsigned long long)a, (unsigned long long)reused);
+        assert_int_equal(outside(), 16 * MiB);  /* the new allocation's */
+        assert_int_equal(cuMemFree(reused), CUDA_SUCCESS);
+        assert_int_equal(outside(), 0);
+    }
+    assert_int_equal(cuStreamDestroy(s), CUDA_SUCCESS);
+}
+
+/* A free or release the driver refuses keeps the memory counted, and a later one that
+ * succeeds uncounts it once. */
+static void test_outside_free_refused_stays_counted(void **state)
+{
+    (void)state;
+    CUstream s;
+    assert_int_equal(cuStreamCreate(&s, 0), CUDA_SUCCESS);
+    CUdeviceptr m, a;
+    assert_int_equal(cuMemAllocManaged(&m, 8 * MiB, CU_MEM_ATTACH_GLOBAL), CUDA_SUCCESS);
+    assert_int_equal(cuMemAllocAsync(&a, 8 * MiB, s), CUDA_SUCCESS);
+    fake_fail_nth("cuMemFree_v2", 1, CUDA_ERROR_UNKNOWN);
+    assert_int_equal(cuMemFree(m), CUDA_ERROR_UNKNOWN);
+    fake_fail_nth("cuMemFreeAsync", 1, CUDA_ERROR_UNKNOWN);
+    assert_int_equal(cuMemFreeAsync(a, s), CUDA_ERROR_UNKNOWN);
+    assert_int_equal(outside(), 16 * MiB);
+    assert_int_equal(cuMemFree(m), CUDA_SUCCESS);
+    assert_int_equal(cuMemFreeAsync(a, s), CUDA_SUCCESS);
+    assert_int_equal(outside(), 0);
+    CUmemAllocationProp prop = {0};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    CUmemGenericAllocationHandle h;
+    assert_int_equal(cuMemCreate(&h, 8 * MiB, &prop, 0), CUDA_SUCCESS);
+    fake_fail_nth("cuMemRelease", 1, CUDA_ERROR_UNKNOWN);
+    assert_int_equal(cuMemRelease(h), CUDA_ERROR_UNKNOWN);
+    assert_int_equal(outside(), 8 * MiB);
+    assert_int_equal(cuMemRelease(h), CUDA_SUCCESS);
+    assert_int_equal(outside(), 0);
+    assert_int_equal(cuStreamDestroy(s), CUDA_SUCCESS);
+}
+
 /* A context's pitched and managed memory goes with it, and off the cap. */
 static void test_outside_context_destroyed(void **state)
 {
@@ -777,6 +846,8 @@ int main(int argc, char **argv)
                                             T(test_managed_counted_and_makes_room),
                                             T(test_async_counted), T(test_create_counted_once),
                                             T(test_create_released_while_mapped),
+                                            T(test_outside_address_reused_during_free),
+                                            T(test_outside_free_refused_stays_counted),
                                             T(test_outside_context_destroyed),
                                             T(test_torch_pluggable)};
     const struct CMUnitTest oom[] = {T(test_paths_oom_release_idle)};
