@@ -89,16 +89,29 @@ bool cs_outside_adjust(cs_outside_kind kind, uint64_t id, uint64_t bytes)
     cs_shim *s = cs_shim_get();
     pthread_mutex_lock(&lock);
     entry *e = *find(kind, id);
-    bool ok = e != NULL;
-    if (e && bytes > e->bytes) {
-        ok = cs_cache_charge(s->cache, e->heap, bytes - e->bytes, NULL) == CS_OK;
-        if (ok)
+    if (!e || bytes <= e->bytes) {
+        if (e && bytes < e->bytes) {
+            cs_cache_uncharge(s->cache, e->heap, e->bytes - bytes);
             e->bytes = bytes;
-    } else if (e && bytes < e->bytes) {
-        cs_cache_uncharge(s->cache, e->heap, e->bytes - bytes);
-        e->bytes = bytes;
+        }
+        pthread_mutex_unlock(&lock);
+        return e != NULL;
     }
+    /* More: charged without the lock, as making room may give cached memory back to the
+     * driver and wait for it (the other threads' frees must not wait with it). */
+    cs_heap *heap = e->heap;
+    uint64_t more = bytes - e->bytes;
     pthread_mutex_unlock(&lock);
+    bool ok = cs_cache_charge(s->cache, heap, more, NULL) == CS_OK;
+    if (ok) {
+        pthread_mutex_lock(&lock);
+        e = *find(kind, id);
+        if (e)
+            e->bytes += more;
+        else  /* freed meanwhile (by the program, racing with its own allocation) */
+            cs_cache_uncharge(s->cache, heap, more);
+        pthread_mutex_unlock(&lock);
+    }
     return ok;
 }
 

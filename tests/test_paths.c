@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/types.h>
+#include <time.h>
 
 #include <cmocka.h>
 
@@ -499,6 +500,78 @@ static void test_pitch_overflow_passes_to_driver(void **state)
     shim_trim();
 }
 
+/* A pitch wider than the estimate charges the difference, which here takes idle cached
+ * memory back to the driver, slowly: meanwhile another thread's free of memory outside the
+ * cache must not wait for it (no lock is held across a driver call that can block). */
+static CUdeviceptr wide;
+static size_t wide_pitch;
+static CUresult wide_rc;
+static void *alloc_wide(void *arg)
+{
+    (void)arg;
+    wide_rc = cuCtxSetCurrent(primary);
+    if (wide_rc == CUDA_SUCCESS)  /* 4 MiB estimated */
+        wide_rc = cuMemAllocPitch(&wide, &wide_pitch, 1000, 4096, 4);
+    return NULL;
+}
+
+static double seconds_since(const struct timespec *t0)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)(t.tv_sec - t0->tv_sec) + (double)(t.tv_nsec - t0->tv_nsec) / 1e9;
+}
+
+static void test_pitch_adjust_does_not_block_frees(void **state)
+{
+    (void)state;
+    const char *backend = getenv("CACHESHIM_BACKEND");
+    bool classic = backend && !strcmp(backend, "classic");
+    shim_trim();
+    assert_int_equal(outside(), 0);
+    must_free(must_alloc(52 * MiB));  /* idle: 52 held */
+    /* 8 more outside the cache, freed by a call the slow one is not. */
+    CUdeviceptr m = 0;
+    CUmemGenericAllocationHandle h = 0;
+    CUmemAllocationProp prop = {0};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    if (classic)
+        assert_int_equal(cuMemCreate(&h, 8 * MiB, &prop, 0), CUDA_SUCCESS);
+    else
+        assert_int_equal(cuMemAllocManaged(&m, 8 * MiB, CU_MEM_ATTACH_GLOBAL), CUDA_SUCCESS);
+    /* The driver pads rows to 2 KiB: 8 MiB, 4 more than estimated, over the cap of 64 with
+     * the cache's 52: some idle memory goes back, by the slow call. */
+    fake_set_pitch_alignment(2048);
+    const char *slow = classic ? "cuMemFree_v2" : "cuMemUnmap";
+    fake_set_delay_ns(slow, 1000000000ull);
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, alloc_wide, NULL), 0);
+    struct timespec pause = {0, 100000000}, t0;
+    nanosleep(&pause, NULL);  /* the other thread is in the slow call */
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    assert_int_equal(classic ? cuMemRelease(h) : cuMemFree(m), CUDA_SUCCESS);
+    double took = seconds_since(&t0);
+    fake_set_delay_ns(slow, 0);
+    assert_int_equal(pthread_join(th, NULL), 0);
+    fake_set_pitch_alignment(512);
+    assert_int_equal(wide_rc, CUDA_SUCCESS);
+    assert_int_equal(wide_pitch, 2048);
+    assert_int_equal(outside(), 8 * MiB);
+    must_free(wide);
+    assert_int_equal(outside(), 0);
+    /* 40 MiB estimated, 80 padded: past the cap, given back to the driver. */
+    long live = fake_live_allocations();
+    fake_set_pitch_alignment(2048);
+    assert_int_equal(cuMemAllocPitch(&wide, &wide_pitch, 1000, 40960, 4),
+                     CUDA_ERROR_OUT_OF_MEMORY);
+    fake_set_pitch_alignment(512);
+    assert_int_equal(fake_live_allocations(), live);
+    assert_int_equal(outside(), 0);
+    if (took > 0.5)
+        fail_msg("the free waited %.2f s for the other thread's driver call", took);
+}
+
 /* cuMemAllocManaged, through cuGetProcAddress as cudart finds it; the cache's idle memory
  * goes back to the driver to make room under the cap. */
 static void test_managed_counted_and_makes_room(void **state)
@@ -843,6 +916,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest host_cap[] = {T(test_host_cap), T(test_host_cap_report_line)};
     const struct CMUnitTest device_cap[] = {T(test_pitch_counted),
                                             T(test_pitch_overflow_passes_to_driver),
+                                            T(test_pitch_adjust_does_not_block_frees),
                                             T(test_managed_counted_and_makes_room),
                                             T(test_async_counted), T(test_create_counted_once),
                                             T(test_create_released_while_mapped),
