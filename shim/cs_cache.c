@@ -856,9 +856,11 @@ static int backend_take(cs_cache *c, cs_heap *h, uint64_t bytes, uint64_t need, 
  * which is charged what held(d) + need adds to what it was charged (0: charged). Lock held. */
 static uint64_t over_cap(cs_cache *c, device_state *d, int device, uint64_t need)
 {
-    uint64_t target = held(d) + need, over = 0;
-    if (d->cap != CS_UNLIMITED && target > d->cap)
-        return target - d->cap;
+    uint64_t now = held(d), over = 0;
+    /* A size near 2^64 (cuMemAllocManaged, cuMemCreate) must not wrap the sum under the cap. */
+    if (d->cap != CS_UNLIMITED && (now > d->cap || need > d->cap - now))
+        return need > UINT64_MAX - now ? UINT64_MAX : now + need - d->cap;
+    uint64_t target = now + need;
     if (!c->config.group_charge)
         return 0;
     if (target <= d->group_charged)
@@ -1466,6 +1468,7 @@ void cs_cache_uncharge(cs_cache *c, cs_heap *h, uint64_t bytes)
     pthread_mutex_lock(&c->lock);
     device_state *d = &c->devices[h->device];
     d->outside_bytes -= bytes < d->outside_bytes ? bytes : d->outside_bytes;
+    group_settle(c, h->device);  /* the other members have the room at once */
     pthread_mutex_unlock(&c->lock);
 }
 

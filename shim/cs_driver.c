@@ -118,6 +118,7 @@ static void load_driver(void)
         LOAD(cuMemAddressFree);
         LOAD(cuMemMap);
         LOAD(cuMemUnmap);
+        LOAD(cuMemRetainAllocationHandle);
         LOAD(cuMemSetAccess);
         LOAD(cuMemExportToShareableHandle);
         LOAD(cuMemImportFromShareableHandle);

@@ -83,6 +83,7 @@ typedef struct cs_driver {
     CUresult (*cuMemMap)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle,
                          unsigned long long);
     CUresult (*cuMemUnmap)(CUdeviceptr, size_t);
+    CUresult (*cuMemRetainAllocationHandle)(CUmemGenericAllocationHandle *, void *);
     CUresult (*cuMemSetAccess)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
     /* Pooled blocks between processes (cs_ipc.c). */
     CUresult (*cuMemExportToShareableHandle)(void *, CUmemGenericAllocationHandle,

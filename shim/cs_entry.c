@@ -64,11 +64,13 @@ CS_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
     case CS_NOT_IN_USE:
         return CUDA_ERROR_INVALID_VALUE;  /* what the driver says to a double free */
     default: {
-        CUresult r = d->cuMemFree_v2(dptr);  /* not ours: the driver decides */
+        /* not ours: the driver decides; pitched, managed and stream-ordered memory stays
+         * counted until it has */
+        cs_outside_entry *e = cs_outside_free_begin((uint64_t)dptr);
+        CUresult r = d->cuMemFree_v2(dptr);
+        cs_outside_free_end(e, r == CUDA_SUCCESS);
         if (cs_debug_active())
             cs_debug_foreign_free((uint64_t)dptr, (int)r);
-        if (r == CUDA_SUCCESS)
-            cs_outside_pointer_freed((uint64_t)dptr);  /* pitched, managed, stream-ordered */
         return r;
     }
     }

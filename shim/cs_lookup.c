@@ -52,6 +52,9 @@
     X(cuMemFreeAsync_ptsz, cuMemFreeAsync, 0, 1) \
     X(cuMemCreate, cuMemCreate, 0, 0) \
     X(cuMemRelease, cuMemRelease, 0, 0) \
+    X(cuMemMap, cuMemMap, 0, 0) \
+    X(cuMemUnmap, cuMemUnmap, 0, 0) \
+    X(cuMemRetainAllocationHandle, cuMemRetainAllocationHandle, 0, 0) \
     X(cuMemAllocHost_v2, cuMemAllocHost, 3020, 0) \
     X(cuMemHostAlloc, cuMemHostAlloc, 0, 0) \
     X(cuMemFreeHost, cuMemFreeHost, 0, 0) \

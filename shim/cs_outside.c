@@ -11,13 +11,23 @@
 
 #define BUCKETS 1024
 
-typedef struct entry {
+/* Besides the kinds of cs_outside.h, kept here: a mapping of a handle's memory (id: its
+ * address, bytes: its size, owner: the handle's entry, not charged), and a handle whose
+ * references were all released while it was still mapped (found by no handle: the driver
+ * may give its number to a new allocation). */
+#define MAPPING ((cs_outside_kind)100)
+#define RELEASED ((cs_outside_kind)101)
+
+struct cs_outside_entry {
     uint64_t id;
     cs_outside_kind kind;
     cs_heap *heap;
     uint64_t bytes;
-    struct entry *next;
-} entry;
+    uint64_t refs, maps;  /* a handle's references and mappings */
+    struct cs_outside_entry *owner;  /* a mapping's handle */
+    struct cs_outside_entry *next;
+};
+typedef struct cs_outside_entry entry;
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static entry *buckets[BUCKETS];
@@ -59,7 +69,7 @@ CUresult cs_outside_alloc(cs_heap *heap, cs_outside_kind kind, uint64_t bytes,
         free(e);
         return r;
     }
-    *e = (entry){.id = id, .kind = kind, .heap = heap, .bytes = bytes};
+    *e = (entry){.id = id, .kind = kind, .heap = heap, .bytes = bytes, .refs = 1};
     pthread_mutex_lock(&lock);
     entry **at = find(kind, id);
     if (*at) {  /* the driver reused an id whose free we missed: the old charge goes */
@@ -79,36 +89,179 @@ bool cs_outside_adjust(cs_outside_kind kind, uint64_t id, uint64_t bytes)
     cs_shim *s = cs_shim_get();
     pthread_mutex_lock(&lock);
     entry *e = *find(kind, id);
-    bool ok = e != NULL;
-    if (e && bytes > e->bytes) {
-        ok = cs_cache_charge(s->cache, e->heap, bytes - e->bytes, NULL) == CS_OK;
-        if (ok)
+    if (!e || bytes <= e->bytes) {
+        if (e && bytes < e->bytes) {
+            cs_cache_uncharge(s->cache, e->heap, e->bytes - bytes);
             e->bytes = bytes;
-    } else if (e && bytes < e->bytes) {
-        cs_cache_uncharge(s->cache, e->heap, e->bytes - bytes);
-        e->bytes = bytes;
+        }
+        pthread_mutex_unlock(&lock);
+        return e != NULL;
     }
+    /* More: charged without the lock, as making room may give cached memory back to the
+     * driver and wait for it (the other threads' frees must not wait with it). */
+    cs_heap *heap = e->heap;
+    uint64_t more = bytes - e->bytes;
     pthread_mutex_unlock(&lock);
+    bool ok = cs_cache_charge(s->cache, heap, more, NULL) == CS_OK;
+    if (ok) {
+        pthread_mutex_lock(&lock);
+        e = *find(kind, id);
+        if (e)
+            e->bytes += more;
+        else  /* freed meanwhile (by the program, racing with its own allocation) */
+            cs_cache_uncharge(s->cache, heap, more);
+        pthread_mutex_unlock(&lock);
+    }
     return ok;
 }
 
-bool cs_outside_freed(cs_outside_kind kind, uint64_t id)
+/* Takes e out of its bucket. Lock held. */
+static void unlink_entry(entry *e)
 {
-    pthread_mutex_lock(&lock);
-    entry **at = find(kind, id), *e = *at;
-    if (e) {
-        *at = e->next;
-        cs_cache_uncharge(cs_shim_get()->cache, e->heap, e->bytes);
-    }
-    pthread_mutex_unlock(&lock);
-    free(e);
-    return e != NULL;
+    entry **at = &buckets[bucket_of(e->id)];
+    while (*at != e)
+        at = &(*at)->next;
+    *at = e->next;
 }
 
-void cs_outside_pointer_freed(uint64_t ptr)
+static void link_entry(entry *e)
 {
-    if (!cs_outside_freed(CS_OUTSIDE_POINTER, ptr))
-        cs_outside_freed(CS_OUTSIDE_ASYNC, ptr);
+    e->next = buckets[bucket_of(e->id)];
+    buckets[bucket_of(e->id)] = e;
+}
+
+/* A handle's memory is gone once nothing refers to it or maps it: uncharged. Lock held. */
+static void handle_check(entry *e)
+{
+    if (e->refs || e->maps)
+        return;
+    unlink_entry(e);
+    cs_cache_uncharge(cs_shim_get()->cache, e->heap, e->bytes);
+    free(e);
+}
+
+void cs_outside_mapped(uint64_t handle, uint64_t va, uint64_t size)
+{
+    pthread_mutex_lock(&lock);
+    entry *h = *find(CS_OUTSIDE_HANDLE, handle), *m = h ? malloc(sizeof *m) : NULL;
+    if (m) {  /* without host memory, the handle is uncharged at its last release */
+        *m = (entry){.id = va, .kind = MAPPING, .bytes = size, .owner = h};
+        link_entry(m);
+        h->maps++;
+    }
+    pthread_mutex_unlock(&lock);
+}
+
+void cs_outside_unmapped(uint64_t va, uint64_t size)
+{
+    pthread_mutex_lock(&lock);
+    for (size_t i = 0; i < BUCKETS; i++) {
+        entry **at = &buckets[i];
+        while (*at) {
+            entry *m = *at;
+            if (m->kind != MAPPING || m->id < va || m->id - va >= size) {
+                at = &m->next;
+                continue;
+            }
+            *at = m->next;
+            entry *h = m->owner;
+            free(m);
+            h->maps--;
+            if (!h->refs && !h->maps) {
+                handle_check(h);
+                at = &buckets[i];  /* the handle may have been in this bucket: again */
+            }
+        }
+    }
+    pthread_mutex_unlock(&lock);
+}
+
+/* The handle's entry mapped at addr, or NULL. Lock held. */
+static entry *mapped_at(uint64_t addr)
+{
+    for (size_t i = 0; i < BUCKETS; i++)
+        for (entry *m = buckets[i]; m; m = m->next)
+            if (m->kind == MAPPING && addr >= m->id && addr - m->id < m->bytes)
+                return m->owner;
+    return NULL;
+}
+
+void cs_outside_retained(uint64_t handle, uint64_t addr)
+{
+    pthread_mutex_lock(&lock);
+    entry *h = mapped_at(addr);
+    if (!h)
+        h = *find(CS_OUTSIDE_HANDLE, handle);
+    if (h) {
+        if (h->kind == RELEASED || h->id != handle) {  /* known by this number again */
+            unlink_entry(h);
+            h->kind = CS_OUTSIDE_HANDLE;
+            h->id = handle;
+            link_entry(h);
+        }
+        h->refs++;
+    }
+    pthread_mutex_unlock(&lock);
+}
+
+cs_outside_entry *cs_outside_free_begin(uint64_t ptr)
+{
+    pthread_mutex_lock(&lock);
+    entry **at = find(CS_OUTSIDE_POINTER, ptr);
+    if (!*at)
+        at = find(CS_OUTSIDE_ASYNC, ptr);
+    entry *e = *at;
+    if (e)
+        *at = e->next;
+    pthread_mutex_unlock(&lock);
+    return e;
+}
+
+void cs_outside_free_end(cs_outside_entry *e, bool freed)
+{
+    if (!e)
+        return;
+    if (freed) {
+        cs_cache_uncharge(cs_shim_get()->cache, e->heap, e->bytes);
+        free(e);
+        return;
+    }
+    pthread_mutex_lock(&lock);
+    link_entry(e);  /* the driver kept it: the pointer is still this allocation's */
+    pthread_mutex_unlock(&lock);
+}
+
+cs_outside_entry *cs_outside_release_begin(uint64_t handle)
+{
+    pthread_mutex_lock(&lock);
+    entry *h = *find(CS_OUTSIDE_HANDLE, handle);
+    if (h && h->refs == 1) {  /* the last reference: the number may be the driver's again */
+        unlink_entry(h);
+        h->kind = RELEASED;
+        link_entry(h);
+    } else {
+        h = NULL;
+    }
+    pthread_mutex_unlock(&lock);
+    return h;
+}
+
+void cs_outside_release_end(uint64_t handle, cs_outside_entry *last, bool released)
+{
+    pthread_mutex_lock(&lock);
+    if (last && released) {
+        last->refs = 0;
+        handle_check(last);  /* gone, unless still mapped */
+    } else if (last) {
+        unlink_entry(last);
+        last->kind = CS_OUTSIDE_HANDLE;
+        link_entry(last);
+    } else if (released) {
+        entry *h = *find(CS_OUTSIDE_HANDLE, handle);
+        if (h && h->refs > 1)
+            h->refs--;
+    }
+    pthread_mutex_unlock(&lock);
 }
 
 bool cs_outside_known(cs_outside_kind kind, uint64_t id)

@@ -16,7 +16,8 @@
 typedef enum {
     CS_OUTSIDE_POINTER,  /* freed by cuMemFree or cuMemFreeAsync; gone with its context */
     CS_OUTSIDE_ASYNC,    /* stream-ordered: freed by cuMemFree(Async); outlives its context */
-    CS_OUTSIDE_HANDLE,   /* a cuMemCreate handle, freed by cuMemRelease */
+    CS_OUTSIDE_HANDLE,   /* a cuMemCreate handle, freed by its last cuMemRelease and
+                          * cuMemUnmap (cs_outside_mapped and the rest, below) */
 } cs_outside_kind;
 
 /* The driver call that takes the memory, made by cs_outside_alloc (once, or twice after an
@@ -31,10 +32,25 @@ CUresult cs_outside_alloc(cs_heap *heap, cs_outside_kind kind, uint64_t bytes,
 /* The bytes charged for an allocation changed after the driver answered (a pitch larger than
  * estimated): false, nothing changed, when the cap refuses the extra bytes. */
 bool cs_outside_adjust(cs_outside_kind kind, uint64_t id, uint64_t bytes);
-/* The driver freed it: uncharged and forgotten. False when it was not remembered. */
-bool cs_outside_freed(cs_outside_kind kind, uint64_t id);
-/* A pointer the driver freed: pitched, managed or stream-ordered. */
-void cs_outside_pointer_freed(uint64_t ptr);
+/* A free in two steps. Before the driver is asked, the allocation is taken out of the map
+ * (still charged), so that one the driver gives the same pointer or handle meanwhile (in
+ * another thread) is not taken for it; after, it is uncharged if the driver freed it, else
+ * put back. Pointers (pitched, managed, stream-ordered): NULL when not remembered. */
+typedef struct cs_outside_entry cs_outside_entry;
+cs_outside_entry *cs_outside_free_begin(uint64_t ptr);
+void cs_outside_free_end(cs_outside_entry *e, bool freed);
+/* A cuMemCreate handle's memory goes once every reference to it is released (the creation,
+ * each cuMemRetainAllocationHandle) and its last mapping is unmapped; counted until then.
+ * The driver mapped [va, va + size) to the handle; it unmapped every mapping that starts in
+ * [va, va + size); it handed out one more reference to the handle mapped at addr. */
+void cs_outside_mapped(uint64_t handle, uint64_t va, uint64_t size);
+void cs_outside_unmapped(uint64_t va, uint64_t size);
+void cs_outside_retained(uint64_t handle, uint64_t addr);
+/* cuMemRelease in two steps, as a free: begin returns the handle's entry when this is its
+ * last reference (taken out of reach of its number), end is told whether the driver
+ * released it. */
+cs_outside_entry *cs_outside_release_begin(uint64_t handle);
+void cs_outside_release_end(uint64_t handle, cs_outside_entry *last, bool released);
 /* Is it remembered? */
 bool cs_outside_known(cs_outside_kind kind, uint64_t id);
 /* The context is gone and with it its CS_OUTSIDE_POINTER allocations. */

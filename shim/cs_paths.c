@@ -1,8 +1,9 @@
 /* The device allocation calls the cache does not serve: each passes to the driver, counted
  * against CACHESHIM_CAP (cs_outside.h). Pitched and managed memory is freed with cuMemFree
  * (cs_entry.c tells cs_outside), stream-ordered memory with cuMemFreeAsync or cuMemFree,
- * cuMemCreate handles with cuMemRelease. The shim's own pooled backend calls the real
- * cuMemCreate and cuMemRelease, never these wrappers: its memory is counted once, as blocks. */
+ * cuMemCreate handles with their last cuMemRelease and cuMemUnmap. The shim's own pooled
+ * backend calls the real cuMemCreate, cuMemRelease, cuMemMap and cuMemUnmap, never these
+ * wrappers: its memory is counted once, as blocks. */
 #include "cs_exports.h"
 
 #include "cs_outside.h"
@@ -49,7 +50,8 @@ CS_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t 
     REAL(d, cuMemAllocPitch_v2);
     cs_heap *h;
     if (!dptr || !pPitch || WidthInBytes == 0 || Height == 0 ||
-        WidthInBytes > SIZE_MAX / Height - PITCH_GUESS || !(h = current_heap(d)))
+        SIZE_MAX / Height < PITCH_GUESS || WidthInBytes > SIZE_MAX / Height - PITCH_GUESS ||
+        !(h = current_heap(d)))
         return d->cuMemAllocPitch_v2(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
     uint64_t guess = (WidthInBytes + PITCH_GUESS - 1) / PITCH_GUESS * PITCH_GUESS * Height;
     pitch_args a = {d, dptr, pPitch, WidthInBytes, Height, ElementSizeBytes};
@@ -57,8 +59,8 @@ CS_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t 
     if (r == CUDA_SUCCESS &&
         !cs_outside_adjust(CS_OUTSIDE_POINTER, *dptr, (uint64_t)*pPitch * Height)) {
         /* A wider pitch than guessed, and the cap cannot take the difference. */
-        if (d->cuMemFree_v2(*dptr) == CUDA_SUCCESS)
-            cs_outside_freed(CS_OUTSIDE_POINTER, *dptr);
+        cs_outside_entry *e = cs_outside_free_begin(*dptr);
+        cs_outside_free_end(e, d->cuMemFree_v2(*dptr) == CUDA_SUCCESS);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     return r;
@@ -188,11 +190,11 @@ static CUresult free_async(CUresult (*real)(CUdeviceptr, CUstream), CUdeviceptr 
         if (fr == CS_NOT_IN_USE)
             return CUDA_ERROR_INVALID_VALUE;
     }
+    cs_outside_entry *e = !s->disabled && p ? cs_outside_free_begin((uint64_t)p) : NULL;
     cs_stream *st = cs_work_begin(stream, per_thread);
     CUresult r = real(p, stream);
     cs_work_end(st, r);
-    if (r == CUDA_SUCCESS && !s->disabled && p)
-        cs_outside_pointer_freed((uint64_t)p);
+    cs_outside_free_end(e, r == CUDA_SUCCESS);
     return r;
 }
 
@@ -242,12 +244,45 @@ CS_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size
     return cs_outside_alloc(h, CS_OUTSIDE_HANDLE, size, create_call, &a);
 }
 
-/* The memory goes once its last mapping goes too; it is uncharged at the release. */
+/* The memory goes once its last reference is released and its last mapping unmapped: it
+ * is uncharged then (cs_outside_release_end, or cs_outside_unmapped). */
 CS_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
 {
     REAL(d, cuMemRelease);
+    if (cs_shim_get()->disabled)
+        return d->cuMemRelease(handle);
+    cs_outside_entry *last = cs_outside_release_begin((uint64_t)handle);
     CUresult r = d->cuMemRelease(handle);
+    cs_outside_release_end((uint64_t)handle, last, r == CUDA_SUCCESS);
+    return r;
+}
+
+/* The program's mappings and references of its handles, for when their memory goes. The
+ * shim's own pooled backend and IPC call the driver's functions, never these. */
+CS_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
+                            CUmemGenericAllocationHandle handle, unsigned long long flags)
+{
+    REAL(d, cuMemMap);
+    CUresult r = d->cuMemMap(ptr, size, offset, handle, flags);
     if (r == CUDA_SUCCESS && !cs_shim_get()->disabled)
-        cs_outside_freed(CS_OUTSIDE_HANDLE, (uint64_t)handle);
+        cs_outside_mapped((uint64_t)handle, (uint64_t)ptr, size);
+    return r;
+}
+
+CS_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
+{
+    REAL(d, cuMemUnmap);
+    CUresult r = d->cuMemUnmap(ptr, size);
+    if (r == CUDA_SUCCESS && !cs_shim_get()->disabled)
+        cs_outside_unmapped((uint64_t)ptr, size);
+    return r;
+}
+
+CS_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr)
+{
+    REAL(d, cuMemRetainAllocationHandle);
+    CUresult r = d->cuMemRetainAllocationHandle(handle, addr);
+    if (r == CUDA_SUCCESS && handle && !cs_shim_get()->disabled)
+        cs_outside_retained((uint64_t)*handle, (uint64_t)(uintptr_t)addr);
     return r;
 }

@@ -681,6 +681,50 @@ static void test_group_charged_what_is_held(void **state)
     assert_int_equal(grp_mine, 0);
 }
 
+/* Memory outside the cache (cs_cache_charge, cs_outside.c) given back is given back to the
+ * group too, at once: the other members must not wait for this process's next allocation to
+ * have the room. */
+static void test_group_uncharge_gives_back(void **state)
+{
+    fx *f = *state;
+    assert_int_equal(cs_cache_charge(f->cache, f->heap, 4 * MiB, NULL), CS_OK);
+    assert_int_equal(grp_mine, 4 * MiB);
+    cs_cache_uncharge(f->cache, f->heap, 4 * MiB);
+    assert_int_equal(stats(f).bytes_outside, 0);
+    assert_int_equal(grp_mine, 0);
+}
+
+/* A size near 2^64 must not wrap the sum of what is held and what is asked for past the cap:
+ * refused by the cap, nothing counted, the group's charge untouched. */
+static void test_charge_near_2_64_refused(void **state)
+{
+    fx *f = *state;
+    uint64_t a = must_alloc(f, 4 * MiB);
+    cs_alloc_failure fail;
+    assert_int_equal(cs_cache_charge(f->cache, f->heap, UINT64_MAX - 2 * MiB, &fail), CS_OOM);
+    assert_true(fail.by_cap);
+    cacheshim_stats s = stats(f);
+    assert_int_equal(s.bytes_outside, 0);
+    assert_int_equal(s.cap_refusals, 1);
+    assert_int_equal(grp_mine, 4 * MiB);
+    uint64_t vf, vt;
+    cs_cache_mem_view(f->cache, 0, 80 * 1024 * MiB, 80 * 1024 * MiB, &vf, &vt);
+    assert_int_equal(vf, 2 * MiB);  /* 10 - 4 (theirs) - 4 (ours) */
+    cs_cache_free(f->cache, a);
+}
+
+static void test_charge_near_2_64_refused_alone(void **state)
+{
+    fx *f = *state;
+    uint64_t a = must_alloc(f, 4 * MiB);
+    assert_int_equal(cs_cache_charge(f->cache, f->heap, UINT64_MAX - 2 * MiB, NULL), CS_OOM);
+    assert_int_equal(stats(f).bytes_outside, 0);
+    assert_int_equal(cs_cache_charge(f->cache, f->heap, UINT64_MAX, NULL), CS_OOM);
+    assert_int_equal(cs_cache_charge(f->cache, f->heap, 6 * MiB, NULL), CS_OK);
+    cs_cache_uncharge(f->cache, f->heap, 6 * MiB);
+    cs_cache_free(f->cache, a);
+}
+
 /* Another thread destroys the context while this one waits for a busy block at the cap,
  * without the cache's lock: the block and the heap it waits on must stay valid, nothing is
  * counted twice, and the allocation says the context is gone. */
@@ -1801,6 +1845,9 @@ int main(void)
         cmocka_unit_test(test_size_classes),
         cmocka_unit_test_setup_teardown(test_hit_and_miss, setup, teardown),
         cmocka_unit_test_setup_teardown(test_group_charged_what_is_held, setup_group, teardown),
+        cmocka_unit_test_setup_teardown(test_group_uncharge_gives_back, setup_group, teardown),
+        cmocka_unit_test_setup_teardown(test_charge_near_2_64_refused, setup_group, teardown),
+        cmocka_unit_test_setup_teardown(test_charge_near_2_64_refused_alone, setup_cap, teardown),
         cmocka_unit_test_setup_teardown(test_reuse_small_within_an_eighth, setup, teardown),
         cmocka_unit_test_setup_teardown(test_reuse_small_within_an_eighth, setup_no_tc, teardown),
         cmocka_unit_test_setup_teardown(test_reuse_large_exact_granules, setup, teardown),

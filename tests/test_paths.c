@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/types.h>
+#include <time.h>
 
 #include <cmocka.h>
 
@@ -479,6 +480,98 @@ static void test_pitch_counted(void **state)
     assert_int_equal(free_b, 64 * MiB);
 }
 
+/* A pitched size past 2^64 (rows too many for the width) is the driver's to refuse: it
+ * must not wrap to a small charge, nor make the cache give its idle memory back. */
+static void test_pitch_overflow_passes_to_driver(void **state)
+{
+    (void)state;
+    must_free(must_alloc(8 * MiB));  /* idle, cached */
+    uint64_t cached = shim_stats(0).bytes_cached;
+    assert_true(cached >= 8 * MiB);
+    fake_reset_counters();
+    CUdeviceptr p;
+    size_t pitch;
+    assert_int_equal(cuMemAllocPitch(&p, &pitch, 1, 1ull << 60, 4), CUDA_ERROR_OUT_OF_MEMORY);
+    assert_int_equal(cuMemAllocPitch(&p, &pitch, 100, SIZE_MAX / 300, 4),
+                     CUDA_ERROR_OUT_OF_MEMORY);
+    assert_int_equal(fake_calls("cuMemAllocPitch_v2"), 2);  /* once each: no retry */
+    assert_int_equal(shim_stats(0).bytes_cached, cached);
+    assert_int_equal(outside(), 0);
+    shim_trim();
+}
+
+/* A pitch wider than the estimate charges the difference, which here takes idle cached
+ * memory back to the driver, slowly: meanwhile another thread's free of memory outside the
+ * cache must not wait for it (no lock is held across a driver call that can block). */
+static CUdeviceptr wide;
+static size_t wide_pitch;
+static CUresult wide_rc;
+static void *alloc_wide(void *arg)
+{
+    (void)arg;
+    wide_rc = cuCtxSetCurrent(primary);
+    if (wide_rc == CUDA_SUCCESS)  /* 4 MiB estimated */
+        wide_rc = cuMemAllocPitch(&wide, &wide_pitch, 1000, 4096, 4);
+    return NULL;
+}
+
+static double seconds_since(const struct timespec *t0)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)(t.tv_sec - t0->tv_sec) + (double)(t.tv_nsec - t0->tv_nsec) / 1e9;
+}
+
+static void test_pitch_adjust_does_not_block_frees(void **state)
+{
+    (void)state;
+    const char *backend = getenv("CACHESHIM_BACKEND");
+    bool classic = backend && !strcmp(backend, "classic");
+    shim_trim();
+    assert_int_equal(outside(), 0);
+    must_free(must_alloc(52 * MiB));  /* idle: 52 held */
+    /* 8 more outside the cache, freed by a call the slow one is not. */
+    CUdeviceptr m = 0;
+    CUmemGenericAllocationHandle h = 0;
+    CUmemAllocationProp prop = {0};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    if (classic)
+        assert_int_equal(cuMemCreate(&h, 8 * MiB, &prop, 0), CUDA_SUCCESS);
+    else
+        assert_int_equal(cuMemAllocManaged(&m, 8 * MiB, CU_MEM_ATTACH_GLOBAL), CUDA_SUCCESS);
+    /* The driver pads rows to 2 KiB: 8 MiB, 4 more than estimated, over the cap of 64 with
+     * the cache's 52: some idle memory goes back, by the slow call. */
+    fake_set_pitch_alignment(2048);
+    const char *slow = classic ? "cuMemFree_v2" : "cuMemUnmap";
+    fake_set_delay_ns(slow, 1000000000ull);
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, alloc_wide, NULL), 0);
+    struct timespec pause = {0, 100000000}, t0;
+    nanosleep(&pause, NULL);  /* the other thread is in the slow call */
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    assert_int_equal(classic ? cuMemRelease(h) : cuMemFree(m), CUDA_SUCCESS);
+    double took = seconds_since(&t0);
+    fake_set_delay_ns(slow, 0);
+    assert_int_equal(pthread_join(th, NULL), 0);
+    fake_set_pitch_alignment(512);
+    assert_int_equal(wide_rc, CUDA_SUCCESS);
+    assert_int_equal(wide_pitch, 2048);
+    assert_int_equal(outside(), 8 * MiB);
+    must_free(wide);
+    assert_int_equal(outside(), 0);
+    /* 40 MiB estimated, 80 padded: past the cap, given back to the driver. */
+    long live = fake_live_allocations();
+    fake_set_pitch_alignment(2048);
+    assert_int_equal(cuMemAllocPitch(&wide, &wide_pitch, 1000, 40960, 4),
+                     CUDA_ERROR_OUT_OF_MEMORY);
+    fake_set_pitch_alignment(512);
+    assert_int_equal(fake_live_allocations(), live);
+    assert_int_equal(outside(), 0);
+    if (took > 0.5)
+        fail_msg("the free waited %.2f s for the other thread's driver call", took);
+}
+
 /* cuMemAllocManaged, through cuGetProcAddress as cudart finds it; the cache's idle memory
  * goes back to the driver to make room under the cap. */
 static void test_managed_counted_and_makes_room(void **state)
@@ -554,6 +647,132 @@ static void test_create_counted_once(void **state)
     assert_int_equal(cuMemRelease(h2), CUDA_SUCCESS);
     assert_int_equal(outside(), 0);
     assert_int_equal(cuMemRelease(h2), CUDA_ERROR_INVALID_VALUE);  /* the driver's answer */
+}
+
+/* cuMemRelease of a handle still mapped frees nothing: the memory stays until its last
+ * mapping goes (and its last reference: cuMemRetainAllocationHandle takes one more), and
+ * stays counted until then. */
+static void test_create_released_while_mapped(void **state)
+{
+    (void)state;
+    shim_trim();
+    CUmemAllocationProp prop = {0};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = 0;
+    CUmemGenericAllocationHandle h, again;
+    CUdeviceptr va, p;
+    uint64_t used = fake_device_used(0);
+    assert_int_equal(cuMemCreate(&h, 32 * MiB, &prop, 0), CUDA_SUCCESS);
+    assert_int_equal(cuMemAddressReserve(&va, 64 * MiB, 0, 0, 0), CUDA_SUCCESS);
+    assert_int_equal(cuMemMap(va, 16 * MiB, 0, h, 0), CUDA_SUCCESS);
+    assert_int_equal(cuMemMap(va + 32 * MiB, 32 * MiB, 0, h, 0), CUDA_SUCCESS);
+    assert_int_equal(cuMemRelease(h), CUDA_SUCCESS);  /* as the CUDA samples do */
+    assert_int_equal(fake_device_used(0), used + 32 * MiB);
+    assert_int_equal(outside(), 32 * MiB);
+    assert_int_equal(cuMemAlloc(&p, 40 * MiB), CUDA_ERROR_OUT_OF_MEMORY);  /* 32 + 40 > 64 */
+    assert_int_equal(cuMemUnmap(va, 16 * MiB), CUDA_SUCCESS);
+    assert_int_equal(outside(), 32 * MiB);  /* one mapping left */
+    /* One more reference, from the address: two releases to go. */
+    assert_int_equal(cuMemRetainAllocationHandle(&again, (void *)(va + 32 * MiB)), CUDA_SUCCESS);
+    assert_int_equal(cuMemUnmap(va + 32 * MiB, 32 * MiB), CUDA_SUCCESS);
+    assert_int_equal(outside(), 32 * MiB);
+    assert_int_equal(fake_device_used(0), used + 32 * MiB);
+    assert_int_equal(cuMemRelease(again), CUDA_SUCCESS);
+    assert_int_equal(fake_device_used(0), used);
+    assert_int_equal(outside(), 0);
+    assert_int_equal(cuMemAddressFree(va, 64 * MiB), CUDA_SUCCESS);
+    /* A handle the program retains and releases while it holds its own: counted until both
+     * are released. */
+    assert_int_equal(cuMemCreate(&h, 32 * MiB, &prop, 0), CUDA_SUCCESS);
+    assert_int_equal(cuMemAddressReserve(&va, 32 * MiB, 0, 0, 0), CUDA_SUCCESS);
+    assert_int_equal(cuMemMap(va, 32 * MiB, 0, h, 0), CUDA_SUCCESS);
+    assert_int_equal(cuMemRetainAllocationHandle(&again, (void *)va), CUDA_SUCCESS);
+    assert_int_equal(cuMemRelease(again), CUDA_SUCCESS);
+    assert_int_equal(cuMemUnmap(va, 32 * MiB), CUDA_SUCCESS);
+    assert_int_equal(outside(), 32 * MiB);
+    assert_int_equal(cuMemRelease(h), CUDA_SUCCESS);
+    assert_int_equal(outside(), 0);
+    assert_int_equal(fake_device_used(0), used);
+    /* cudart finds the same wrappers. */
+    assert_ptr_equal(proc("cuMemMap", 0), dlsym(RTLD_DEFAULT, "cuMemMap"));
+    assert_ptr_equal(proc("cuMemUnmap", 0), dlsym(RTLD_DEFAULT, "cuMemUnmap"));
+    assert_ptr_equal(proc("cuMemRetainAllocationHandle", 0),
+                     dlsym(RTLD_DEFAULT, "cuMemRetainAllocationHandle"));
+    /* Failed calls change nothing. */
+    assert_int_equal(cuMemMap(va, 32 * MiB, 0, h, 0), CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(cuMemUnmap(va, 32 * MiB), CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(outside(), 0);
+    assert_int_equal(cuMemAddressFree(va, 32 * MiB), CUDA_SUCCESS);
+}
+
+/* The driver may hand a freed pointer's address to another thread's allocation before the
+ * free's thread has forgotten the pointer: here, at once, from a host function that the
+ * free's wait for the context's work completes (the fake runs it as the free returns, with
+ * the memory already given back). Each allocation must stay counted until its own free. */
+static CUdeviceptr reused;
+static CUresult reused_rc;
+static void CUDA_CB alloc_in_free(void *arg)
+{
+    reused_rc = cuMemAllocManaged(&reused, (size_t)(uintptr_t)arg, CU_MEM_ATTACH_GLOBAL);
+}
+
+static void test_outside_address_reused_during_free(void **state)
+{
+    (void)state;
+    CUstream s;
+    assert_int_equal(cuStreamCreate(&s, 0), CUDA_SUCCESS);
+    for (int path = 0; path < 2; path++) {
+        CUdeviceptr a;
+        reused = 0;
+        if (path == 0)
+            assert_int_equal(cuMemAllocManaged(&a, 16 * MiB, CU_MEM_ATTACH_GLOBAL), CUDA_SUCCESS);
+        else
+            assert_int_equal(cuMemAllocAsync(&a, 16 * MiB, s), CUDA_SUCCESS);
+        assert_int_equal(outside(), 16 * MiB);
+        assert_int_equal(cuLaunchHostFunc(s, alloc_in_free, (void *)(uintptr_t)(16 * MiB)),
+                         CUDA_SUCCESS);
+        assert_int_equal(path == 0 ? cuMemFree(a) : cuMemFreeAsync(a, s), CUDA_SUCCESS);
+        assert_int_equal(reused_rc, CUDA_SUCCESS);
+        if (reused != a)
+            fail_msg("the fake did not give the address again (%llx, %llx): the case is not "
+                     "shown", (unsigned long long)a, (unsigned long long)reused);
+        assert_int_equal(outside(), 16 * MiB);  /* the new allocation's */
+        assert_int_equal(cuMemFree(reused), CUDA_SUCCESS);
+        assert_int_equal(outside(), 0);
+    }
+    assert_int_equal(cuStreamDestroy(s), CUDA_SUCCESS);
+}
+
+/* A free or release the driver refuses keeps the memory counted, and a later one that
+ * succeeds uncounts it once. */
+static void test_outside_free_refused_stays_counted(void **state)
+{
+    (void)state;
+    CUstream s;
+    assert_int_equal(cuStreamCreate(&s, 0), CUDA_SUCCESS);
+    CUdeviceptr m, a;
+    assert_int_equal(cuMemAllocManaged(&m, 8 * MiB, CU_MEM_ATTACH_GLOBAL), CUDA_SUCCESS);
+    assert_int_equal(cuMemAllocAsync(&a, 8 * MiB, s), CUDA_SUCCESS);
+    fake_fail_nth("cuMemFree_v2", 1, CUDA_ERROR_UNKNOWN);
+    assert_int_equal(cuMemFree(m), CUDA_ERROR_UNKNOWN);
+    fake_fail_nth("cuMemFreeAsync", 1, CUDA_ERROR_UNKNOWN);
+    assert_int_equal(cuMemFreeAsync(a, s), CUDA_ERROR_UNKNOWN);
+    assert_int_equal(outside(), 16 * MiB);
+    assert_int_equal(cuMemFree(m), CUDA_SUCCESS);
+    assert_int_equal(cuMemFreeAsync(a, s), CUDA_SUCCESS);
+    assert_int_equal(outside(), 0);
+    CUmemAllocationProp prop = {0};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    CUmemGenericAllocationHandle h;
+    assert_int_equal(cuMemCreate(&h, 8 * MiB, &prop, 0), CUDA_SUCCESS);
+    fake_fail_nth("cuMemRelease", 1, CUDA_ERROR_UNKNOWN);
+    assert_int_equal(cuMemRelease(h), CUDA_ERROR_UNKNOWN);
+    assert_int_equal(outside(), 8 * MiB);
+    assert_int_equal(cuMemRelease(h), CUDA_SUCCESS);
+    assert_int_equal(outside(), 0);
+    assert_int_equal(cuStreamDestroy(s), CUDA_SUCCESS);
 }
 
 /* A context's pitched and managed memory goes with it, and off the cap. */
@@ -696,8 +915,13 @@ int main(int argc, char **argv)
                                       T(test_cap_percent_too_small)};
     const struct CMUnitTest host_cap[] = {T(test_host_cap), T(test_host_cap_report_line)};
     const struct CMUnitTest device_cap[] = {T(test_pitch_counted),
+                                            T(test_pitch_overflow_passes_to_driver),
+                                            T(test_pitch_adjust_does_not_block_frees),
                                             T(test_managed_counted_and_makes_room),
                                             T(test_async_counted), T(test_create_counted_once),
+                                            T(test_create_released_while_mapped),
+                                            T(test_outside_address_reused_during_free),
+                                            T(test_outside_free_refused_stays_counted),
                                             T(test_outside_context_destroyed),
                                             T(test_torch_pluggable)};
     const struct CMUnitTest oom[] = {T(test_paths_oom_release_idle)};

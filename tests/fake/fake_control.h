@@ -39,10 +39,12 @@ uint64_t fake_host_used(void);
 long fake_host_allocations(void);
 unsigned fake_host_flags(const void *p);
 void fake_set_host_bytes(uint64_t bytes);
-/* cuMemAllocPitch (rows padded to 512 bytes; element size 4, 8 or 16), cuMemAllocManaged and
+/* cuMemAllocPitch (rows padded to 512 bytes, or fake_set_pitch_alignment's power of two;
+ * element size 4, 8 or 16), cuMemAllocManaged and
  * the stream-ordered cuMemAllocAsync / cuMemAllocFromPoolAsync (any non-NULL pool) make
  * cuMemAlloc allocations, counted in fake_device_used and fake_live_allocations and freed by
  * cuMemFree; cuMemFreeAsync frees one once its stream's earlier work completed. */
+void fake_set_pitch_alignment(uint64_t bytes);
 
 /* --- virtual memory management -------------------------------------------------------------- */
 /* cuMemCreate, cuMemAddressReserve, cuMemMap, cuMemSetAccess and the rest work on host memory:

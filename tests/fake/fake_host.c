@@ -154,12 +154,23 @@ static CUresult device_alloc(CUdeviceptr *dptr, size_t size)
 }
 
 /* Rows padded to 512 bytes, as on current GPUs. */
+static size_t g_pitch_align = 512;
+
+FAKE_API void fake_set_pitch_alignment(uint64_t bytes)
+{
+    if (bytes == 0 || (bytes & (bytes - 1)))
+        fake_die("fake_set_pitch_alignment: not a power of two", "");
+    fake_lock();
+    g_pitch_align = (size_t)bytes;
+    fake_unlock();
+}
+
 static CUresult pitch_alloc(CUdeviceptr *dptr, size_t *pitch, size_t width, size_t height,
                             unsigned elem)
 {
     if (!pitch || width == 0 || height == 0 || (elem != 4 && elem != 8 && elem != 16))
         return CUDA_ERROR_INVALID_VALUE;
-    size_t p = (width + 511) / 512 * 512;
+    size_t p = (width + g_pitch_align - 1) / g_pitch_align * g_pitch_align;
     if (p < width || height > SIZE_MAX / p)
         return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult rc = device_alloc(dptr, p * height);
