@@ -545,10 +545,16 @@ static void test_pitch_adjust_does_not_block_frees(void **state)
     fake_set_pitch_alignment(2048);
     const char *slow = classic ? "cuMemFree_v2" : "cuMemUnmap";
     fake_set_delay_ns(slow, 1000000000ull);
+    long before = fake_calls(slow);
     pthread_t th;
     assert_int_equal(pthread_create(&th, NULL, alloc_wide, NULL), 0);
-    struct timespec pause = {0, 100000000}, t0;
-    nanosleep(&pause, NULL);  /* the other thread is in the slow call */
+    /* Until the other thread is in the slow call (counted as it enters, before its delay);
+     * 20 s at most. */
+    struct timespec pause = {0, 1000000}, t0, start;
+    clock_gettime(CLOCK_MONOTONIC, &start);
+    while (fake_calls(slow) == before && seconds_since(&start) < 20)
+        nanosleep(&pause, NULL);
+    assert_true(fake_calls(slow) > before);
     clock_gettime(CLOCK_MONOTONIC, &t0);
     assert_int_equal(classic ? cuMemRelease(h) : cuMemFree(m), CUDA_SUCCESS);
     double took = seconds_since(&t0);
