@@ -429,8 +429,10 @@ bool cs_tc_alloc(cs_cache *c, cs_heap *h, int cls, uint64_t size, uint64_t bytes
     s->requests++;
     s->hits++;
     note_peaks(c, tc, s, h->device);
-    pthread_mutex_unlock(&tc->lock);
+    /* Read under the lock: once it is dropped, the context's end (cs_cache_forget_heap) may
+     * free the block. */
     *addr = b->addr;
+    pthread_mutex_unlock(&tc->lock);
     return true;
 }
 

@@ -1,6 +1,7 @@
 /* Unit tests of the cache core, driven through a fake backend whose "GPU" completes fences
  * only when the test says so. */
 #include <pthread.h>
+#include <sched.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -1613,6 +1614,60 @@ static void test_tc_forget_heap(void **state)
     agent_stop(&a);
 }
 
+/* A hit from a thread's own cache while another thread ends the heap's context: the hit reads
+ * what it needs of the block under its cache's lock, since cs_cache_forget_heap, once it has
+ * taken that lock, frees the block. The thread says it is done, and this thread says it may
+ * end, only through relaxed stores (nothing orders one's accesses before the other's), so a
+ * read of the block after the lock shows as a race with the free under ThreadSanitizer (the
+ * concurrency suite runs this under it); the thread lives on until after the free, or its
+ * exit (which takes the cache's lock) would order the read first. */
+static int g_hit_state;  /* 0: running, 1: done, 2: failed */
+static int g_hit_may_end;
+static uint64_t g_hit_addr[2];
+
+static bool spin_until(int *flag, int seconds)
+{
+    time_t start = time(NULL);
+    while (!__atomic_load_n(flag, __ATOMIC_RELAXED)) {
+        if (time(NULL) - start > seconds)
+            return false;
+        sched_yield();
+    }
+    return true;
+}
+
+static void *hit_then_wait(void *arg)
+{
+    fx *f = arg;
+    cs_heap *h = cs_cache_heap(f->cache, (void *)0x2);
+    int raw;
+    bool ok = h && cs_cache_alloc(f->cache, h, 4096, &g_hit_addr[0], &raw, NULL) == CS_OK &&
+              cs_cache_free(f->cache, g_hit_addr[0]) == CS_OK &&
+              cs_cache_alloc(f->cache, h, 4096, &g_hit_addr[1], &raw, NULL) == CS_OK;
+    __atomic_store_n(&g_hit_state, ok ? 1 : 2, __ATOMIC_RELAXED);
+    spin_until(&g_hit_may_end, 10);
+    return NULL;
+}
+
+static void test_tc_hit_then_context_gone(void **state)
+{
+    fx *f = *state;
+    g_hit_state = g_hit_may_end = 0;
+    assert_non_null(cs_cache_add_heap(f->cache, (void *)0x2, 0, 80 * 1024 * MiB, &ops, NULL, 0));
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, hit_then_wait, f), 0);
+    bool done = spin_until(&g_hit_state, 10);
+    cs_cache_forget_heap(f->cache, (void *)0x2);  /* frees the block the thread holds */
+    __atomic_store_n(&g_hit_may_end, 1, __ATOMIC_RELAXED);
+    assert_int_equal(pthread_join(t, NULL), 0);
+    assert_true(done);
+    assert_int_equal(g_hit_state, 1);
+    assert_int_equal(g_hit_addr[1], g_hit_addr[0]);  /* the hit came from its own cache */
+    cacheshim_stats s = stats(f);
+    assert_int_equal(s.bytes_in_use, 0);
+    assert_int_equal(s.bytes_cached, 0);
+}
+
 static void test_tc_reset_after_fork(void **state)
 {
     fx *f = *state;
@@ -1894,6 +1949,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_tc_cap_reclaims, setup_cap, teardown),
         cmocka_unit_test_setup_teardown(test_tc_oom_reclaims, setup_small_device, teardown),
         cmocka_unit_test_setup_teardown(test_tc_forget_heap, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_tc_hit_then_context_gone, setup, teardown),
         cmocka_unit_test_setup_teardown(test_tc_reset_after_fork, setup, teardown),
         cmocka_unit_test_setup_teardown(test_tc_fork, setup, teardown),
         cmocka_unit_test_setup_teardown(test_tc_thread_exit_gives_back, setup, teardown),
