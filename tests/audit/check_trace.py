@@ -18,6 +18,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import time
 
 CASE, AUDIT, PROG, FAKE_DIR, CUDART_DIR, SHIM = sys.argv[1:7]
 # The launcher, for `cacheshim finish` (tests/audit/meson.build sets it).
@@ -657,6 +658,32 @@ def case_die_kill():
 
 def case_die_segv():
     die_case("segv")
+
+
+def case_end_race():
+    """A thread crashes (SIGSEGV) while exit() on another thread finishes the trace, here held
+    up in its last write ("]}") to stderr, a full pipe read only 1.5 s later: the crash waits
+    for the end, so the Chrome trace is whole. Either may end the process."""
+    env = dict(os.environ)
+    for k in list(env):
+        if k.startswith("CACHESHIM_"):
+            del env[k]
+    env.update(LD_AUDIT=AUDIT, LD_LIBRARY_PATH=FAKE_DIR + ":" + CUDART_DIR,
+               CACHESHIM_TRACE_FORMAT="perfetto",
+               ASAN_OPTIONS=(env.get("ASAN_OPTIONS", "") + ":handle_segv=0").lstrip(":"))
+    env.setdefault("GLIBC_TUNABLES", "glibc.rtld.optional_static_tls=16777216")
+    p = subprocess.Popen([PROG, "end-race"], env=env, cwd=WORK, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE)
+    time.sleep(1.5)
+    raw = p.stderr.read()
+    rc = p.wait(timeout=60)
+    check(rc in (0, -signal.SIGSEGV), f"end-race: exit {rc}\n{raw[-2000:]!r}")
+    try:
+        ev = json.loads(raw)["traceEvents"]
+    except ValueError as e:
+        fail(f"end-race: the trace is not whole JSON ({e}): ...{raw[-200:]!r}")
+    n = sum(e["ph"] == "X" and e["name"] == "cuMemAlloc_v2" for e in ev)
+    check(n == 10, f"end-race: {n} allocations, expected 10")
 
 
 def clock_case(how):
