@@ -407,7 +407,10 @@ static void wait_for_end(int ender)
 
 void ca_trace_exit(void)
 {
-    if (!g_inited)
+    /* Only the process whose trace it is: a child of vfork (or of a raw clone) that calls
+     * _exit shares, or copies, the parent's state and files; ending here would end the
+     * parent's trace (the parent's fork wrapper makes g_ctx.pid a fork child's own). */
+    if (!g_inited || (int)getpid() != g_ctx.pid)
         return;
     int ender = 0, self = (int)syscall(SYS_gettid);
     if (!__atomic_compare_exchange_n(&g_ended, &ender, self, 0, __ATOMIC_SEQ_CST,

@@ -354,6 +354,24 @@ static void end_race(void)
     exit(0);
 }
 
+/* vfork: 3 pairs, a child of vfork whose exec fails and that calls _exit(127) (in the
+ * parent's memory), then 3 more pairs. */
+static void vforked(void)
+{
+    for (int i = 0; i < 3; i++)
+        pair(MiB);
+    pid_t pid = vfork();
+    if (pid == 0) {
+        execl("/nonexistent/cacheshim-test", "x", (char *)NULL);
+        _exit(127);
+    }
+    int status = 0;
+    CHECK(pid > 0 && waitpid(pid, &status, 0) == pid);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 127);
+    for (int i = 0; i < 3; i++)
+        pair(MiB);
+}
+
 /* clock N HOW: N allocations 5 ms apart, each between two reads of CLOCK_MONOTONIC printed
  * as "a b" (ns), then ends as HOW says ("exit", or "kill": the records not yet formatted stay
  * in TRACE.pending, whose clock the tools use). check_trace.py compares the trace's times. */
@@ -537,6 +555,8 @@ int main(int argc, char **argv)
         die(argv[2], atoi(argv[3]));
     else if (strcmp(s, "clock") == 0 && argc > 3)
         clock_pairs(atoi(argv[2]), argv[3]);
+    else if (strcmp(s, "vfork") == 0)
+        vforked();
     else if (strcmp(s, "end-race") == 0)
         end_race();
     else if (strcmp(s, "die-busy") == 0 && argc > 2)

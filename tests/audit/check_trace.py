@@ -686,6 +686,19 @@ def case_end_race():
     check(n == 10, f"end-race: {n} allocations, expected 10")
 
 
+def case_vfork():
+    """A child of vfork that calls _exit (its exec failed) runs in the parent's memory: it
+    must not end the parent's trace (which then recorded nothing more, cut and closed)."""
+    for fmt in FORMATS:
+        path = trace_file(f"vfork.{fmt}")
+        run("vfork", CACHESHIM_TRACE_FORMAT=fmt, CACHESHIM_TRACE_FILE=path)
+        with open(path, "rb") as f:
+            raw = f.read()
+        check(not os.path.exists(path + ".pending"), f"vfork, {fmt}: {path}.pending left")
+        recs = die_records(fmt, raw)
+        check(len(recs) == 6, f"vfork, {fmt}: {len(recs)} allocations in the trace, expected 6")
+
+
 def clock_case(how):
     """The trace's times against CLOCK_MONOTONIC read by the program around each call, with
     each clock the tracer can take: the start of each call after the first, counted from the
