@@ -796,6 +796,18 @@ def case_stderr_full():
         run("direct", stderr=full, CACHESHIM_TRACE_FORMAT="perfetto")
 
 
+
+def case_stderr_fsize():
+    """The trace on stderr, a regular file (`2>log`) that reaches RLIMIT_FSIZE: SIGXFSZ, whose
+    default action kills the program, must not come of the tracer's writes; said once."""
+    for fmt in FORMATS:
+        path = os.path.join(WORK, f"stderr-fsize.{fmt}")
+        with open(path, "w") as log:
+            run("threads", stderr=log, preexec=limit_file_size(64 << 10),
+                CACHESHIM_TRACE_FORMAT=fmt)
+        raw = read(path)
+        check(len(raw) == 64 << 10, f"{fmt}: {len(raw)} bytes, expected the limit")
+
 CASES = {k[5:].replace("_", "-"): v for k, v in globals().items() if k.startswith("case_")}
 
 if __name__ == "__main__":
