@@ -670,7 +670,10 @@ def case_end_race():
             del env[k]
     env.update(LD_AUDIT=AUDIT, LD_LIBRARY_PATH=FAKE_DIR + ":" + CUDART_DIR,
                CACHESHIM_TRACE_FORMAT="perfetto",
-               ASAN_OPTIONS=(env.get("ASAN_OPTIONS", "") + ":handle_segv=0").lstrip(":"))
+               ASAN_OPTIONS=(env.get("ASAN_OPTIONS", "") + ":handle_segv=0").lstrip(":"),
+               # The sanitizers' reports would go into the trace (stderr): none here.
+               TSAN_OPTIONS=(env.get("TSAN_OPTIONS", "") +
+                             ":handle_segv=0:report_signal_unsafe=0").lstrip(":"))
     env.setdefault("GLIBC_TUNABLES", "glibc.rtld.optional_static_tls=16777216")
     p = subprocess.Popen([PROG, "end-race"], env=env, cwd=WORK, stdout=subprocess.DEVNULL,
                          stderr=subprocess.PIPE)
