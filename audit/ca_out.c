@@ -75,6 +75,7 @@ static int g_single; /* atomic: one appending thread, no helper (ca_out_single_w
 /* One write() per record; the Chrome trace's commas go between records, under the lock. */
 static pthread_mutex_t g_stream_lock = PTHREAD_MUTEX_INITIALIZER;
 static long g_events;
+static int g_stream_file; /* the stream is a regular file: SIGXFSZ blocked around writes */
 
 /* Errors. g_failed and g_lost are atomic. */
 static int g_failed;
@@ -89,7 +90,7 @@ static const char g_head[] = CA_PERFETTO_HEAD;
 
 /* 0, or the errno of the failure. Never blocks on a pipe that is full without the caller's
  * consent: the program's own stderr writes would block the same way. */
-static int write_all(int fd, const char *p, size_t n)
+static int write_some(int fd, const char *p, size_t n)
 {
     while (n > 0) {
         ssize_t w = write(fd, p, n);
@@ -105,12 +106,26 @@ static int write_all(int fd, const char *p, size_t n)
     return 0;
 }
 
+/* guard: fd may be a regular file (stderr redirected to one): past RLIMIT_FSIZE a write
+ * fails with EFBIG and the kernel sends SIGXFSZ, which would kill the program; blocked
+ * around the write and taken back (two system calls more, only where it can happen). */
+static int write_all(int fd, const char *p, size_t n, int guard)
+{
+    if (!guard)
+        return write_some(fd, p, n);
+    ca_sys_xfsz x;
+    ca_sys_xfsz_block(&x);
+    int err = write_some(fd, p, n);
+    ca_sys_xfsz_unblock(&x, err);
+    return err;
+}
+
 void ca_out_say(const char *line)
 {
     char buf[CS_TRACE_TEXT_MAX + 512];
     int n = snprintf(buf, sizeof buf, "%s\n", line);
     if (n > 0)
-        (void)write_all(2, buf, (size_t)n < sizeof buf ? (size_t)n : sizeof buf - 1);
+        (void)write_all(2, buf, (size_t)n < sizeof buf ? (size_t)n : sizeof buf - 1, 1);
 }
 
 /* ---- the note of lost records ------------------------------------------------------------------ */
@@ -222,11 +237,13 @@ static void start_file(void)
 {
     struct stat st;
     g_mode = OUT_STREAM;
-    if (g_fd > 2 && fstat(g_fd, &st) == 0 && S_ISREG(st.st_mode))
+    int regular = fstat(g_fd, &st) == 0 && S_ISREG(st.st_mode);
+    if (g_fd > 2 && regular)
         g_mode = OUT_MAP;
+    g_stream_file = regular;
     g_events = 0;
     if (g_array && g_mode == OUT_STREAM) {
-        int err = write_all(g_fd, g_head, sizeof g_head - 1);
+        int err = write_all(g_fd, g_head, sizeof g_head - 1, g_stream_file);
         if (err)
             fail(err, NULL);
     }
@@ -426,11 +443,11 @@ __attribute__((noinline, cold)) static void append_stream(const char *p, size_t 
     } else if (g_array) {
         /* Commas between events, not after the last: records end in ",\n". */
         if (g_events++ > 0)
-            err = write_all(g_fd, ",\n", 2);
+            err = write_all(g_fd, ",\n", 2, g_stream_file);
         if (!err)
-            err = write_all(g_fd, p, n >= 2 ? n - 2 : n);
+            err = write_all(g_fd, p, n >= 2 ? n - 2 : n, g_stream_file);
     } else {
-        err = write_all(g_fd, p, n);
+        err = write_all(g_fd, p, n, g_stream_file);
     }
     if (err) {
         fail(err, NULL);
@@ -535,12 +552,13 @@ void ca_out_finish(void)
             if (n) {
                 put_count(note + count, __atomic_load_n(&g_lost, __ATOMIC_RELAXED));
                 if (g_array && g_events++ > 0)
-                    (void)write_all(g_fd, ",\n", 2);
-                (void)write_all(g_fd, note, n - (g_array ? 2 : 0));
+                    (void)write_all(g_fd, ",\n", 2, g_stream_file);
+                (void)write_all(g_fd, note, n - (g_array ? 2 : 0), g_stream_file);
             }
         }
         if (g_array)
-            (void)write_all(g_fd, g_events > 0 ? "\n]}\n" : "]}\n", g_events > 0 ? 4 : 3);
+            (void)write_all(g_fd, g_events > 0 ? "\n]}\n" : "]}\n", g_events > 0 ? 4 : 3,
+                            g_stream_file);
     }
     __atomic_store_n(&g_mode, OUT_NONE, __ATOMIC_RELEASE);
     if (g_fd > 2)

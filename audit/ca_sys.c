@@ -13,19 +13,33 @@
 
 #define POPULATE_STEP ((size_t)64 << 10)
 
-int ca_sys_allocate(int fd, off_t off, off_t len)
+void ca_sys_xfsz_block(ca_sys_xfsz *x)
 {
-    sigset_t xfsz, old, pending;
+    sigset_t xfsz, pending;
     sigemptyset(&xfsz);
     sigaddset(&xfsz, SIGXFSZ);
-    pthread_sigmask(SIG_BLOCK, &xfsz, &old);
-    int was_pending = sigpending(&pending) == 0 && sigismember(&pending, SIGXFSZ);
-    int err = posix_fallocate(fd, off, len);
-    if (err && !was_pending && sigpending(&pending) == 0 && sigismember(&pending, SIGXFSZ)) {
+    pthread_sigmask(SIG_BLOCK, &xfsz, &x->old);
+    x->was_pending = sigpending(&pending) == 0 && sigismember(&pending, SIGXFSZ);
+}
+
+void ca_sys_xfsz_unblock(ca_sys_xfsz *x, int err)
+{
+    sigset_t xfsz, pending;
+    sigemptyset(&xfsz);
+    sigaddset(&xfsz, SIGXFSZ);
+    if (err && !x->was_pending && sigpending(&pending) == 0 && sigismember(&pending, SIGXFSZ)) {
         struct timespec zero = {0, 0};
         sigtimedwait(&xfsz, NULL, &zero);
     }
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    pthread_sigmask(SIG_SETMASK, &x->old, NULL);
+}
+
+int ca_sys_allocate(int fd, off_t off, off_t len)
+{
+    ca_sys_xfsz x;
+    ca_sys_xfsz_block(&x);
+    int err = posix_fallocate(fd, off, len);
+    ca_sys_xfsz_unblock(&x, err);
     return err;
 }
 

@@ -4,6 +4,7 @@
 #define CA_SYS_H
 
 #include <pthread.h>
+#include <signal.h>
 #include <stddef.h>
 #include <sys/types.h>
 
@@ -11,6 +12,15 @@
  * kernel also sends SIGXFSZ, whose default action would kill the program: it is blocked
  * here and taken back. */
 int ca_sys_allocate(int fd, off_t off, off_t len);
+/* The same for write()s to a regular file (stderr redirected to one): SIGXFSZ blocked from
+ * ca_sys_xfsz_block to ca_sys_xfsz_unblock, which takes back one that a failure (err not 0)
+ * raised meanwhile. */
+typedef struct {
+    sigset_t old;
+    int was_pending;
+} ca_sys_xfsz;
+void ca_sys_xfsz_block(ca_sys_xfsz *x);
+void ca_sys_xfsz_unblock(ca_sys_xfsz *x, int err);
 /* The pages of [p, p + len) of a shared mapping brought in now, writable (Linux 5.14;
  * older kernels fault them in at their first write), 64 KiB at a time: the kernel holds
  * the process's memory-map lock while it fills them, and the program's own mmap, munmap

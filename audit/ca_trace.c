@@ -57,7 +57,9 @@ static __thread ca_thread *t_self __attribute__((tls_model("initial-exec")));
 
 static pthread_mutex_t g_list_lock = PTHREAD_MUTEX_INITIALIZER; /* the list of threads */
 static ca_thread *g_list;                                       /* atomic head */
-static int g_ended;   /* atomic: the process is ending, record nothing more */
+static int g_ended;   /* atomic: the process is ending, record nothing more: the kernel id
+                       * of the thread that finishes the trace */
+static int g_end_done; /* atomic: that thread has finished it */
 static ca_fmt_ctx g_ctx;
 static int g_inited;
 /* atomic: the ring of raw records: 0 not made yet (at the first record), 1 in use, -1 none
@@ -383,10 +385,39 @@ static void wait_for_writers(void)
     }
 }
 
+/* Another thread is finishing the trace while this one ends the process (_exit, a fatal
+ * signal, exit() once the other began after a crash): up to 5 s for it (its own waits are at
+ * most 300 ms, then what the ring holds is formatted), so that the process does not die with
+ * the file half finished. Not when this thread is the one finishing it (a signal during its
+ * own end). */
+static void wait_for_end(int ender)
+{
+    if (ender == (int)syscall(SYS_gettid))
+        return;
+    struct timespec start, now;
+    clock_gettime(CLOCK_MONOTONIC, &start);
+    while (!__atomic_load_n(&g_end_done, __ATOMIC_ACQUIRE)) {
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        if (now.tv_sec - start.tv_sec >= 5)
+            return;
+        struct timespec pause = {0, 1000000};
+        nanosleep(&pause, NULL);
+    }
+}
+
 void ca_trace_exit(void)
 {
-    if (!g_inited || __atomic_exchange_n(&g_ended, 1, __ATOMIC_SEQ_CST))
+    /* Only the process whose trace it is: a child of vfork (or of a raw clone) that calls
+     * _exit shares, or copies, the parent's state and files; ending here would end the
+     * parent's trace (the parent's fork wrapper makes g_ctx.pid a fork child's own). */
+    if (!g_inited || (int)getpid() != g_ctx.pid)
         return;
+    int ender = 0, self = (int)syscall(SYS_gettid);
+    if (!__atomic_compare_exchange_n(&g_ended, &ender, self, 0, __ATOMIC_SEQ_CST,
+                                     __ATOMIC_SEQ_CST)) {
+        wait_for_end(ender);
+        return;
+    }
     wait_for_writers();
     /* What the ring still holds, formatted; the ring's file goes once it is all in the
      * trace (else it stays for the tools: ca_recover.c). */
@@ -395,6 +426,7 @@ void ca_trace_exit(void)
     ca_out_finish();
     if (ring > 0 && empty)
         ca_ring_remove();
+    __atomic_store_n(&g_end_done, 1, __ATOMIC_RELEASE);
 }
 
 /* ---- fork ---------------------------------------------------------------------------------- */

@@ -8,6 +8,8 @@
  * sees makes the program fail (exit 1), not only the trace. */
 #include <cuda.h>
 #include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
@@ -320,6 +322,56 @@ static void die(const char *how, int n)
     exit(2); /* unknown HOW */
 }
 
+/* end-race: 10 pairs traced (to stderr, a pipe check_trace.py reads only later), the pipe
+ * filled with spaces (blanks between a Chrome trace's events), then exit(), whose end waits
+ * in its last write, "]}", while a second thread crashes (SIGSEGV) 300 ms later. */
+static void *crasher(void *arg)
+{
+    (void)arg;
+    usleep(300000);
+    volatile char *page = mmap(NULL, 4096, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    CHECK(page != MAP_FAILED);
+    *page = 1;
+    return NULL;
+}
+
+static void end_race(void)
+{
+    static char spaces[4096];
+    for (int i = 0; i < 10; i++)
+        pair(MiB);
+    memset(spaces, ' ', sizeof spaces);
+    int fl = fcntl(2, F_GETFL);
+    CHECK(fl >= 0 && fcntl(2, F_SETFL, fl | O_NONBLOCK) == 0);
+    for (size_t n = sizeof spaces; n > 0;)
+        if (write(2, spaces, n) < 0) {
+            CHECK(errno == EAGAIN);
+            n /= 2;
+        }
+    CHECK(fcntl(2, F_SETFL, fl) == 0);
+    pthread_t t;
+    CHECK(pthread_create(&t, NULL, crasher, NULL) == 0);
+    exit(0);
+}
+
+/* vfork: 3 pairs, a child of vfork whose exec fails and that calls _exit(127) (in the
+ * parent's memory), then 3 more pairs. */
+static void vforked(void)
+{
+    for (int i = 0; i < 3; i++)
+        pair(MiB);
+    pid_t pid = vfork();
+    if (pid == 0) {
+        execl("/nonexistent/cacheshim-test", "x", (char *)NULL);
+        _exit(127);
+    }
+    int status = 0;
+    CHECK(pid > 0 && waitpid(pid, &status, 0) == pid);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 127);
+    for (int i = 0; i < 3; i++)
+        pair(MiB);
+}
+
 /* clock N HOW: N allocations 5 ms apart, each between two reads of CLOCK_MONOTONIC printed
  * as "a b" (ns), then ends as HOW says ("exit", or "kill": the records not yet formatted stay
  * in TRACE.pending, whose clock the tools use). check_trace.py compares the trace's times. */
@@ -503,6 +555,10 @@ int main(int argc, char **argv)
         die(argv[2], atoi(argv[3]));
     else if (strcmp(s, "clock") == 0 && argc > 3)
         clock_pairs(atoi(argv[2]), argv[3]);
+    else if (strcmp(s, "vfork") == 0)
+        vforked();
+    else if (strcmp(s, "end-race") == 0)
+        end_race();
     else if (strcmp(s, "die-busy") == 0 && argc > 2)
         die_busy(argv[2]);
     else if (strcmp(s, "bench") == 0 && argc > 3)

@@ -18,6 +18,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import time
 
 CASE, AUDIT, PROG, FAKE_DIR, CUDART_DIR, SHIM = sys.argv[1:7]
 # The launcher, for `cacheshim finish` (tests/audit/meson.build sets it).
@@ -659,6 +660,48 @@ def case_die_segv():
     die_case("segv")
 
 
+def case_end_race():
+    """A thread crashes (SIGSEGV) while exit() on another thread finishes the trace, here held
+    up in its last write ("]}") to stderr, a full pipe read only 1.5 s later: the crash waits
+    for the end, so the Chrome trace is whole. Either may end the process."""
+    env = dict(os.environ)
+    for k in list(env):
+        if k.startswith("CACHESHIM_"):
+            del env[k]
+    env.update(LD_AUDIT=AUDIT, LD_LIBRARY_PATH=FAKE_DIR + ":" + CUDART_DIR,
+               CACHESHIM_TRACE_FORMAT="perfetto",
+               ASAN_OPTIONS=(env.get("ASAN_OPTIONS", "") + ":handle_segv=0").lstrip(":"),
+               # The sanitizers' reports would go into the trace (stderr): none here.
+               TSAN_OPTIONS=(env.get("TSAN_OPTIONS", "") +
+                             ":handle_segv=0:report_signal_unsafe=0").lstrip(":"))
+    env.setdefault("GLIBC_TUNABLES", "glibc.rtld.optional_static_tls=16777216")
+    p = subprocess.Popen([PROG, "end-race"], env=env, cwd=WORK, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE)
+    time.sleep(1.5)
+    raw = p.stderr.read()
+    rc = p.wait(timeout=60)
+    check(rc in (0, -signal.SIGSEGV), f"end-race: exit {rc}\n{raw[-2000:]!r}")
+    try:
+        ev = json.loads(raw)["traceEvents"]
+    except ValueError as e:
+        fail(f"end-race: the trace is not whole JSON ({e}): ...{raw[-200:]!r}")
+    n = sum(e["ph"] == "X" and e["name"] == "cuMemAlloc_v2" for e in ev)
+    check(n == 10, f"end-race: {n} allocations, expected 10")
+
+
+def case_vfork():
+    """A child of vfork that calls _exit (its exec failed) runs in the parent's memory: it
+    must not end the parent's trace (which then recorded nothing more, cut and closed)."""
+    for fmt in FORMATS:
+        path = trace_file(f"vfork.{fmt}")
+        run("vfork", CACHESHIM_TRACE_FORMAT=fmt, CACHESHIM_TRACE_FILE=path)
+        with open(path, "rb") as f:
+            raw = f.read()
+        check(not os.path.exists(path + ".pending"), f"vfork, {fmt}: {path}.pending left")
+        recs = die_records(fmt, raw)
+        check(len(recs) == 6, f"vfork, {fmt}: {len(recs)} allocations in the trace, expected 6")
+
+
 def clock_case(how):
     """The trace's times against CLOCK_MONOTONIC read by the program around each call, with
     each clock the tracer can take: the start of each call after the first, counted from the
@@ -755,6 +798,18 @@ def case_stderr_full():
         run("threads", stderr=full, CACHESHIM_TRACE_FORMAT="jsonl")
         run("direct", stderr=full, CACHESHIM_TRACE_FORMAT="perfetto")
 
+
+
+def case_stderr_fsize():
+    """The trace on stderr, a regular file (`2>log`) that reaches RLIMIT_FSIZE: SIGXFSZ, whose
+    default action kills the program, must not come of the tracer's writes; said once."""
+    for fmt in FORMATS:
+        path = os.path.join(WORK, f"stderr-fsize.{fmt}")
+        with open(path, "w") as log:
+            run("threads", stderr=log, preexec=limit_file_size(64 << 10),
+                CACHESHIM_TRACE_FORMAT=fmt)
+        raw = read(path)
+        check(len(raw) == 64 << 10, f"{fmt}: {len(raw)} bytes, expected the limit")
 
 CASES = {k[5:].replace("_", "-"): v for k, v in globals().items() if k.startswith("case_")}
 
