@@ -28,6 +28,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -75,7 +76,8 @@ static int g_single; /* atomic: one appending thread, no helper (ca_out_single_w
 /* One write() per record; the Chrome trace's commas go between records, under the lock. */
 static pthread_mutex_t g_stream_lock = PTHREAD_MUTEX_INITIALIZER;
 static long g_events;
-static int g_stream_file; /* the stream is a regular file: SIGXFSZ blocked around writes */
+static int g_stream_file; /* the stream is a regular file under a file size limit: SIGXFSZ
+                          * blocked around writes */
 
 /* Errors. g_failed and g_lost are atomic. */
 static int g_failed;
@@ -233,6 +235,15 @@ static int grow_locked(size_t need);
 
 /* Under g_grow_lock: a regular file is mapped (at its first record), anything else written;
  * the Chrome trace's header. */
+/* Is a file size limit in force (RLIMIT_FSIZE)? Only then can a write raise SIGXFSZ. Read once,
+ * when the file is started: a limit the program sets later is not covered, which spares every
+ * record of a trace on stderr two system calls. */
+static int fsize_limited(void)
+{
+    struct rlimit r;
+    return getrlimit(RLIMIT_FSIZE, &r) != 0 || r.rlim_cur != RLIM_INFINITY;
+}
+
 static void start_file(void)
 {
     struct stat st;
@@ -240,7 +251,7 @@ static void start_file(void)
     int regular = fstat(g_fd, &st) == 0 && S_ISREG(st.st_mode);
     if (g_fd > 2 && regular)
         g_mode = OUT_MAP;
-    g_stream_file = regular;
+    g_stream_file = regular && fsize_limited();
     g_events = 0;
     if (g_array && g_mode == OUT_STREAM) {
         int err = write_all(g_fd, g_head, sizeof g_head - 1, g_stream_file);
