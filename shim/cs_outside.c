@@ -31,6 +31,9 @@ typedef struct cs_outside_entry entry;
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static entry *buckets[BUCKETS];
+/* Mappings recorded (atomic, changed under the lock): an unmap or a retain looks for them by
+ * address, over every bucket, only where there are any. */
+static uint64_t nmappings;
 
 static size_t bucket_of(uint64_t id)
 {
@@ -148,12 +151,15 @@ void cs_outside_mapped(uint64_t handle, uint64_t va, uint64_t size)
         *m = (entry){.id = va, .kind = MAPPING, .bytes = size, .owner = h};
         link_entry(m);
         h->maps++;
+        __atomic_add_fetch(&nmappings, 1, __ATOMIC_RELAXED);
     }
     pthread_mutex_unlock(&lock);
 }
 
 void cs_outside_unmapped(uint64_t va, uint64_t size)
 {
+    if (!__atomic_load_n(&nmappings, __ATOMIC_RELAXED))
+        return;  /* none recorded: the shim's own pool's unmaps reach the driver directly */
     pthread_mutex_lock(&lock);
     for (size_t i = 0; i < BUCKETS; i++) {
         entry **at = &buckets[i];
@@ -167,6 +173,7 @@ void cs_outside_unmapped(uint64_t va, uint64_t size)
             entry *h = m->owner;
             free(m);
             h->maps--;
+            __atomic_sub_fetch(&nmappings, 1, __ATOMIC_RELAXED);
             if (!h->refs && !h->maps) {
                 handle_check(h);
                 at = &buckets[i];  /* the handle may have been in this bucket: again */
@@ -179,6 +186,8 @@ void cs_outside_unmapped(uint64_t va, uint64_t size)
 /* The handle's entry mapped at addr, or NULL. Lock held. */
 static entry *mapped_at(uint64_t addr)
 {
+    if (!__atomic_load_n(&nmappings, __ATOMIC_RELAXED))
+        return NULL;
     for (size_t i = 0; i < BUCKETS; i++)
         for (entry *m = buckets[i]; m; m = m->next)
             if (m->kind == MAPPING && addr >= m->id && addr - m->id < m->bytes)
@@ -305,6 +314,7 @@ void cs_outside_unlock(void)
 void cs_outside_reset_after_fork(void)
 {
     /* The child's only thread holds the lock; the cache's counters were reset already. */
+    nmappings = 0;
     for (size_t i = 0; i < BUCKETS; i++) {
         while (buckets[i]) {
             entry *e = buckets[i];
