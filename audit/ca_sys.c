@@ -65,11 +65,21 @@ int ca_sys_thread(void *(*fn)(void *), const char *name)
     sigset_t all, old;
     sigfillset(&all);
     pthread_sigmask(SIG_SETMASK, &all, &old);
-    pthread_attr_t attr;
+    pthread_attr_t attr, dflt;
     pthread_t t;
     int ok = 0;
+    /* The default size plus 256 KiB: glibc carves a thread's static TLS out of its stack, and
+     * where the TLS is large (glibc.rtld.optional_static_tls, which a ThreadSanitizer
+     * program needs under LD_AUDIT) its default leaves some 8 KiB of stack, which a
+     * lazily bound libc function and a message's buffers overflow. Address space only. */
+    size_t size = (size_t)8 << 20;
+    if (pthread_getattr_default_np(&dflt) == 0) {
+        (void)pthread_attr_getstacksize(&dflt, &size);
+        pthread_attr_destroy(&dflt);
+    }
     if (pthread_attr_init(&attr) == 0) {
         ok = pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED) == 0 &&
+             pthread_attr_setstacksize(&attr, size + ((size_t)256 << 10)) == 0 &&
              pthread_create(&t, &attr, fn, NULL) == 0;
         pthread_attr_destroy(&attr);
     }
