@@ -797,11 +797,13 @@ size_t ca_format_note(int format, const uint64_t *lost, const char *error, char 
     return n > 0 && (size_t)n < cap ? (size_t)n : 0;
 }
 
-const char *ca_format_array_end(const char *last, size_t *back)
+const char *ca_format_array_end(const char *last, int dict, size_t *back)
 {
     int comma = last && last[0] == ',' && last[1] == '\n';
     *back = comma ? 2 : 0;
-    return comma ? "\n]}\n" : "]}\n";
+    if (dict)
+        return comma ? "\n]}\n" : "]}\n";
+    return comma ? "\n]\n" : "]\n";
 }
 
 int ca_format_ready(unsigned fn)

@@ -28,11 +28,15 @@ size_t ca_format_rec(const ca_fmt_ctx *c, const ca_rec *r, long tid, ca_fmt_ids 
  * Chrome trace followed by ",\n" and then, after an allocation or free, its counter event
  * and ",\n". 0 when it cannot be formatted. */
 size_t ca_format_entry(const ca_fmt_ctx *c, const ca_rec *r, long tid, ca_fmt_ids *ids, char *buf);
-/* A Chrome trace's start; and its end after the text so far, whose last two bytes are
- * last (NULL when there are fewer): "\n]}\n" in place of the last event's ",\n" (*back = 2),
- * or "]}\n" (*back = 0). */
-#define CA_PERFETTO_HEAD "{\"displayTimeUnit\":\"ns\",\"traceEvents\":[\n"
-const char *ca_format_array_end(const char *last, size_t *back);
+/* A Chrome trace's start: the array form of the Trace Event Format, whose closing "]"
+ * Perfetto's reader does without, so that the file of a killed process opens as it is (the
+ * object form, {"traceEvents":[...]}, it refuses unclosed). Its end after the text so far,
+ * whose last two bytes are last (NULL when there are fewer): "\n]\n" in place of the last
+ * event's ",\n" (*back = 2), or "]\n" (*back = 0); with dict, the end of a file of the object
+ * form (CA_PERFETTO_HEAD_DICT, what earlier builds wrote), "]}" instead of "]". */
+#define CA_PERFETTO_HEAD "[\n"
+#define CA_PERFETTO_HEAD_DICT "{\"displayTimeUnit\":\"ns\",\"traceEvents\":[\n"
+const char *ca_format_array_end(const char *last, int dict, size_t *back);
 /* The note of calls not written (a write error), in format, into buf: JSON Lines:
  * {"cacheshim_lost":N,"error":"..."}; text: "[cacheshim] N calls not written: ..."; Chrome
  * trace: an instant event "cacheshim: calls not written" with args lost and error, and

@@ -5,12 +5,15 @@
  * copying them into the mapping: no lock, no system call. The pages are the file's own page
  * cache, which the kernel writes back whatever happens to the process, SIGKILL included.
  * The file grows by CA_OUT_STEP at a time (posix_fallocate, so a full disk is an error
- * here, never a SIGBUS on a page), each step mapped at the end of the last.
+ * here, never a SIGBUS on a page), each step mapped at the end of the last. A Chrome trace
+ * grows in spaces instead (written, ca_sys_extend_blank), its header first.
  *
  * So a file whose process died ends in the rest of its last step: zero bytes, which the
- * readers skip (cacheshim-report, cacheshim-replay, Perfetto). A process that ends by
- * exit(), _exit() or a fatal signal gets its file finished: cut to what was written, and a
- * Chrome trace closed with "]}".
+ * readers skip (cacheshim-report, cacheshim-replay); in a Chrome trace, spaces after the
+ * last event's comma, which Perfetto reads as they are (ca_format.h). Text is copied in
+ * the order of its bytes (copy_in_order), so a copy cut short by the process's death leaves
+ * a first part of it. A process that ends by exit(), _exit() or a fatal signal gets its file
+ * finished: cut to what was written, and a Chrome trace closed with "]".
  *
  * stderr (the default), and any file that cannot be mapped, is written with one write() per
  * record instead.
@@ -39,7 +42,7 @@
 
 /* How much the file grows at a time: what a killed process leaves as a zero tail. */
 #define CA_OUT_STEP ((size_t)1 << 20)
-/* Kept free at the end of the mapping for the note of lost records and the closing "]}". */
+/* Kept free at the end of the mapping for the note of lost records and the closing "]". */
 #define NOTE_MAX 256
 /* How far the helper thread keeps the file grown (and its pages in memory) ahead of the
  * records, so that the program's threads find their pages ready: no page fault, no system
@@ -52,7 +55,7 @@ enum { OUT_NONE, OUT_PENDING, OUT_MAP, OUT_STREAM };
 static int g_mode = OUT_NONE;
 static int g_fd = -1;
 static int g_format; /* CS_TRACE_TEXT, _JSONL, _PERFETTO */
-static int g_array;  /* Chrome trace: records end in ",\n", the file in "]}" */
+static int g_array;  /* Chrome trace: records end in ",\n", the file in "]" */
 static char g_tmpl[CS_TRACE_TEXT_MAX]; /* "" for stderr */
 static char g_path[CS_TRACE_TEXT_MAX + 32]; /* the file's name, for messages */
 /* 1 when the named file already existed at start: this process traces to PATH.PID, created
@@ -358,8 +361,13 @@ static int grow_locked(size_t need)
         size_t want = need + NOTE_MAX > g_mapped + CA_OUT_STEP ? need + NOTE_MAX
                                                                : g_mapped + CA_OUT_STEP;
         want = (want + CA_OUT_STEP - 1) / CA_OUT_STEP * CA_OUT_STEP;
-        err = want > g_reserved ? EFBIG
-                                : ca_sys_allocate(g_fd, (off_t)g_mapped, (off_t)(want - g_mapped));
+        if (want > g_reserved)
+            err = EFBIG;
+        else if (g_array) /* the header at the start, spaces after it */
+            err = ca_sys_extend_blank(g_fd, (off_t)g_mapped, want - g_mapped, g_head,
+                                      g_mapped == 0 ? sizeof g_head - 1 : 0);
+        else
+            err = ca_sys_allocate(g_fd, (off_t)g_mapped, (off_t)(want - g_mapped));
         if (err == 0 && mmap(g_base + g_mapped, want - g_mapped, PROT_READ | PROT_WRITE,
                              MAP_SHARED | MAP_FIXED, g_fd, (off_t)g_mapped) == MAP_FAILED)
             err = errno;
@@ -369,8 +377,6 @@ static int grow_locked(size_t need)
             ok = 0;
             break;
         }
-        if (g_mapped == 0 && g_array)
-            memcpy(g_base, g_head, sizeof g_head - 1);
         ca_sys_populate(g_base + g_mapped, want - g_mapped); /* the pages now */
         __atomic_store_n(&g_mapped, want, __ATOMIC_RELAXED);
         __atomic_store_n(&g_limit, want - NOTE_MAX, __ATOMIC_RELEASE);
@@ -444,6 +450,23 @@ static size_t reserve(size_t n)
 
 /* ---- appending -------------------------------------------------------------------------------- */
 
+/* n bytes copied in the order of their addresses, 16 at a time: a process killed in the
+ * middle leaves a first part of them in its file, never bytes further on without those
+ * before (glibc's memcpy stores a long copy's first and last bytes last). A Chrome trace
+ * cut that way ends in part of an event, which Perfetto leaves out. */
+static void copy_in_order(char *to, const char *from, size_t n)
+{
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        memcpy(to + i, from + i, 16);
+        __asm__ volatile("" ::: "memory"); /* one piece after the other, as written */
+    }
+    for (; i < n; i++) {
+        to[i] = from[i];
+        __asm__ volatile("" ::: "memory");
+    }
+}
+
 __attribute__((noinline, cold)) static void append_stream(const char *p, size_t n,
                                                           size_t records)
 {
@@ -490,7 +513,7 @@ void ca_out_append(const char *p, size_t n, size_t records)
             lost(records);
             return;
         }
-        memcpy(g_base + off, p, n);
+        copy_in_order(g_base + off, p, n);
         size_t mark = __atomic_load_n(&g_kick, __ATOMIC_RELAXED);
         if (off + n >= mark)
             kick(mark);
@@ -547,7 +570,8 @@ void ca_out_finish(void)
         }
         if (g_array) { /* over the last record's comma */
             size_t back;
-            const char *close = ca_format_array_end(end >= 2 ? g_base + end - 2 : NULL, &back);
+            const char *close =
+                ca_format_array_end(end >= 2 ? g_base + end - 2 : NULL, 0, &back);
             end -= back;
             memcpy(g_base + end, close, strlen(close));
             end += strlen(close);
@@ -555,7 +579,7 @@ void ca_out_finish(void)
         (void)ftruncate(g_fd, (off_t)end);
     } else if (g_mode == OUT_MAP && g_array) { /* no record: the header and its end */
         (void)pwrite(g_fd, g_head, sizeof g_head - 1, 0);
-        (void)pwrite(g_fd, "]}\n", 3, (off_t)(sizeof g_head - 1));
+        (void)pwrite(g_fd, "]\n", 2, (off_t)(sizeof g_head - 1));
     } else if (g_mode == OUT_STREAM) {
         if (g_failed) { /* most likely fails too; the line on stderr said it already */
             char note[NOTE_MAX];
@@ -568,7 +592,7 @@ void ca_out_finish(void)
             }
         }
         if (g_array)
-            (void)write_all(g_fd, g_events > 0 ? "\n]}\n" : "]}\n", g_events > 0 ? 4 : 3,
+            (void)write_all(g_fd, g_events > 0 ? "\n]\n" : "]\n", g_events > 0 ? 3 : 2,
                             g_stream_file);
     }
     __atomic_store_n(&g_mode, OUT_NONE, __ATOMIC_RELEASE);

@@ -8,7 +8,7 @@
 
 /* Prepares the output. tmpl: the file name (%p = the pid), or "" for stderr. format:
  * CS_TRACE_TEXT, _JSONL or _PERFETTO (the Chrome trace, whose records each end in ",\n" and
- * whose file starts with a header and ends in "]}"). The file is created now, or at the
+ * whose file starts with "[" and ends in "]"). The file is created now, or at the
  * first record when the name is taken (a program started by the traced one finds its
  * ancestor's file there). */
 void ca_out_open(const char *tmpl, int format);
@@ -31,7 +31,7 @@ void ca_out_single_writer(void);
  * (*error: "" while none). */
 size_t ca_out_end(void);
 uint64_t ca_out_lost(const char **error);
-/* The end: the file trimmed to what was written and completed (Chrome trace: "]}"), the
+/* The end: the file trimmed to what was written and completed (Chrome trace: "]"), the
  * count of lost records in it. Async-signal-safe; once; nothing may be appended after. */
 void ca_out_finish(void);
 /* fork: the child starts its own file (at its first record); the parent keeps its own. */

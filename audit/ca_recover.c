@@ -113,7 +113,8 @@ static size_t format_rest(const ca_ring_head *h, const ca_ring_done *done,
     return count;
 }
 
-/* The end the process would have written: the note, and a Chrome trace's "]}". */
+/* The end the process would have written: the note, and a Chrome trace's "]" ("]}" for a
+ * file of the object form, which earlier builds wrote: ca_format.h). */
 static void finish(const ca_ring_head *h, const ca_ring_done *done, out_file *o)
 {
     if (done->lost > 0) {
@@ -123,11 +124,12 @@ static void finish(const ca_ring_head *h, const ca_ring_done *done, out_file *o)
     }
     if (h->format != CS_TRACE_PERFETTO)
         return;
-    char last[2];
+    char last[2], first = 0;
     int have = o->off >= sizeof g_perfetto_head + 1 &&
                pread(o->fd, last, 2, (off_t)(o->off - 2)) == 2;
+    int dict = pread(o->fd, &first, 1, 0) == 1 && first == '{';
     size_t back;
-    const char *close = ca_format_array_end(have ? last : NULL, &back);
+    const char *close = ca_format_array_end(have ? last : NULL, dict, &back);
     o->off -= back;
     put(o, close, strlen(close));
 }

@@ -1,9 +1,12 @@
 /* What the writer's files and locks need of the system (ca_sys.h). */
 #include "ca_sys.h"
 
+#include <errno.h>
 #include <fcntl.h>
+#include <string.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -39,6 +42,41 @@ int ca_sys_allocate(int fd, off_t off, off_t len)
     ca_sys_xfsz x;
     ca_sys_xfsz_block(&x);
     int err = posix_fallocate(fd, off, len);
+    ca_sys_xfsz_unblock(&x, err);
+    return err;
+}
+
+int ca_sys_extend_blank(int fd, off_t off, size_t len, const char *head, size_t nhead)
+{
+    static const char spaces[4096] = {[0 ... 4095] = ' '};
+    ca_sys_xfsz x;
+    ca_sys_xfsz_block(&x);
+    int err = 0;
+    size_t done = 0;
+    while (done < len && !err) {
+        struct iovec v[32]; /* up to 128 KiB a system call */
+        int n = 0;
+        size_t planned = 0;
+        if (done < nhead) { /* what is left of the head, then spaces */
+            v[n++] = (struct iovec){(char *)head + done, nhead - done};
+            planned = nhead - done;
+        }
+        while (n < 32 && done + planned < len) {
+            size_t left = len - (done + planned);
+            size_t piece = left < sizeof spaces ? left : sizeof spaces;
+            v[n++] = (struct iovec){(char *)spaces, piece};
+            planned += piece;
+        }
+        ssize_t w = pwritev(fd, v, n, off + (off_t)done);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w < 0)
+            err = errno;
+        else if (w == 0)
+            err = EIO;
+        else
+            done += (size_t)w;
+    }
     ca_sys_xfsz_unblock(&x, err);
     return err;
 }

@@ -12,6 +12,11 @@
  * kernel also sends SIGXFSZ, whose default action would kill the program: it is blocked
  * here and taken back. */
 int ca_sys_allocate(int fd, off_t off, off_t len);
+/* fd, len bytes long at off, made len + extra bytes long: head (nhead bytes) at off, then
+ * spaces, written (pwritev), not allocated: the file never holds a zero byte, even when
+ * the process dies in the middle (the kernel lengthens it as it writes). 0, or the errno
+ * (ENOSPC, EFBIG past RLIMIT_FSIZE, whose SIGXFSZ is blocked and taken back as above). */
+int ca_sys_extend_blank(int fd, off_t off, size_t len, const char *head, size_t nhead);
 /* The same for write()s to a regular file (stderr redirected to one): SIGXFSZ blocked from
  * ca_sys_xfsz_block to ca_sys_xfsz_unblock, which takes back one that a failure (err not 0)
  * raised meanwhile. */

@@ -199,10 +199,13 @@ static int read_lines(rp_trace *t, tr_input *in)
             const char *s = buf + strspn(buf, " \t");
             if (!*s || *s == '#')
                 continue;
-            if (*s == '{' && (strstr(s, "\"traceEvents\"") || strstr(s, "\"displayTimeUnit\"")))
-                rc = unsupported(path, "a Perfetto (Chrome trace event) file");
-            else if (!strncmp(s, "[Intercepted] ", 14))
+            if (!strncmp(s, "[Intercepted] ", 14))
                 rc = unsupported(path, "a text trace ([Intercepted] lines)");
+            else if ((*s == '{' && (strstr(s, "\"traceEvents\"") ||
+                                    strstr(s, "\"displayTimeUnit\""))) ||
+                     (*s == '[' && (s[1 + strspn(s + 1, " \t")] == '\0' ||
+                                    s[1 + strspn(s + 1, " \t")] == '{')))
+                rc = unsupported(path, "a Perfetto (Chrome trace event) file");
             else if (*s == '{')
                 t->format = RP_FORMAT_JSONL;
             else if (starts_alloc_line(s))

@@ -524,6 +524,9 @@ def part_malformed(report, data, version):
     bad("perfetto.json", '{"displayTimeUnit":"ns","traceEvents":[\n{"name":"x"}\n]}\n',
         "cacheshim-report: FILE: a Perfetto (Chrome trace event) file; this tool reads JSON "
         "Lines: record again with CACHESHIM_TRACE_FORMAT=jsonl")
+    bad("perfetto-array.json", '[\n{"name":"x","ph":"X"},\n{"name":"y","ph":"X"}\n]\n',
+        "cacheshim-report: FILE: a Perfetto (Chrome trace event) file; this tool reads JSON "
+        "Lines: record again with CACHESHIM_TRACE_FORMAT=jsonl")
     bad("text.log", "[Intercepted] cuInit(Flags=0) = CUDA_SUCCESS [driver, from app, pid 1, "
         "tid 1, at 0.000001 s, 1.000 us]\n", "cacheshim-report: FILE: a text trace "
         "([Intercepted] lines); this tool reads JSON Lines: record again with "

@@ -18,6 +18,9 @@ Usage: check_cut.py REPORT REPLAY AUDIT_LIB PROG FAKE_DIR CUDART_DIR
   said once; the program then ends by SIGTERM and finishes its trace itself.
 - finishers: two tools finish the same killed program's trace at once: the second waits for
   the first, then reads the finished trace.
+- perfetto: the same as a Chrome trace: the file as the killed program left it is what
+  Perfetto's JSON reader opens (tested against the rules of its reader, perfetto_reads),
+  and `cacheshim finish` makes it strict JSON.
 - version-1: a pending file of the version before the clock (times in ns) is still read.
 - pending: a killed program's TRACE.pending damaged (cut short, a header of another kind,
   positions and lengths out of range, an error text without its end): cacheshim-report says
@@ -49,8 +52,8 @@ def check(what, got, want):
 def record(scenario, *args, rc, path=None, **variables):
     path = path or os.path.join(WORK, f"{scenario}.jsonl")
     env = {k: v for k, v in os.environ.items() if not k.startswith("CACHESHIM_")}
-    env.update(LD_AUDIT=AUDIT, LD_LIBRARY_PATH=FAKE_DIR + ":" + CUDART_DIR,
-               CACHESHIM_TRACE_FORMAT="jsonl", CACHESHIM_TRACE_FILE=path, **variables)
+    env.update({"LD_AUDIT": AUDIT, "LD_LIBRARY_PATH": FAKE_DIR + ":" + CUDART_DIR,
+                "CACHESHIM_TRACE_FORMAT": "jsonl", "CACHESHIM_TRACE_FILE": path, **variables})
     env.setdefault("GLIBC_TUNABLES", "glibc.rtld.optional_static_tls=16777216")
     p = subprocess.run([PROG, scenario, *args], env=env, capture_output=True, timeout=120)
     check(f"{scenario} exit status", p.returncode, rc)
@@ -329,10 +332,88 @@ def part_live():
     check("the finished trace: no zero bytes", b"\0" in data, False)
 
 
+def perfetto_reads(data):
+    """The events Perfetto's JSON reader takes from a Chrome trace as it is (its
+    json_trace_tokenizer.cc), or a failure: the array form, whose closing "]" it does
+    without (a file of the object form it refuses unclosed); events that whitespace and
+    commas may separate; after the last whole event only whitespace, or the first part of an
+    event (left out). A zero byte, anywhere, is an error there."""
+    check("zero bytes in a Chrome trace left by a killed program", b"\0" in data, False)
+    text = data.decode("utf-8", "replace")
+    pos = len(text) - len(text.lstrip())
+    check("a Chrome trace's first character", text[pos:pos + 1], "[")
+    if text[pos:pos + 1] != "[":
+        return []
+    decoder, events = json.JSONDecoder(), []
+    pos += 1
+    while True:
+        while pos < len(text) and text[pos] in " \t\r\n,":
+            pos += 1
+        if pos == len(text):
+            return events
+        try:
+            event, pos = decoder.raw_decode(text, pos)
+            events.append(event)
+        except ValueError:
+            rest = text[pos:]
+            check(f"after the last whole event, part of one ({rest[:80]!r}...)",
+                  rest.startswith("{") and "\n" not in rest.rstrip(), True)
+            return events
+
+
+def part_perfetto():
+    """A program killed by SIGKILL while 8 threads are in the middle of driver calls, traced
+    as a Chrome trace: the file as it is is what Perfetto opens (its last events still raw
+    in TRACE.pending); `cacheshim finish` then completes it as strict JSON."""
+    path = os.path.join(WORK, "busy.json")
+    data = record("die-busy", "kill", rc=-9, path=path, CACHESHIM_TRACE_FORMAT="perfetto")
+    before = perfetto_reads(data)
+    calls = sum(e.get("ph") == "X" for e in before)
+    check("calls Perfetto reads in the killed program's file", calls > 0, True)
+    check("its TRACE.pending", os.path.exists(path + ".pending"), True)
+    launcher = os.path.join(os.path.dirname(REPORT), "cacheshim")
+    # The same trace as an earlier build wrote it, of the object form: finished with "]}".
+    old = os.path.join(WORK, "busy-object.json")
+    head = b'{"displayTimeUnit":"ns","traceEvents":[\n'
+    with open(path + ".pending", "rb") as f:
+        pending = bytearray(f.read())
+    slot = DONE + 24 * (struct.unpack_from("<Q", pending, GEN)[0] & 1)
+    text_end = struct.unpack_from("<Q", pending, slot + 8)[0]
+    struct.pack_into("<Q", pending, slot + 8, text_end + len(head) - 2)
+    with open(old, "wb") as f:
+        f.write(head + data[2:])
+    with open(old + ".pending", "wb") as f:
+        f.write(pending)
+    fin = subprocess.run([launcher, "finish", old], capture_output=True, text=True, timeout=60)
+    check(f"cacheshim finish, object form ({fin.stderr.strip()!r})", fin.returncode, 0)
+    with open(old, "rb") as f:
+        try:
+            doc = json.loads(f.read())
+        except ValueError as e:
+            doc = str(e)
+    check("the object form finished: strict JSON", isinstance(doc, dict) and
+          sum(e.get("ph") == "X" for e in doc["traceEvents"]) >= calls, True)
+    fin = subprocess.run([launcher, "finish", path], capture_output=True, text=True, timeout=60)
+    check(f"cacheshim finish ({fin.stdout.strip()!r} {fin.stderr.strip()!r})",
+          (fin.returncode, "formatted into it" in fin.stdout), (0, True))
+    with open(path, "rb") as f:
+        finished = f.read()
+    try:
+        after = json.loads(finished)
+    except ValueError as e:
+        after = []
+        check(f"the finished file is strict JSON ({e}): ...{finished[-200:]!r}", False, True)
+    check("the finished file: the array form", isinstance(after, list), True)
+    after = after if isinstance(after, list) else []
+    allocs = sum(e.get("ph") == "X" and e.get("name") == "cuMemAlloc_v2" for e in after)
+    check("calls in the finished file", sum(e.get("ph") == "X" for e in after) >= calls, True)
+    check("at least 200 allocations a thread", allocs >= 8 * 200, True)
+
+
 if __name__ == "__main__":
     {"cut": part_cut, "busy": part_busy, "pending": part_pending, "live": part_live,
      "unsealed": part_unsealed, "finishers": part_finishers,
-     "version-1": part_version_1}[sys.argv[7]]()
+     "version-1": part_version_1, "perfetto": part_perfetto}[sys.argv[7]]()
     for f in failures[:20]:
         print("FAIL", f, file=sys.stderr)
     print(f"{sys.argv[7]}: {len(failures)} failures")

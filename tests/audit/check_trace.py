@@ -83,6 +83,13 @@ def jsonl(text):
     return events
 
 
+def chrome(text):
+    """A finished Chrome trace: strict JSON, the array form of the Trace Event Format."""
+    doc = json.loads(text)
+    check(isinstance(doc, list), f"a Chrome trace of the object form: {str(doc)[:200]}")
+    return doc
+
+
 def count(events, **want):
     return sum(all(e.get(k) == v for k, v in want.items()) for e in events)
 
@@ -255,7 +262,7 @@ def case_scopes_text():
 
 def case_scopes_perfetto():
     run("scopes", preload=SHIM, CACHESHIM_TRACE_FORMAT="perfetto", CACHESHIM_TRACE_FILE=trace_file())
-    ev = json.loads(read(only_file()))["traceEvents"]
+    ev = chrome(read(only_file()))
     scope = [e for e in ev if e.get("cat") == "scope"]
     b = [e for e in scope if e["ph"] == "B"]
     check([e["name"] for e in b] == SCOPE_NAMES, f"slices {b}")
@@ -286,8 +293,7 @@ def case_format_text():
 def case_format_perfetto():
     path = trace_file()
     run("threads", CACHESHIM_TRACE_FORMAT="perfetto", CACHESHIM_TRACE_FILE=path)
-    doc = json.loads(read(only_file()))
-    ev = doc["traceEvents"]
+    ev = chrome(read(only_file()))
     x = [e for e in ev if e["ph"] == "X"]
     c = [e for e in ev if e["ph"] == "C"]
     check(len(x) == 8 * 700 * 2, f"{len(x)} complete events")
@@ -550,7 +556,7 @@ def case_fork_perfetto():
     run("fork", CACHESHIM_TRACE_FORMAT="perfetto", CACHESHIM_TRACE_FILE=path)
     files = os.listdir(WORK)
     check(len(files) == 2, f"files {files}")
-    n = sorted(sum(e["ph"] == "X" for e in json.loads(read(os.path.join(WORK, f)))["traceEvents"])
+    n = sorted(sum(e["ph"] == "X" for e in chrome(read(os.path.join(WORK, f))))
                for f in files)
     check(n == [6, 6], f"events per file {n}")
 
@@ -575,7 +581,7 @@ def case_chdir():
 def case_exit_thread():
     path = trace_file("trace.json")
     run("exit-thread", CACHESHIM_TRACE_FORMAT="perfetto", CACHESHIM_TRACE_FILE=path)
-    ev = json.loads(read(path))["traceEvents"]
+    ev = chrome(read(path))
     check(sum(e["ph"] == "X" and e["name"] == "cuMemAlloc_v2" for e in ev) == 50,
           "50 allocations before exit() from a thread")
     check(sum(e["ph"] == "X" for e in ev) == 100, "100 events")
@@ -592,7 +598,7 @@ DEATHS = {"abort": -signal.SIGABRT, "_exit": 3, "kill": -signal.SIGKILL, "segv":
 def perfetto_events(raw):
     """The events of a Chrome trace: a finished file must be strict JSON."""
     check(b"\0" not in raw, "zero bytes in a finished file")
-    return json.loads(raw)["traceEvents"]
+    return chrome(raw)
 
 
 def die_records(fmt, raw):
@@ -682,7 +688,7 @@ def case_end_race():
     rc = p.wait(timeout=60)
     check(rc in (0, -signal.SIGSEGV), f"end-race: exit {rc}\n{raw[-2000:]!r}")
     try:
-        ev = json.loads(raw)["traceEvents"]
+        ev = chrome(raw)
     except ValueError as e:
         fail(f"end-race: the trace is not whole JSON ({e}): ...{raw[-200:]!r}")
     n = sum(e["ph"] == "X" and e["name"] == "cuMemAlloc_v2" for e in ev)
@@ -778,7 +784,7 @@ def case_full_disk():
                   f"the note {note}")
             written, lost = len(ev) - 1, note["cacheshim_lost"]
         elif fmt == "perfetto":
-            ev = json.loads(raw)["traceEvents"]
+            ev = chrome(raw)
             note = [e for e in ev if e["name"] == "cacheshim: calls not written"]
             check(len(note) == 1 and note[0]["args"]["error"] == "File too large", f"{note}")
             written, lost = sum(e["ph"] == "X" for e in ev), note[0]["args"]["lost"]
