@@ -3,6 +3,7 @@
 #ifndef CA_REC_H
 #define CA_REC_H
 
+#include <stddef.h>
 #include <string.h>
 
 #include "ca_clock.h"
@@ -14,18 +15,21 @@
 /* Most bytes of a string argument recorded (a scope's name: the shim keeps 63 too). */
 #define CA_STR_MAX 63
 
+/* What a traced call fills and reads first is at the start, in one cache line. */
 typedef struct {
-    uint16_t fn;
+    _Alignas(64) uint16_t fn;
     uint8_t lib, from;
     uint8_t nout;
     uint8_t out_idx[CA_MAX_OUTS]; /* parameter index of each recorded out-value */
+    uint8_t nargs;                /* arg[] in use: the function's parameter count */
+    uint8_t nstack;               /* call site: return addresses recorded in stack */
+    uint8_t nstr;                 /* bytes of str in use, its 0 byte excluded */
     int32_t result;
     uint64_t t0, t1;              /* ca_clock_read: ticks until formatted, then ns */
     int64_t bytes;                /* device bytes after the call (Perfetto counter), or -1 */
     uint64_t out[CA_MAX_OUTS];
     uint64_t arg[CA_MAX_PARAMS];
     char str[CA_STR_MAX + 1];     /* a CA_K_STR argument's text (arg holds the pointer) */
-    uint8_t nstack;               /* call site: return addresses recorded in stack */
     uint64_t stack[CA_STACK_MAX];
 } ca_rec;
 
@@ -66,5 +70,7 @@ static inline void ca_set_out(ca_rec *r, int k, uint64_t v)
             sizeof *(p) <= 8) \
             ca_set_out((r), (k), ca_raw((p), sizeof *(p), CA_KIND_OF(*(p)))); \
     } while (0)
+
+_Static_assert(offsetof(ca_rec, bytes) + sizeof(int64_t) <= 64, "the first line");
 
 #endif

@@ -19,9 +19,6 @@ static ca_ring_head *g_head;   /* the header page */
 static unsigned char *g_ring;  /* the ring, mapped twice in a row */
 static size_t g_size;
 _Static_assert((CA_RING_SIZE & (CA_RING_SIZE - 1)) == 0, "ring sizes are powers of two");
-/* Each function's parameter count (ca_desc(fn)->nparams), filled when the ring is made: a
- * byte a call instead of the function's descriptor, far off in the tables. */
-static unsigned char g_nargs[CA_FN_COUNT];
 static size_t g_mask; /* g_size - 1: the sizes are powers of two (a division costs the writers) */
 /* Each on a cache line of its own: the writers' (put), the consumer's (read, read_end), and
  * the one the consumer writes once a batch for the writers to read (taken). */
@@ -102,8 +99,6 @@ int ca_ring_create(const char *path, int format, int pid, uint64_t t_origin)
         close(fd);
         return err;
     }
-    for (unsigned fn = 0; fn < CA_FN_COUNT; fn++)
-        g_nargs[fn] = ca_desc(fn)->nparams;
     ca_ring_head *h = head;
     memcpy(h->magic, CA_RING_MAGIC, sizeof CA_RING_MAGIC - 1);
     h->head_size = CA_RING_HEAD_SIZE;
@@ -178,8 +173,7 @@ size_t ca_ring_put_text(const char *text, size_t n, long tid)
 #endif
 __attribute__((hot)) NOT_VECTORIZED size_t ca_ring_put(const ca_rec *r, long tid)
 {
-    unsigned nargs = g_nargs[r->fn];
-    unsigned nstr = r->str[0] ? (unsigned)strnlen(r->str, CA_STR_MAX) : 0;
+    unsigned nargs = r->nargs, nstr = r->nstr;
     uint64_t pos;
     size_t used;
     ca_raw_head *h = reserve(raw_len(nargs, r->nout, r->nstack, nstr), &pos, &used);
@@ -352,7 +346,9 @@ int ca_ring_read(const unsigned char *ring, size_t size, uint64_t *pos, int skip
     r->lib = h->lib;
     r->from = h->from;
     r->nout = h->nout;
+    r->nargs = h->nargs;
     r->nstack = h->nstack;
+    r->nstr = h->nstr;
     memcpy(r->out_idx, h->out_idx, sizeof r->out_idx);
     const ca_param *params = ca_desc(h->fn)->params;
     for (unsigned i = 0; i < r->nout; i++) /* the formatter prints only out-parameters */

@@ -35,7 +35,8 @@ static void out_size(ca_rec *r, int k, size_t *p)
  * call, out-values, end. */
 #define HAND_CALL(FN, LIB, TYPE, ARGS, RECORD_ARGS, OUTS)            \
     do {                                                             \
-        ca_rec *r = ca_begin(FN, LIB, ca_from_of(__builtin_return_address(0))); \
+        ca_rec *r = ca_begin(FN, ca_desc(FN)->nparams, LIB,         \
+                             ca_from_of(__builtin_return_address(0))); \
         if (!r)                                                      \
             return REAL(FN, TYPE) ARGS;                              \
         RECORD_ARGS;                                                 \
@@ -132,7 +133,7 @@ void *ca_runtime_bind(const char *name, void *real)
         if (rt_wrappers[i].fn != fn)
             continue;
         rt_real[fn - CA_RT_FIRST] = real;
-        return ca_traced[fn] ? rt_wrappers[i].wrapper : NULL;
+        return __atomic_load_n(&ca_traced[fn], __ATOMIC_RELAXED) ? rt_wrappers[i].wrapper : NULL;
     }
     return NULL;
 }
@@ -149,6 +150,7 @@ static void record_name(ca_rec *r, const char *name)
     r->str[0] = '\0';
     if (name)
         strncat(r->str, name, CA_STR_MAX);
+    r->nstr = (uint8_t)strlen(r->str);
 }
 
 static int w_scope_begin(const char *name, unsigned flags)
@@ -169,7 +171,7 @@ void *ca_scope_bind(const char *name, void *real)
     if (fn < 0)
         return NULL;
     rt_real[fn - CA_RT_FIRST] = real;
-    if (!ca_traced[fn])
+    if (!__atomic_load_n(&ca_traced[fn], __ATOMIC_RELAXED))
         return NULL;
     return fn == CA_SCOPE_begin ? FNPTR(w_scope_begin) : FNPTR(w_scope_end);
 }

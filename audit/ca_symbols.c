@@ -21,7 +21,9 @@ static int is_proc_address(int fn)
  * as it must swap in wrappers for what it returns. */
 void *ca_wrapper_for(int lib, int fn)
 {
-    return ca_traced[fn] || is_proc_address(fn) ? ca_gen_wrappers[lib][fn] : NULL;
+    return __atomic_load_n(&ca_traced[fn], __ATOMIC_RELAXED) || is_proc_address(fn)
+               ? ca_gen_wrappers[lib][fn]
+               : NULL;
 }
 
 /* ---- address -> wrapper, for cuGetProcAddress --------------------------------------------------- */

@@ -47,9 +47,9 @@ typedef struct ca_thread {
 } ca_thread;
 
 unsigned char ca_traced[CA_FN_COUNT];
-/* atomic: 1 once fn's format plan is made (ca_format_ready): a byte here instead of a call
- * into the formatter's table at each call. */
-static unsigned char g_planned[CA_FN_COUNT];
+/* A bit of ca_traced[fn] (atomic), set once fn's format plan is made (ca_format_ready): the
+ * byte ca_begin has just read, instead of a call into the formatter's table at each call. */
+#define PLANNED 2
 
 /* initial-exec: a plain %fs-relative load on the hot path instead of __tls_get_addr calls;
  * 8 bytes of the static TLS surplus that glibc keeps for libraries loaded after start. */
@@ -65,6 +65,7 @@ static int g_inited;
 /* atomic: the ring of raw records: 0 not made yet (at the first record), 1 in use, -1 none
  * (records formatted on the calling thread). g_ring_lock: making it. */
 static int g_ring;
+static size_t g_ring_quarter; /* a ring this full wakes the formatter at once */
 static pthread_mutex_t g_ring_lock = PTHREAD_MUTEX_INITIALIZER;
 /* The ring's file: "" for TRACE.pending beside the trace file (ca_trace_init_fd: its own). */
 static char g_ring_path[CS_TRACE_TEXT_MAX + 64];
@@ -227,9 +228,10 @@ static ca_thread *thread_new(void)
     return t;
 }
 
-__attribute__((hot)) ca_rec *ca_begin(unsigned fn, int lib, int from)
+__attribute__((hot)) ca_rec *ca_begin(unsigned fn, unsigned nargs, int lib, int from)
 {
-    if (!ca_traced[fn] || __atomic_load_n(&g_ended, __ATOMIC_RELAXED))
+    if (!__atomic_load_n(&ca_traced[fn], __ATOMIC_RELAXED) ||
+        __atomic_load_n(&g_ended, __ATOMIC_RELAXED))
         return NULL;
 #ifdef CA_TRACE_BENCH
     if (__atomic_load_n(&g_bench_off, __ATOMIC_RELAXED))
@@ -252,8 +254,9 @@ __attribute__((hot)) ca_rec *ca_begin(unsigned fn, int lib, int from)
     r->lib = (uint8_t)lib;
     r->from = (uint8_t)from;
     r->nout = 0;
+    r->nargs = (uint8_t)nargs;
+    r->nstr = 0;
     r->bytes = -1;
-    r->str[0] = '\0';
     r->nstack = ca_stack_fn[fn] ? (uint8_t)ca_stack_capture(r->stack) : 0;
     ca_ring_prefetch();
     return r;
@@ -286,6 +289,7 @@ __attribute__((noinline, cold)) static int start_ring(void)
                 ca_clock_state clock;
                 ca_clock_current(1, &clock);
                 ca_ring_clock(&clock);
+                g_ring_quarter = ca_ring_size() / 4;
                 ca_out_single_writer();
                 ca_drain_start(&g_ctx);
                 state = 1;
@@ -329,11 +333,11 @@ __attribute__((noinline)) static void put_objects(ca_thread *t, const ca_rec *r)
 
 static int planned(unsigned fn)
 {
-    if (__builtin_expect(__atomic_load_n(&g_planned[fn], __ATOMIC_RELAXED), 1))
+    if (__builtin_expect(__atomic_load_n(&ca_traced[fn], __ATOMIC_RELAXED) & PLANNED, 1))
         return 1;
     if (!ca_format_ready(fn))
         return 0;
-    __atomic_store_n(&g_planned[fn], 1, __ATOMIC_RELAXED);
+    __atomic_fetch_or(&ca_traced[fn], PLANNED, __ATOMIC_RELAXED);
     return 1;
 }
 
@@ -358,7 +362,7 @@ __attribute__((hot)) void ca_end(ca_rec *r, int result)
             write_here(t, r);
         else if (__builtin_expect((used = ca_ring_put(r, t->tid)) == 0, 0))
             ca_drain_full(r, NULL, 0, t->tid);
-        else if (used > ca_ring_size() / 4)
+        else if (used > g_ring_quarter)
             ca_drain_kick();
     }
     __atomic_store_n(&t->busy, 0, __ATOMIC_RELEASE);

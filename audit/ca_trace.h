@@ -6,12 +6,14 @@
 
 #include "ca_rec.h"
 
-/* Is fn traced (the filter)? Filled by ca_trace_init. */
+/* Is fn traced (the filter)? Filled by ca_trace_init; not 0 when it is (atomic: another bit
+ * is set as the tracer goes). */
 extern unsigned char ca_traced[CA_FN_COUNT];
 
-/* A record to fill for a call of fn into lib made by from (CA_FROM_*), or NULL when this
- * call is not traced (filtered out, tracing finished, too deeply nested, out of memory). */
-ca_rec *ca_begin(unsigned fn, int lib, int from);
+/* A record to fill for a call of fn (nargs parameters: ca_desc(fn)->nparams, a constant in
+ * each wrapper) into lib made by from (CA_FROM_*), or NULL when this call is not traced
+ * (filtered out, tracing finished, too deeply nested, out of memory). */
+ca_rec *ca_begin(unsigned fn, unsigned nargs, int lib, int from);
 /* The call's start and end (ca_clock_read), inline in each wrapper: on the hot path a call
  * less each. */
 static inline void ca_started(ca_rec *r) { r->t0 = ca_clock_read(); }
