@@ -36,7 +36,7 @@ static void out_size(ca_rec *r, int k, size_t *p)
 #define HAND_CALL(FN, LIB, TYPE, ARGS, RECORD_ARGS, OUTS)            \
     do {                                                             \
         ca_rec *r = ca_begin(FN, ca_desc(FN)->nparams, LIB,         \
-                             ca_from_of(__builtin_return_address(0))); \
+                             __builtin_return_address(0));          \
         if (!r)                                                      \
             return REAL(FN, TYPE) ARGS;                              \
         RECORD_ARGS;                                                 \

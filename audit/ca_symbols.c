@@ -151,11 +151,8 @@ void ca_index_object(const struct link_map *l, int lib)
 
 /* ---- who is calling: address ranges of the shim and of cudart ----------------------------------- */
 
-static struct {
-    uintptr_t lo, hi;
-} g_range[3]; /* [CA_FROM_SHIM], [CA_FROM_CUDART] */
-
-/* The object's loaded extent, from its program headers (mapped with the first segment). */
+/* The object's loaded extent, from its program headers (mapped with the first segment),
+ * for the record writer (ca_trace_caller_range). */
 void ca_note_caller(const struct link_map *l, int from)
 {
     const ElfW(Ehdr) *eh = (const ElfW(Ehdr) *)l->l_addr;
@@ -172,16 +169,5 @@ void ca_note_caller(const struct link_map *l, int from)
         if (a + ph[i].p_memsz > hi)
             hi = a + ph[i].p_memsz;
     }
-    __atomic_store_n(&g_range[from].hi, hi, __ATOMIC_RELAXED);
-    __atomic_store_n(&g_range[from].lo, lo, __ATOMIC_RELAXED);
-}
-
-__attribute__((hot)) int ca_from_of(const void *ret)
-{
-    uintptr_t a = (uintptr_t)ret;
-    for (int f = CA_FROM_SHIM; f <= CA_FROM_CUDART; f++)
-        if (a >= __atomic_load_n(&g_range[f].lo, __ATOMIC_RELAXED) &&
-            a < __atomic_load_n(&g_range[f].hi, __ATOMIC_RELAXED))
-            return f;
-    return CA_FROM_APP;
+    ca_trace_caller_range(from, lo, hi);
 }

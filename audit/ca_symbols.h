@@ -22,8 +22,6 @@ void *ca_wrapper_for(int lib, int fn);
 void ca_index_object(const struct link_map *l, int lib);
 /* Calls from code inside l count as made by from (CA_FROM_SHIM, CA_FROM_CUDART). */
 void ca_note_caller(const struct link_map *l, int from);
-/* Which object holds the code at ret (CA_FROM_*). */
-int ca_from_of(const void *ret);
 /* cuGetProcAddress(_v2) found *pfn: swap in our wrapper for a watched function. */
 void ca_after_proc_address(int result, void **pfn);
 /* The wrapper of the function at address p (libcuda's or the shim's export), else p. */

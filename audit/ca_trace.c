@@ -213,7 +213,7 @@ void ca_trace_init_fd(int fd, int format, const char *filter, const char *ring)
 
 /* ---- the hot path ----------------------------------------------------------------------------- */
 
-static ca_thread *thread_new(void)
+__attribute__((noinline, cold)) static ca_thread *thread_new(void)
 {
     ca_thread *t = calloc(1, sizeof *t);
     if (!t)
@@ -228,7 +228,28 @@ static ca_thread *thread_new(void)
     return t;
 }
 
-__attribute__((hot)) ca_rec *ca_begin(unsigned fn, unsigned nargs, int lib, int from)
+/* Who calls: the extents of the shim and of cudart, by CA_FROM_*. */
+static struct {
+    uintptr_t lo, hi;
+} g_range[3];
+
+void ca_trace_caller_range(int from, uintptr_t lo, uintptr_t hi)
+{
+    __atomic_store_n(&g_range[from].hi, hi, __ATOMIC_RELAXED);
+    __atomic_store_n(&g_range[from].lo, lo, __ATOMIC_RELAXED);
+}
+
+static int from_of(const void *ret)
+{
+    uintptr_t a = (uintptr_t)ret;
+    for (int f = CA_FROM_SHIM; f <= CA_FROM_CUDART; f++)
+        if (a >= __atomic_load_n(&g_range[f].lo, __ATOMIC_RELAXED) &&
+            a < __atomic_load_n(&g_range[f].hi, __ATOMIC_RELAXED))
+            return f;
+    return CA_FROM_APP;
+}
+
+__attribute__((hot)) ca_rec *ca_begin(unsigned fn, unsigned nargs, int lib, const void *ret)
 {
     if (!__atomic_load_n(&ca_traced[fn], __ATOMIC_RELAXED) ||
         __atomic_load_n(&g_ended, __ATOMIC_RELAXED))
@@ -242,6 +263,7 @@ __attribute__((hot)) ca_rec *ca_begin(unsigned fn, unsigned nargs, int lib, int 
         return NULL;
     if (t->depth >= CA_DEPTH)
         return NULL;
+    int from = from_of(ret);
     /* A call made while one into the shim or cudart is in progress on this thread comes from
      * that library, even when it arrives by a tail call (the return address is then the
      * program's). */

@@ -4,6 +4,8 @@
 #ifndef CA_TRACE_H
 #define CA_TRACE_H
 
+#include <stdint.h>
+
 #include "ca_rec.h"
 
 /* Is fn traced (the filter)? Filled by ca_trace_init; not 0 when it is (atomic: another bit
@@ -11,9 +13,12 @@
 extern unsigned char ca_traced[CA_FN_COUNT];
 
 /* A record to fill for a call of fn (nargs parameters: ca_desc(fn)->nparams, a constant in
- * each wrapper) into lib made by from (CA_FROM_*), or NULL when this call is not traced
- * (filtered out, tracing finished, too deeply nested, out of memory). */
-ca_rec *ca_begin(unsigned fn, unsigned nargs, int lib, int from);
+ * each wrapper) into lib, made by the code at ret (the wrapper's return address: the
+ * program, the shim or cudart, by ca_trace_caller_range), or NULL when this call is not
+ * traced (filtered out, tracing finished, too deeply nested, out of memory). */
+ca_rec *ca_begin(unsigned fn, unsigned nargs, int lib, const void *ret);
+/* Calls from code in [lo, hi) are made by from (CA_FROM_SHIM, CA_FROM_CUDART). */
+void ca_trace_caller_range(int from, uintptr_t lo, uintptr_t hi);
 /* The call's start and end (ca_clock_read), inline in each wrapper: on the hot path a call
  * less each. */
 static inline void ca_started(ca_rec *r) { r->t0 = ca_clock_read(); }

@@ -45,7 +45,7 @@ static int done, stop, end_early, forking;
 
 static void record(int i)
 {
-    ca_rec *r = ca_begin(CA_FN_cuMemAlloc_v2, 2, CA_LIB_DRIVER, CA_FROM_APP);
+    ca_rec *r = ca_begin(CA_FN_cuMemAlloc_v2, 2, CA_LIB_DRIVER, NULL); /* from the program */
     if (!r)
         return; /* after the end */
     r->arg[0] = 0x1000;
