@@ -1258,6 +1258,13 @@ cs_result cs_cache_alloc(cs_cache *c, cs_heap *h, uint64_t size, uint64_t *addr,
     if (cls >= 0 && h->tcache && cs_tc_alloc(c, h, cls, size, bytes, addr))
         return CS_OK;  /* a block this thread freed, no lock taken */
     pthread_mutex_lock(&c->lock);
+    /* The heap's context went (a thread that looked the heap up before): its lists are empty,
+     * but its pool is released only after cs_cache_forget_heap dropped the lock, and a block
+     * carved from it meanwhile would be counted on no heap and unmapped under the program. */
+    if (h->dead) {
+        pthread_mutex_unlock(&c->lock);
+        return CS_GONE;
+    }
     device_state *d = &c->devices[h->device];
     d->st.requests++;
     if (cls < 0) {
