@@ -566,6 +566,21 @@ bool cs_cache_heap_pooled(const cs_heap *h)
     return h->pool != NULL;
 }
 
+int cs_cache_heap_device(const cs_heap *h)
+{
+    return h->device;
+}
+
+cs_heap *cs_cache_device_heap(cs_cache *c, int device)
+{
+    pthread_mutex_lock(&c->lock);
+    cs_heap *h = c->heaps;  /* the living ones: a forgotten heap is on the dead list */
+    while (h && h->device != device)
+        h = h->next;
+    pthread_mutex_unlock(&c->lock);
+    return h;
+}
+
 int cs_cache_regrant(cs_heap *h)
 {
     int raw = 0;
