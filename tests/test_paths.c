@@ -157,6 +157,38 @@ static void test_host_block_waits_for_its_copy(void **state)
     assert_int_equal(fake_races(), 0);
 }
 
+/* A pinned block is every context's: memory of cuMemAllocHost is "accessible to all contexts
+ * on all devices which support unified addressing" (cuda.h). A copy on a stream of another
+ * context still reading the block after its free is waited for as its own context's is. */
+static void test_host_block_waits_for_other_context_copy(void **state)
+{
+    (void)state;
+    void *h = NULL, *other = NULL, *back = NULL;  /* a size no other test leaves idle */
+    assert_int_equal(cuMemAllocHost(&h, 384 * KiB), CUDA_SUCCESS);  /* the primary context's */
+    CUcontext b = new_context();
+    CUstream s;
+    assert_int_equal(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CUdeviceptr dev = must_alloc(384 * KiB);
+    launch(s, dev, 1);  /* pending: the copy after it waits */
+    assert_int_equal(cuMemcpyHtoDAsync(dev, h, 384 * KiB, s), CUDA_SUCCESS);
+    assert_int_equal(cuMemFreeHost(h), CUDA_SUCCESS);
+    assert_true(fake_stream_pending(s) > 0);
+    assert_int_equal(cuCtxSetCurrent(primary), CUDA_SUCCESS);
+    assert_int_equal(cuMemAllocHost(&other, 384 * KiB), CUDA_SUCCESS);
+    assert_ptr_not_equal(other, h);  /* the copy still reads h */
+    fake_stream_retire(s, -1);
+    assert_int_equal(cuMemAllocHost(&back, 384 * KiB), CUDA_SUCCESS);
+    assert_ptr_equal(back, h);  /* done now: reused */
+    assert_int_equal(cuMemFreeHost(back), CUDA_SUCCESS);
+    assert_int_equal(cuMemFreeHost(other), CUDA_SUCCESS);
+    assert_int_equal(cuCtxSetCurrent(b), CUDA_SUCCESS);
+    must_free(dev);
+    assert_int_equal(cuStreamDestroy(s), CUDA_SUCCESS);
+    assert_int_equal(cuCtxDestroy(b), CUDA_SUCCESS);
+    assert_int_equal(cuCtxSetCurrent(primary), CUDA_SUCCESS);
+    assert_int_equal(fake_races(), 0);
+}
+
 /* Pointers the shim never handed out go to the driver; a double free is refused as the
  * driver refuses it; NULL is the driver's to answer. */
 static void test_host_foreign_and_double_frees(void **state)
@@ -979,6 +1011,7 @@ int main(int argc, char **argv)
 
     const struct CMUnitTest host[] = {T(test_host_paths_are_wrapped), T(test_host_flags_kept_apart),
                                       T(test_host_block_waits_for_its_copy),
+                                      T(test_host_block_waits_for_other_context_copy),
                                       T(test_host_foreign_and_double_frees),
                                       T(test_host_statistics), T(test_host_oom_releases_idle),
                                       T(test_host_context_destroyed),
