@@ -566,6 +566,21 @@ bool cs_cache_heap_pooled(const cs_heap *h)
     return h->pool != NULL;
 }
 
+int cs_cache_heap_device(const cs_heap *h)
+{
+    return h->device;
+}
+
+cs_heap *cs_cache_device_heap(cs_cache *c, int device)
+{
+    pthread_mutex_lock(&c->lock);
+    cs_heap *h = c->heaps;  /* the living ones: a forgotten heap is on the dead list */
+    while (h && h->device != device)
+        h = h->next;
+    pthread_mutex_unlock(&c->lock);
+    return h;
+}
+
 int cs_cache_regrant(cs_heap *h)
 {
     int raw = 0;
@@ -1258,6 +1273,13 @@ cs_result cs_cache_alloc(cs_cache *c, cs_heap *h, uint64_t size, uint64_t *addr,
     if (cls >= 0 && h->tcache && cs_tc_alloc(c, h, cls, size, bytes, addr))
         return CS_OK;  /* a block this thread freed, no lock taken */
     pthread_mutex_lock(&c->lock);
+    /* The heap's context went (a thread that looked the heap up before): its lists are empty,
+     * but its pool is released only after cs_cache_forget_heap dropped the lock, and a block
+     * carved from it meanwhile would be counted on no heap and unmapped under the program. */
+    if (h->dead) {
+        pthread_mutex_unlock(&c->lock);
+        return CS_GONE;
+    }
     device_state *d = &c->devices[h->device];
     d->st.requests++;
     if (cls < 0) {

@@ -123,6 +123,9 @@ cs_heap *cs_cache_add_heap(cs_cache *cache, const void *key, int device, uint64_
 void *cs_cache_heap_dev(const cs_heap *heap);
 const void *cs_cache_heap_key(const cs_heap *heap);
 bool cs_cache_heap_pooled(const cs_heap *heap);
+/* The device of a heap; a heap of a device whose context lives (NULL: none). */
+int cs_cache_heap_device(const cs_heap *heap);
+cs_heap *cs_cache_device_heap(cs_cache *cache, int device);
 /* The devices allowed to use a pooled heap's memory changed: grant every mapping again
  * (cs_pool_regrant). 0, or the raw driver code of the first failure. */
 int cs_cache_regrant(cs_heap *heap);

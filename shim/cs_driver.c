@@ -130,6 +130,9 @@ static void load_driver(void)
         LOAD(cuMemAllocFromPoolAsync_ptsz);
         LOAD(cuMemFreeAsync);
         LOAD(cuMemFreeAsync_ptsz);
+        LOAD(cuMemPoolCreate);
+        LOAD(cuMemPoolDestroy);
+        LOAD(cuDeviceGetDefaultMemPool);
         LOAD(cuMemAllocHost_v2);
         LOAD(cuMemHostAlloc);
         LOAD(cuMemFreeHost);

@@ -99,6 +99,9 @@ typedef struct cs_driver {
     CUresult (*cuMemAllocFromPoolAsync_ptsz)(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
     CUresult (*cuMemFreeAsync)(CUdeviceptr, CUstream);
     CUresult (*cuMemFreeAsync_ptsz)(CUdeviceptr, CUstream);
+    CUresult (*cuMemPoolCreate)(CUmemoryPool *, const CUmemPoolProps *);
+    CUresult (*cuMemPoolDestroy)(CUmemoryPool);
+    CUresult (*cuDeviceGetDefaultMemPool)(CUmemoryPool *, CUdevice);
     CUresult (*cuMemAllocHost_v2)(void **, size_t);
     CUresult (*cuMemHostAlloc)(void **, size_t, unsigned int);
     CUresult (*cuMemFreeHost)(void *);

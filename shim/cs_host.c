@@ -5,14 +5,15 @@
  *
  * Reuse waits for the block's fence (CS_REUSE_COMPLETED): unlike device memory, the program
  * writes a pinned block from the CPU the moment it has it, so a stream made to wait would not
- * protect an asynchronous copy still reading it. Fences are the context's (cs_streams.h): the
- * work of the context the block was allocated in. */
+ * protect an asynchronous copy still reading it. Fences are every context's (see "fences"): a
+ * pinned block is every context's to copy from and into. */
 #include "cs_exports.h"
 
 #include "cs_host.h"
 
 #include <pthread.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "cs_shim.h"
@@ -81,15 +82,160 @@ static int host_free(void *dev, uint64_t addr, int *raw)
     return be_code(r, raw);
 }
 
-static uint64_t host_fence(void *dev) { return cs_streams_fence(((host_heap *)dev)->streams); }
+/* ---------------------------------------------------------------- fences
+ *
+ * A pinned block is every context's: memory of cuMemAllocHost is "accessible to all contexts
+ * on all devices which support unified addressing" (cuda.h), so a copy on a stream of another
+ * context than the block's may still read or write it after its free. A host fence is the
+ * fences of every live context taken at once (cs_streams_fence: nothing is recorded on a
+ * context without work since its last), numbered in a sequence of its own; it completes once
+ * each of them has or its context went, with its work. A context's epochs only grow, so host
+ * fences complete in order, as the cache wants. The pending ones wait in a list, oldest
+ * first; the newest stays when done, so that frees with no work since take its number. A
+ * fence that found no host memory for its record has a number and no record: a later one
+ * covers its work (a wait takes one). */
+typedef struct {
+    cs_ctx_streams *cs;
+    uint64_t epoch;
+} ctx_fence;
+
+typedef struct fence_rec {
+    uint64_t epoch;
+    struct fence_rec *next;
+    int n;
+    ctx_fence f[];
+} fence_rec;
+
+#define FENCE_CONTEXTS 16  /* contexts listed on the stack */
+
+static pthread_mutex_t fence_lock = PTHREAD_MUTEX_INITIALIZER;
+static fence_rec *fences, *newest;  /* oldest first; newest, the last, kept when done */
+static uint64_t fence_epoch;        /* the newest host fence's number */
+static uint64_t fence_done;         /* atomic: every host fence up to this one completed */
+
+static bool ctx_done(const ctx_fence *f)
+{
+    return cs_streams_dead(f->cs) || cs_streams_reached(f->cs, f->epoch) == 1;
+}
+
+/* Asks whether the fences up to `upto` completed, in order; the completed ones leave the list
+ * (the newest stays). Never blocks. fence_lock held. */
+static void fences_advance(uint64_t upto)
+{
+    fence_rec *h;
+    while ((h = fences) && h->epoch <= upto) {
+        if (h->epoch > __atomic_load_n(&fence_done, __ATOMIC_RELAXED)) {
+            for (int i = 0; i < h->n; i++)
+                if (!ctx_done(&h->f[i]))
+                    return;
+            __atomic_store_n(&fence_done, h->epoch, __ATOMIC_RELEASE);
+        }
+        if (h == newest)
+            return;
+        fences = h->next;
+        free(h);
+    }
+}
+
+static bool same_fences(const fence_rec *a, const fence_rec *b)
+{
+    if (a->n != b->n)
+        return false;
+    for (int i = 0; i < a->n; i++)
+        if (a->f[i].cs != b->f[i].cs || a->f[i].epoch != b->f[i].epoch)
+            return false;
+    return true;
+}
+
+static uint64_t host_fence(void *dev)
+{
+    (void)dev;
+    cs_ctx_streams *local[FENCE_CONTEXTS], **all = local;
+    int cap = FENCE_CONTEXTS, n;
+    while ((n = cs_streams_all(all, cap)) > cap) {
+        if (all != local)
+            free(all);
+        cap = n + FENCE_CONTEXTS;
+        if (!(all = malloc((size_t)cap * sizeof *all)))
+            break;
+    }
+    fence_rec *h = all ? malloc(sizeof *h + (size_t)n * sizeof *h->f) : NULL;
+    for (int i = 0; h && i < n; i++)
+        h->f[i] = (ctx_fence){all[i], cs_streams_fence(all[i])};
+    if (all != local)
+        free(all);
+    pthread_mutex_lock(&fence_lock);
+    uint64_t epoch;
+    if (h) {
+        h->n = n;
+        h->next = NULL;
+    }
+    if (h && newest && same_fences(h, newest)) {
+        epoch = newest->epoch;  /* no work since: its fence covers this free */
+    } else {
+        epoch = ++fence_epoch;
+        if (h) {
+            h->epoch = epoch;
+            if (newest)
+                newest->next = h;
+            else
+                fences = h;
+            newest = h;
+            h = NULL;
+        }
+    }
+    pthread_mutex_unlock(&fence_lock);
+    free(h);
+    return epoch;
+}
+
 static int host_reached(void *dev, uint64_t epoch)
 {
-    return cs_streams_reached(((host_heap *)dev)->streams, epoch);
+    (void)dev;
+    if (epoch <= __atomic_load_n(&fence_done, __ATOMIC_ACQUIRE))
+        return 1;
+    pthread_mutex_lock(&fence_lock);
+    fences_advance(epoch);
+    pthread_mutex_unlock(&fence_lock);
+    return epoch <= __atomic_load_n(&fence_done, __ATOMIC_ACQUIRE);
 }
+
+/* Waits for the first fence from epoch on (one taken now if there is none: it covers the
+ * work of a fence without a record too), each context's without the lock. */
 static int host_wait(void *dev, uint64_t epoch)
 {
-    return cs_streams_wait(((host_heap *)dev)->streams, epoch);
+    if (epoch <= __atomic_load_n(&fence_done, __ATOMIC_ACQUIRE))
+        return 0;
+    ctx_fence *f = NULL;
+    int n = 0;
+    uint64_t covering = 0;
+    for (int tries = 0; !f && tries < 2; tries++) {
+        if (tries)
+            host_fence(dev);
+        pthread_mutex_lock(&fence_lock);
+        const fence_rec *h = fences;
+        while (h && h->epoch < epoch)
+            h = h->next;
+        if (h && (f = malloc(sizeof *f * (size_t)(h->n + 1)))) {
+            n = h->n;
+            memcpy(f, h->f, sizeof *f * (size_t)n);
+            covering = h->epoch;
+        }
+        pthread_mutex_unlock(&fence_lock);
+    }
+    if (!f)
+        return -1;
+    int rc = 0;
+    for (int i = 0; i < n; i++)
+        if (!cs_streams_dead(f[i].cs) && cs_streams_wait(f[i].cs, f[i].epoch) != 0 &&
+            !cs_streams_dead(f[i].cs))
+            rc = -1;
+    free(f);
+    if (rc == 0)
+        host_reached(dev, covering);  /* the list moves on */
+    return rc;
 }
+
 /* Never asked (reuse waits for completion); a stream's wait cannot protect a CPU write. */
 static int host_order_after(void *dev, uint64_t epoch)
 {
@@ -213,12 +359,14 @@ void cs_host_lock(void)
     if (host) {
         pthread_mutex_lock(&heaps_lock);
         cs_cache_lock_also(host);
+        pthread_mutex_lock(&fence_lock);  /* taken under the cache's lock, before a context's */
     }
 }
 
 void cs_host_unlock(void)
 {
     if (host) {
+        pthread_mutex_unlock(&fence_lock);
         cs_cache_unlock_also(host);
         pthread_mutex_unlock(&heaps_lock);
     }
@@ -229,6 +377,14 @@ void cs_host_reset_after_fork(void)
     if (!host)
         return;
     cs_cache_reset_after_fork_also(host);
+    while (fences) {  /* the parent's contexts are not the child's: nothing to wait for */
+        fence_rec *h = fences;
+        fences = h->next;
+        free(h);
+    }
+    newest = NULL;
+    __atomic_store_n(&fence_done, fence_epoch, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&fence_lock);
     while (heaps) {
         host_heap *hh = heaps;
         heaps = hh->next;

@@ -50,6 +50,8 @@
     X(cuMemAllocFromPoolAsync_ptsz, cuMemAllocFromPoolAsync, 0, 1) \
     X(cuMemFreeAsync, cuMemFreeAsync, 0, 0) \
     X(cuMemFreeAsync_ptsz, cuMemFreeAsync, 0, 1) \
+    X(cuMemPoolCreate, cuMemPoolCreate, 0, 0) \
+    X(cuMemPoolDestroy, cuMemPoolDestroy, 0, 0) \
     X(cuMemCreate, cuMemCreate, 0, 0) \
     X(cuMemRelease, cuMemRelease, 0, 0) \
     X(cuMemMap, cuMemMap, 0, 0) \

@@ -12,11 +12,13 @@
 #define BUCKETS 1024
 
 /* Besides the kinds of cs_outside.h, kept here: a mapping of a handle's memory (id: its
- * address, bytes: its size, owner: the handle's entry, not charged), and a handle whose
+ * address, bytes: its size, owner: the handle's entry, not charged), a handle whose
  * references were all released while it was still mapped (found by no handle: the driver
- * may give its number to a new allocation). */
+ * may give its number to a new allocation), and a memory pool (id: its handle, device: where
+ * its memory is; nothing charged). */
 #define MAPPING ((cs_outside_kind)100)
 #define RELEASED ((cs_outside_kind)101)
+#define POOL ((cs_outside_kind)102)
 
 struct cs_outside_entry {
     uint64_t id;
@@ -24,6 +26,7 @@ struct cs_outside_entry {
     cs_heap *heap;
     uint64_t bytes;
     uint64_t refs, maps;  /* a handle's references and mappings */
+    int device;           /* a pool's */
     struct cs_outside_entry *owner;  /* a mapping's handle */
     struct cs_outside_entry *next;
 };
@@ -271,6 +274,42 @@ void cs_outside_release_end(uint64_t handle, cs_outside_entry *last, bool releas
             h->refs--;
     }
     pthread_mutex_unlock(&lock);
+}
+
+void cs_outside_pool_made(uint64_t pool, int device)
+{
+    pthread_mutex_lock(&lock);
+    entry *e = *find(POOL, pool);
+    if (!e && (e = malloc(sizeof *e))) {  /* without host memory, asked again next time */
+        *e = (entry){.id = pool, .kind = POOL};
+        link_entry(e);
+    }
+    if (e)
+        e->device = device;
+    pthread_mutex_unlock(&lock);
+}
+
+bool cs_outside_pool_gone(uint64_t pool, int *device)
+{
+    pthread_mutex_lock(&lock);
+    entry **at = find(POOL, pool), *e = *at;
+    if (e) {
+        *at = e->next;
+        *device = e->device;
+        free(e);
+    }
+    pthread_mutex_unlock(&lock);
+    return e != NULL;
+}
+
+bool cs_outside_pool_device(uint64_t pool, int *device)
+{
+    pthread_mutex_lock(&lock);
+    const entry *e = *find(POOL, pool);
+    if (e)
+        *device = e->device;
+    pthread_mutex_unlock(&lock);
+    return e != NULL;
 }
 
 bool cs_outside_known(cs_outside_kind kind, uint64_t id)

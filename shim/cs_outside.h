@@ -51,6 +51,14 @@ void cs_outside_retained(uint64_t handle, uint64_t addr);
  * released it. */
 cs_outside_entry *cs_outside_release_begin(uint64_t handle);
 void cs_outside_release_end(uint64_t handle, cs_outside_entry *last, bool released);
+/* Where the program's memory pools keep their memory (cuMemAllocFromPoolAsync's pool may be
+ * another device's than the stream's, or the host's): a device ordinal, or CS_OUTSIDE_NO_DEVICE.
+ * Remembered as they are made (cuMemPoolCreate) or recognised (a device's default pool),
+ * forgotten when destroyed: pool_gone returns where it was, false when not remembered. */
+#define CS_OUTSIDE_NO_DEVICE (-1)
+void cs_outside_pool_made(uint64_t pool, int device);
+bool cs_outside_pool_gone(uint64_t pool, int *device);
+bool cs_outside_pool_device(uint64_t pool, int *device);
 /* Is it remembered? */
 bool cs_outside_known(cs_outside_kind kind, uint64_t id);
 /* The context is gone and with it its CS_OUTSIDE_POINTER allocations. */

@@ -136,10 +136,55 @@ static cs_heap *stream_heap(const cs_driver *d, CUstream stream)
     return cs_shim_current_heap(d, &ctx);
 }
 
+/* Is pool the device's default pool? */
+static bool default_pool_of(const cs_driver *d, CUmemoryPool pool, int device)
+{
+    CUmemoryPool def = NULL;
+    return d->cuDeviceGetDefaultMemPool &&
+           d->cuDeviceGetDefaultMemPool(&def, (CUdevice)device) == CUDA_SUCCESS && def == pool;
+}
+
+/* Where a pool's memory is: a pool the program made says (cuMemPoolCreate, below); any other
+ * it can allocate from is a default pool (an imported one cannot allocate): the stream's
+ * device's (`mine`) or one of another device the cache holds memory on, remembered (a
+ * default pool is never destroyed), else one of no device the cache counts (the host's, a
+ * device it holds nothing on, a managed pool). */
+static int pool_device(const cs_driver *d, CUmemoryPool pool, int mine)
+{
+    uint64_t id = (uint64_t)(uintptr_t)pool;
+    int dev = CS_OUTSIDE_NO_DEVICE;
+    if (cs_outside_pool_device(id, &dev))
+        return dev;
+    int devices[CS_MAX_DEVICES];
+    int n = cs_cache_devices(cs_shim_get()->cache, devices, CS_MAX_DEVICES);
+    if (default_pool_of(d, pool, mine))
+        dev = mine;
+    for (int i = 0; dev == CS_OUTSIDE_NO_DEVICE && i < n; i++)
+        if (devices[i] != mine && default_pool_of(d, pool, devices[i]))
+            dev = devices[i];
+    if (dev != CS_OUTSIDE_NO_DEVICE)
+        cs_outside_pool_made(id, dev);
+    return dev;
+}
+
+/* The heap charged for memory from pool (NULL: the stream's device's current pool, which is
+ * that device's) ordered on a stream of h's context: h for its device's pool; for another
+ * device's, which cuda.h allows, a heap of that device; NULL, not counted, for a pool of the
+ * host or of a device the cache holds no memory on (as cuMemCreate there). */
+static cs_heap *pool_heap(const cs_driver *d, CUmemoryPool pool, cs_heap *h)
+{
+    int mine = cs_cache_heap_device(h);
+    int dev = pool ? pool_device(d, pool, mine) : mine;
+    if (dev == mine)
+        return h;
+    return dev == CS_OUTSIDE_NO_DEVICE ? NULL : cs_cache_device_heap(cs_shim_get()->cache, dev);
+}
+
 static CUresult alloc_async(const cs_driver *d, async_args *a)
 {
     cs_heap *h;
-    if (!a->dptr || a->bytes == 0 || !(h = stream_heap(d, a->stream))) {
+    if (!a->dptr || a->bytes == 0 || !(h = stream_heap(d, a->stream)) ||
+        !(h = pool_heap(d, a->pool, h))) {
         uint64_t ignored;
         return async_call(a, &ignored);
     }
@@ -175,6 +220,32 @@ CS_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesi
     async_args a = {d, dptr, bytesize, pool, hStream, 1};
     return pool ? alloc_async(d, &a)
                 : d->cuMemAllocFromPoolAsync_ptsz(dptr, bytesize, pool, hStream);
+}
+
+/* The program's pools, remembered with where their memory is (pool_device above). Forgotten
+ * before the driver destroys one (its handle may be a new pool's at once), back if it did
+ * not. */
+CS_EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *poolProps)
+{
+    REAL(d, cuMemPoolCreate);
+    CUresult r = d->cuMemPoolCreate(pool, poolProps);
+    if (r == CUDA_SUCCESS && !cs_shim_get()->disabled)
+        cs_outside_pool_made((uint64_t)(uintptr_t)*pool,
+                             poolProps->location.type == CU_MEM_LOCATION_TYPE_DEVICE
+                                 ? poolProps->location.id
+                                 : CS_OUTSIDE_NO_DEVICE);
+    return r;
+}
+
+CS_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
+{
+    REAL(d, cuMemPoolDestroy);
+    int dev;
+    bool known = !cs_shim_get()->disabled && cs_outside_pool_gone((uint64_t)(uintptr_t)pool, &dev);
+    CUresult r = d->cuMemPoolDestroy(pool);
+    if (r != CUDA_SUCCESS && known)
+        cs_outside_pool_made((uint64_t)(uintptr_t)pool, dev);
+    return r;
 }
 
 /* A block of the cache freed on a stream is the cache's (its fence covers the stream's work);

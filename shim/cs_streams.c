@@ -337,6 +337,17 @@ cs_ctx_streams *cs_streams_for(CUcontext ctx)
     return cs;
 }
 
+int cs_streams_all(cs_ctx_streams **out, int max)
+{
+    int n = 0;
+    pthread_mutex_lock(&reg_lock);
+    for (cs_ctx_streams *cs = contexts; cs; cs = cs->next, n++)
+        if (n < max)
+            out[n] = cs;
+    pthread_mutex_unlock(&reg_lock);
+    return n;
+}
+
 CUcontext cs_streams_context(const cs_ctx_streams *cs)
 {
     return cs->ctx;

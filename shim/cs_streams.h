@@ -22,6 +22,9 @@ bool cs_streams_dead(cs_ctx_streams *cs);
 /* The context was destroyed with all its streams and events: drop its state without driver
  * calls. */
 void cs_streams_forget(CUcontext ctx);
+/* The stream states of the contexts alive now, up to max of them in out; returns how many
+ * there are. A state is never freed: its pointer stays valid once its context went. */
+int cs_streams_all(cs_ctx_streams **out, int max);
 
 /* Fences, as cs_backend_ops describes them. fence, reached and order_after never block;
  * wait does, and is called without the cache's lock. */

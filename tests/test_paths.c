@@ -157,6 +157,38 @@ static void test_host_block_waits_for_its_copy(void **state)
     assert_int_equal(fake_races(), 0);
 }
 
+/* A pinned block is every context's: memory of cuMemAllocHost is "accessible to all contexts
+ * on all devices which support unified addressing" (cuda.h). A copy on a stream of another
+ * context still reading the block after its free is waited for as its own context's is. */
+static void test_host_block_waits_for_other_context_copy(void **state)
+{
+    (void)state;
+    void *h = NULL, *other = NULL, *back = NULL;  /* a size no other test leaves idle */
+    assert_int_equal(cuMemAllocHost(&h, 384 * KiB), CUDA_SUCCESS);  /* the primary context's */
+    CUcontext b = new_context();
+    CUstream s;
+    assert_int_equal(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CUdeviceptr dev = must_alloc(384 * KiB);
+    launch(s, dev, 1);  /* pending: the copy after it waits */
+    assert_int_equal(cuMemcpyHtoDAsync(dev, h, 384 * KiB, s), CUDA_SUCCESS);
+    assert_int_equal(cuMemFreeHost(h), CUDA_SUCCESS);
+    assert_true(fake_stream_pending(s) > 0);
+    assert_int_equal(cuCtxSetCurrent(primary), CUDA_SUCCESS);
+    assert_int_equal(cuMemAllocHost(&other, 384 * KiB), CUDA_SUCCESS);
+    assert_ptr_not_equal(other, h);  /* the copy still reads h */
+    fake_stream_retire(s, -1);
+    assert_int_equal(cuMemAllocHost(&back, 384 * KiB), CUDA_SUCCESS);
+    assert_ptr_equal(back, h);  /* done now: reused */
+    assert_int_equal(cuMemFreeHost(back), CUDA_SUCCESS);
+    assert_int_equal(cuMemFreeHost(other), CUDA_SUCCESS);
+    assert_int_equal(cuCtxSetCurrent(b), CUDA_SUCCESS);
+    must_free(dev);
+    assert_int_equal(cuStreamDestroy(s), CUDA_SUCCESS);
+    assert_int_equal(cuCtxDestroy(b), CUDA_SUCCESS);
+    assert_int_equal(cuCtxSetCurrent(primary), CUDA_SUCCESS);
+    assert_int_equal(fake_races(), 0);
+}
+
 /* Pointers the shim never handed out go to the driver; a double free is refused as the
  * driver refuses it; NULL is the driver's to answer. */
 static void test_host_foreign_and_double_frees(void **state)
@@ -612,7 +644,9 @@ static void test_async_counted(void **state)
         (CUresult(*)(CUdeviceptr *, size_t, CUmemoryPool, CUstream))proc(
             "cuMemAllocFromPoolAsync", CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM);
     assert_ptr_equal((void *)from_pool, dlsym(RTLD_DEFAULT, "cuMemAllocFromPoolAsync_ptsz"));
-    assert_int_equal(from_pool(&b, 32 * MiB, (CUmemoryPool)0x1, s), CUDA_SUCCESS);
+    CUmemoryPool pool;
+    assert_int_equal(cuDeviceGetDefaultMemPool(&pool, 0), CUDA_SUCCESS);
+    assert_int_equal(from_pool(&b, 32 * MiB, pool, s), CUDA_SUCCESS);
     assert_int_equal(outside(), 64 * MiB);
     fake_reset_counters();
     assert_int_equal(cuMemAllocAsync(&c, 1, s), CUDA_ERROR_OUT_OF_MEMORY);
@@ -628,6 +662,71 @@ static void test_async_counted(void **state)
     must_free(blk);
     assert_int_equal(cuMemFreeAsync(blk, s), CUDA_ERROR_INVALID_VALUE);  /* double free */
     assert_int_equal(cuStreamDestroy(s), CUDA_SUCCESS);
+}
+
+/* "The specified memory pool may be from a device different than that of the specified
+ * hStream" (cuda.h, cuMemAllocFromPoolAsync), or the host's: its memory is charged to the
+ * pool's device, under that device's cap, and a host pool's to none. Two devices, each capped
+ * at 64 MiB; the stream is device 0's. */
+static void test_pool_of_another_device(void **state)
+{
+    (void)state;
+    CUstream s;
+    assert_int_equal(cuStreamCreate(&s, 0), CUDA_SUCCESS);
+    CUmemoryPool def0, def1, made1, host;
+    assert_int_equal(cuDeviceGetDefaultMemPool(&def0, 0), CUDA_SUCCESS);
+    assert_int_equal(cuDeviceGetDefaultMemPool(&def1, 1), CUDA_SUCCESS);
+    CUmemPoolProps props = {.allocType = CU_MEM_ALLOCATION_TYPE_PINNED,
+                            .location = {CU_MEM_LOCATION_TYPE_DEVICE, 1}};
+    assert_int_equal(cuMemPoolCreate(&made1, &props), CUDA_SUCCESS);
+    props.location = (CUmemLocation){CU_MEM_LOCATION_TYPE_HOST, 0};
+    assert_int_equal(cuMemPoolCreate(&host, &props), CUDA_SUCCESS);
+    CUdeviceptr a, b, c, x;
+    /* Device 1 holds nothing through the shim yet: its memory is not counted (as cuMemCreate's
+     * there), and not on device 0 either. */
+    assert_int_equal(cuMemAllocFromPoolAsync(&x, 8 * MiB, def1, s), CUDA_SUCCESS);
+    assert_int_equal(outside(), 0);
+    assert_int_equal(cuMemFreeAsync(x, s), CUDA_SUCCESS);
+    /* Now it does (a block of its primary context's). */
+    CUdevice d1;
+    CUcontext c1;
+    assert_int_equal(cuDeviceGet(&d1, 1), CUDA_SUCCESS);
+    assert_int_equal(cuDevicePrimaryCtxRetain(&c1, d1), CUDA_SUCCESS);
+    assert_int_equal(cuCtxPushCurrent(c1), CUDA_SUCCESS);
+    must_free(must_alloc(1 * MiB));
+    assert_int_equal(cuCtxPopCurrent(NULL), CUDA_SUCCESS);
+    assert_int_equal(cuMemAllocFromPoolAsync(&a, 40 * MiB, def1, s), CUDA_SUCCESS);
+    assert_int_equal(fake_device_used(1) >= 40 * MiB, 1);
+    assert_int_equal(outside(), 0);
+    assert_int_equal(shim_stats(1).bytes_outside, 40 * MiB);
+    x = must_alloc(48 * MiB);  /* device 0's cap has its room */
+    must_free(x);
+    /* Device 1's cap holds the pool's memory: refused without a driver call, then room. */
+    fake_reset_counters();
+    assert_int_equal(cuMemAllocFromPoolAsync(&b, 32 * MiB, made1, s), CUDA_ERROR_OUT_OF_MEMORY);
+    assert_int_equal(fake_calls("cuMemAllocFromPoolAsync"), 0);
+    assert_int_equal(cuMemAllocFromPoolAsync(&b, 16 * MiB, made1, s), CUDA_SUCCESS);
+    assert_int_equal(shim_stats(1).bytes_outside, 56 * MiB);
+    /* A host pool's memory is no device's: more than a cap, counted nowhere. */
+    assert_int_equal(cuMemAllocFromPoolAsync(&c, 80 * MiB, host, s), CUDA_SUCCESS);
+    assert_int_equal(outside(), 0);
+    assert_int_equal(shim_stats(1).bytes_outside, 56 * MiB);
+    assert_int_equal(cuMemFreeAsync(a, s), CUDA_SUCCESS);
+    assert_int_equal(cuMemFree(b), CUDA_SUCCESS);
+    assert_int_equal(cuMemFreeAsync(c, s), CUDA_SUCCESS);
+    assert_int_equal(shim_stats(1).bytes_outside, 0);
+    /* The stream's own device's pool, as before; and a destroyed pool's handle is forgotten. */
+    assert_int_equal(cuMemAllocFromPoolAsync(&a, 8 * MiB, def0, s), CUDA_SUCCESS);
+    assert_int_equal(outside(), 8 * MiB);
+    assert_int_equal(cuMemFreeAsync(a, s), CUDA_SUCCESS);
+    assert_int_equal(outside(), 0);
+    assert_int_equal(cuMemPoolDestroy(made1), CUDA_SUCCESS);
+    assert_int_equal(cuMemPoolDestroy(host), CUDA_SUCCESS);
+    assert_int_equal(cuMemAllocFromPoolAsync(&a, 8 * MiB, made1, s), CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(outside(), 0);
+    assert_int_equal(shim_stats(1).bytes_outside, 0);
+    assert_int_equal(cuStreamDestroy(s), CUDA_SUCCESS);
+    assert_int_equal(cuDevicePrimaryCtxRelease(d1), CUDA_SUCCESS);
 }
 
 /* cuMemCreate of the program is counted until cuMemRelease; the pooled backend's own
@@ -912,6 +1011,7 @@ int main(int argc, char **argv)
 
     const struct CMUnitTest host[] = {T(test_host_paths_are_wrapped), T(test_host_flags_kept_apart),
                                       T(test_host_block_waits_for_its_copy),
+                                      T(test_host_block_waits_for_other_context_copy),
                                       T(test_host_foreign_and_double_frees),
                                       T(test_host_statistics), T(test_host_oom_releases_idle),
                                       T(test_host_context_destroyed),
@@ -930,6 +1030,7 @@ int main(int argc, char **argv)
                                             T(test_outside_free_refused_stays_counted),
                                             T(test_outside_context_destroyed),
                                             T(test_torch_pluggable)};
+    const struct CMUnitTest pool_devices[] = {T(test_pool_of_another_device)};
     const struct CMUnitTest oom[] = {T(test_paths_oom_release_idle)};
     const struct CMUnitTest disabled[] = {T(test_disabled_passes_paths)};
 
@@ -940,6 +1041,7 @@ int main(int argc, char **argv)
     GROUP("host-cap", host_cap)
     GROUP("device-cap", device_cap)
     GROUP("paths-oom", oom)
+    GROUP("pool-devices", pool_devices)
     GROUP("paths-disabled", disabled)
     fprintf(stderr, "test_paths: unknown group '%s'\n", group);
     return 2;

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <cmocka.h>
 
@@ -1422,6 +1423,88 @@ static void test_alloc_on_forgotten_heap(void **state)
     assert_int_equal(sim.misuse, 0);
 }
 
+/* The context goes (cs_cache_forget_heap) while another thread allocates a large block from
+ * the heap it looked up before. The forget marks the heap dead under the cache's lock and
+ * releases its pool after it: in that gap the pool still has free spans, and a block carved
+ * from one would be counted on a heap that is gone and unmapped under the program. The gap
+ * holds no driver call, so it is made to last: this thread holds the pool's lock (inside an
+ * access grant of cs_cache_regrant) while the forget runs, which then waits at the pool's
+ * release, the heap already dead; an allocation now must answer that the context is gone
+ * without touching the pool (it would wait for this thread's lock, and here give up). */
+static struct {
+    fx *f;
+    pthread_t forget, alloc;
+    uint64_t addr;
+    int result, done;
+} gap;
+
+static void sleep_ms(long ms)
+{
+    struct timespec ts = {ms / 1000, ms % 1000 * 1000000};
+    nanosleep(&ts, NULL);
+}
+
+static void *forget_thread(void *p)
+{
+    fx *f = p;
+    cs_cache_forget_heap(f->cache, (void *)0x1);
+    return NULL;
+}
+
+/* Starts the forget, waits until the heap is dead (its pool not released: the test holds
+ * the pool's lock), then allocates from it. Takes the cache's lock, which the test, holding
+ * the pool's, must not. */
+static void *alloc_thread(void *p)
+{
+    fx *f = p;
+    if (pthread_create(&gap.forget, NULL, forget_thread, f) != 0)
+        abort();
+    while (cs_cache_heap(f->cache, (void *)0x1))
+        sleep_ms(1);
+    int raw = 0;
+    gap.result = cs_cache_alloc(f->cache, f->heap, 6 * MiB, &gap.addr, &raw, NULL);
+    __atomic_store_n(&gap.done, 1, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+static void alloc_in_gap(vmm_sim *s, int op, void *arg)
+{
+    (void)arg;
+    if (op != SIM_ACCESS || !gap.f)
+        return;
+    s->hook = NULL;
+    fx *f = gap.f;
+    gap.f = NULL;
+    assert_int_equal(pthread_create(&gap.alloc, NULL, alloc_thread, f), 0);
+    for (int i = 0; i < 2000 && !__atomic_load_n(&gap.done, __ATOMIC_ACQUIRE); i++)
+        sleep_ms(1);
+}
+
+static void test_alloc_while_context_goes(void **state)
+{
+    fx *f = *state;
+    uint64_t a = must_alloc(f, 6 * MiB);
+    must_free(f, a);  /* its span free in the pool, mapped: a block of 6 MiB is carved there */
+    gap.f = f;
+    gap.done = 0;
+    sim.hook = alloc_in_gap;
+    assert_int_equal(cs_cache_regrant(f->heap), 0);  /* returns once the allocation did */
+    bool in_gap = __atomic_load_n(&gap.done, __ATOMIC_ACQUIRE);
+    assert_null(gap.f);  /* the hook ran, and unset itself before the threads started */
+    pthread_join(gap.alloc, NULL);
+    pthread_join(gap.forget, NULL);
+    cacheshim_stats st = stats(f);
+    if (!in_gap || gap.result != CS_GONE || st.bytes_in_use || st.bytes_cached)
+        fail_msg("allocation on a dead heap before its pool went: %s, result %d (CS_GONE %d), "
+                 "in use %llu, cached %llu",
+                 in_gap ? "answered" : "went to the pool and waited for it", gap.result,
+                 CS_GONE, (unsigned long long)st.bytes_in_use,
+                 (unsigned long long)st.bytes_cached);
+    assert_int_equal(sim_live_handles(&sim), 0);
+    assert_int_equal(sim_live_maps(&sim), 0);
+    assert_int_equal(sim.misuse, 0);
+}
+
 static void test_forget_heap_with_spare(void **state)
 {
     fx *f = *state;
@@ -1647,6 +1730,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_regrant, setup, teardown),
         cmocka_unit_test_setup_teardown(test_mem_view_counts_spare, setup_cap16, teardown),
         cmocka_unit_test_setup_teardown(test_forget_heap_with_spare, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_alloc_while_context_goes, setup, teardown),
         cmocka_unit_test_setup_teardown(test_alloc_on_forgotten_heap, setup_no_tc, teardown),
         cmocka_unit_test_setup_teardown(test_context_gone_while_building, setup, teardown),
         cmocka_unit_test_setup_teardown(test_stress, setup, teardown),

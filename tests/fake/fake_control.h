@@ -41,9 +41,14 @@ unsigned fake_host_flags(const void *p);
 void fake_set_host_bytes(uint64_t bytes);
 /* cuMemAllocPitch (rows padded to 512 bytes, or fake_set_pitch_alignment's power of two;
  * element size 4, 8 or 16), cuMemAllocManaged and
- * the stream-ordered cuMemAllocAsync / cuMemAllocFromPoolAsync (any non-NULL pool) make
+ * the stream-ordered cuMemAllocAsync / cuMemAllocFromPoolAsync make
  * cuMemAlloc allocations, counted in fake_device_used and fake_live_allocations and freed by
- * cuMemFree; cuMemFreeAsync frees one once its stream's earlier work completed. */
+ * cuMemFree; cuMemFreeAsync frees one once its stream's earlier work completed. A pool
+ * (cuMemPoolCreate of pinned memory on a device or the host, or cuDeviceGetDefaultMemPool)
+ * keeps its allocations on its own device, whatever the stream's, a host pool's on no device;
+ * cuMemAllocFromPoolAsync refuses a pool it did not make with CUDA_ERROR_INVALID_VALUE.
+ * (Fake: a pool holds nothing between allocations; cuMemPoolDestroy of a default pool answers
+ * CUDA_ERROR_INVALID_VALUE.) */
 void fake_set_pitch_alignment(uint64_t bytes);
 
 /* --- virtual memory management -------------------------------------------------------------- */

@@ -1,7 +1,9 @@
 /* Fake CUDA driver: pinned host memory (cuMemAllocHost, cuMemHostAlloc, cuMemFreeHost) and the
  * device allocation calls other than cuMemAlloc: cuMemAllocPitch, cuMemAllocManaged and the
- * stream-ordered cuMemAllocAsync, cuMemAllocFromPoolAsync and cuMemFreeAsync. The device
- * calls make cuMemAlloc allocations (fake_mem.c), counted against the device alike. Pinned
+ * stream-ordered cuMemAllocAsync, cuMemAllocFromPoolAsync and cuMemFreeAsync, with the memory
+ * pools these take from (cuMemPoolCreate, cuMemPoolDestroy, cuDeviceGetDefaultMemPool). The
+ * device calls make cuMemAlloc allocations (fake_mem.c), counted against the device alike, a
+ * pool's against the pool's device (a host pool's against none). Pinned
  * memory is a private anonymous mapping of its own, counted against the host budget
  * (fake_set_host_bytes), and belongs to the context it was allocated in: destroying that
  * context frees it, as on the real driver. */
@@ -194,8 +196,89 @@ FAKE_API CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned
     LOCKED(device_alloc(dptr, bytesize));
 }
 
+/* A memory pool keeps its memory at its location: a device, or the host (location types
+ * HOST and HOST_NUMA), which may be another device than the one of the stream an allocation
+ * from it is ordered on. Each device's default pool is made at its first use and never
+ * destroyed. */
+typedef struct {
+    enum fake_kind kind;
+    int device;  /* -1: the host */
+} fake_pool;
+
+static fake_pool g_default_pools[FAKE_MAX_DEVICES];
+
+static CUresult pool_create(CUmemoryPool *out, const CUmemPoolProps *props)
+{
+    if (!out || !props || props->allocType != CU_MEM_ALLOCATION_TYPE_PINNED)
+        return CUDA_ERROR_INVALID_VALUE;
+    int device;
+    if (props->location.type == CU_MEM_LOCATION_TYPE_DEVICE &&
+        props->location.id >= 0 && props->location.id < fake_device_count)
+        device = props->location.id;
+    else if (props->location.type == CU_MEM_LOCATION_TYPE_HOST ||
+             props->location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA)
+        device = -1;
+    else
+        return CUDA_ERROR_INVALID_VALUE;
+    fake_pool *p = malloc(sizeof *p);
+    if (!p)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    *p = (fake_pool){.kind = KIND_POOL, .device = device};
+    if (!fake_reg_add(p)) {
+        free(p);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *out = (CUmemoryPool)p;
+    return CUDA_SUCCESS;
+}
+
+/* A default pool cannot be destroyed. The allocations of a destroyed pool live on until
+ * freed, as on the real driver. */
+static CUresult pool_destroy(CUmemoryPool pool)
+{
+    fake_pool *p = fake_reg_find(pool, KIND_POOL);
+    if (!p || (p >= g_default_pools && p < g_default_pools + FAKE_MAX_DEVICES))
+        return CUDA_ERROR_INVALID_VALUE;
+    fake_reg_del(p);
+    free(p);
+    return CUDA_SUCCESS;
+}
+
+static CUresult default_pool(CUmemoryPool *out, CUdevice dev)
+{
+    if (!out)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (dev < 0 || dev >= fake_device_count)
+        return CUDA_ERROR_INVALID_DEVICE;
+    fake_pool *p = &g_default_pools[dev];
+    *p = (fake_pool){.kind = KIND_POOL, .device = dev};
+    if (!fake_reg_add(p))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    *out = (CUmemoryPool)p;
+    return CUDA_SUCCESS;
+}
+
+FAKE_API CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *poolProps)
+{
+    ENTER(cuMemPoolCreate);
+    LOCKED(pool_create(pool, poolProps));
+}
+
+FAKE_API CUresult cuMemPoolDestroy(CUmemoryPool pool)
+{
+    ENTER(cuMemPoolDestroy);
+    LOCKED(pool_destroy(pool));
+}
+
+FAKE_API CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice dev)
+{
+    ENTER(cuDeviceGetDefaultMemPool);
+    LOCKED(default_pool(pool_out, dev));
+}
+
 /* Stream-ordered: the allocation is made at once (nothing the fake tracks can touch it
- * before the stream's later work); a free waits for the stream's earlier work. */
+ * before the stream's later work); a free waits for the stream's earlier work. From a pool:
+ * of the pool's device (none for a host pool), listed with the stream's context. */
 static CUresult async_alloc(CUdeviceptr *dptr, size_t size, CUstream stream, bool ptsz,
                             bool pool_given, CUmemoryPool pool)
 {
@@ -203,9 +286,12 @@ static CUresult async_alloc(CUdeviceptr *dptr, size_t size, CUstream stream, boo
     CUresult rc = fake_resolve_stream(stream, ptsz, false, &s);
     if (rc != CUDA_SUCCESS)
         return rc;
-    if (pool_given && !pool)
+    if (!pool_given)
+        return device_alloc(dptr, size);
+    const fake_pool *p = fake_reg_find(pool, KIND_POOL);
+    if (!p)
         return CUDA_ERROR_INVALID_VALUE;
-    return device_alloc(dptr, size);
+    return fake_mem_alloc_in(s->ctx, p->device, dptr, size);
 }
 
 static CUresult async_free(CUdeviceptr p, CUstream stream, bool ptsz)

@@ -159,6 +159,9 @@
     X(cuMemAllocAsync_ptsz, INIT)                                                              \
     X(cuMemAllocFromPoolAsync, INIT)                                                           \
     X(cuMemAllocFromPoolAsync_ptsz, INIT)                                                      \
+    X(cuMemPoolCreate, INIT)                                                                   \
+    X(cuMemPoolDestroy, INIT)                                                                  \
+    X(cuDeviceGetDefaultMemPool, INIT)                                                         \
     X(cuMemFreeAsync, INIT)                                                                    \
     X(cuMemFreeAsync_ptsz, INIT)
 
@@ -202,7 +205,7 @@ FAKE_HIDDEN void fake_unlock(void);
 
 /* The first member of every handle object, checked after a registry lookup so a stream
  * handle passed as an event is refused instead of misread. */
-enum fake_kind { KIND_CTX = 0x43547831, KIND_STREAM, KIND_EVENT };
+enum fake_kind { KIND_CTX = 0x43547831, KIND_STREAM, KIND_EVENT, KIND_POOL };
 
 typedef struct fake_ctx fake_ctx;
 typedef struct fake_stream fake_stream;
@@ -319,6 +322,7 @@ struct fake_alloc {
     size_t size, maplen;
     uint64_t id; /* unique, never reused (the pointer attribute BUFFER_ID) */
     fake_ctx *ctx;
+    int device;  /* whose memory it counts as: ctx's, a pool's (-1: a host pool's, none) */
     fake_alloc *prev, *next;
 };
 
@@ -463,6 +467,9 @@ FAKE_HIDDEN fake_alloc *fake_mem_find(CUdeviceptr p);
  * refuses to run where a capture forbids it); the free of one, after its context's work, as
  * cuMemFree. The other allocation calls (fake_host.c) use them too. Driver lock held. */
 FAKE_HIDDEN CUresult fake_mem_alloc_current(CUdeviceptr *dptr, size_t size, bool capture_guard);
+/* One listed in context c (gone with it) but of `device`'s memory, or of none (-1: a host
+ * pool's): a stream-ordered allocation from a pool (fake_host.c). Driver lock held. */
+FAKE_HIDDEN CUresult fake_mem_alloc_in(fake_ctx *c, int device, CUdeviceptr *dptr, size_t size);
 FAKE_HIDDEN CUresult fake_mem_free_at(CUdeviceptr p);
 /* Pinned host memory of a destroyed context goes with it (fake_host.c). */
 FAKE_HIDDEN void fake_host_ctx_destroyed(fake_ctx *ctx);

@@ -49,7 +49,8 @@ static void release(fake_alloc *a)
     if (a->next)
         a->next->prev = a->prev;
     munmap(host(a->base), a->maplen);
-    fake_devices[a->ctx->device].used -= a->size;
+    if (a->device >= 0)
+        fake_devices[a->device].used -= a->size;
     fake_live_allocs--;
     free(a);
 }
@@ -61,7 +62,7 @@ void fake_mem_ctx_destroyed(fake_ctx *ctx)
     fake_host_ctx_destroyed(ctx);
 }
 
-static CUresult map_new(fake_ctx *c, size_t size, CUdeviceptr *out)
+static CUresult map_new(fake_ctx *c, int device, size_t size, CUdeviceptr *out)
 {
     size_t page = (size_t)sysconf(_SC_PAGESIZE);
     if (size > SIZE_MAX - page)
@@ -74,7 +75,7 @@ static CUresult map_new(fake_ctx *c, size_t size, CUdeviceptr *out)
     fake_alloc *a = malloc(sizeof *a);
     if (a)
         *a = (fake_alloc){.base = (uintptr_t)p, .size = size, .maplen = maplen,
-                          .id = fake_next_id(), .ctx = c, .next = c->allocs};
+                          .id = fake_next_id(), .ctx = c, .device = device, .next = c->allocs};
     if (!a || !tsearch(a, &g_allocs, cmp_range)) {
         munmap(p, maplen);
         free(a);
@@ -83,7 +84,8 @@ static CUresult map_new(fake_ctx *c, size_t size, CUdeviceptr *out)
     if (c->allocs)
         c->allocs->prev = a;
     c->allocs = a;
-    fake_devices[c->device].used += size;
+    if (device >= 0)
+        fake_devices[device].used += size;
     fake_live_allocs++;
     *out = a->base;
     return CUDA_SUCCESS;
@@ -109,10 +111,19 @@ CUresult fake_mem_alloc_current(CUdeviceptr *dptr, size_t size, bool capture_gua
         return CUDA_ERROR_INVALID_VALUE;
     if (capture_guard && (rc = fake_capture_guard_unsafe()) != CUDA_SUCCESS)
         return rc;
-    uint64_t budget = fake_budget(c->device), used = fake_devices[c->device].used;
-    if (used > budget || size > budget - used)
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    return map_new(c, size, dptr);
+    return fake_mem_alloc_in(c, c->device, dptr, size);
+}
+
+CUresult fake_mem_alloc_in(fake_ctx *c, int device, CUdeviceptr *dptr, size_t size)
+{
+    if (!dptr || size == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (device >= 0) {
+        uint64_t budget = fake_budget(device), used = fake_devices[device].used;
+        if (used > budget || size > budget - used)
+            return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    return map_new(c, device, size, dptr);
 }
 
 FAKE_API CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)

@@ -121,6 +121,9 @@ static const struct proc g_procs[] = {
     {"cuMemAllocFromPoolAsync", 11020, NULL, FN(cuMemAllocFromPoolAsync), NULL,
      FN(cuMemAllocFromPoolAsync_ptsz)},
     {"cuMemFreeAsync", 11020, NULL, FN(cuMemFreeAsync), NULL, FN(cuMemFreeAsync_ptsz)},
+    P_SINCE(cuMemPoolCreate, 11020),
+    P_SINCE(cuMemPoolDestroy, 11020),
+    P_SINCE(cuDeviceGetDefaultMemPool, 11020),
 };
 
 static void *resolve(const char *symbol, int version, cuuint64_t flags)

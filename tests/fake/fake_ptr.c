@@ -186,7 +186,8 @@ static CUresult attribute(void *data, CUpointer_attribute attr, CUdeviceptr p,
     case CU_POINTER_ATTRIBUTE_BUFFER_ID: put_u64(data, alloc ? x->a->id : x->v.map_id); break;
     case CU_POINTER_ATTRIBUTE_IS_MANAGED: put_uint(data, 0); break;
     case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
-        put_int(data, alloc ? x->a->ctx->device : x->v.device);
+        put_int(data, alloc ? (x->a->device >= 0 ? x->a->device : x->a->ctx->device)
+                            : x->v.device);
         break;
     case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE: put_uint(data, alloc); break;
     case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:

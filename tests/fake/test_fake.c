@@ -562,6 +562,49 @@ static void test_multiple_devices(void **state)
     fake_set_device_bytes(1, DEFAULT_BYTES);
 }
 
+/* A pool's allocations are its device's memory, whatever the stream's device; a host pool's
+ * are no device's. */
+static void test_pools_keep_their_device(void **state)
+{
+    (void)state;
+    fake_set_device_count(2);
+    CUmemoryPool def1, mine, host;
+    CUmemPoolProps props = {.allocType = CU_MEM_ALLOCATION_TYPE_PINNED,
+                            .location = {CU_MEM_LOCATION_TYPE_DEVICE, 1}};
+    assert_int_equal(cuDeviceGetDefaultMemPool(&def1, 1), CUDA_SUCCESS);
+    CUmemoryPool again;
+    assert_int_equal(cuDeviceGetDefaultMemPool(&again, 1), CUDA_SUCCESS);
+    assert_ptr_equal(again, def1);
+    assert_int_equal(cuDeviceGetDefaultMemPool(&again, 2), CUDA_ERROR_INVALID_DEVICE);
+    assert_int_equal(cuMemPoolCreate(&mine, &props), CUDA_SUCCESS);
+    props.location = (CUmemLocation){CU_MEM_LOCATION_TYPE_HOST, 0};
+    assert_int_equal(cuMemPoolCreate(&host, &props), CUDA_SUCCESS);
+    props.location = (CUmemLocation){CU_MEM_LOCATION_TYPE_DEVICE, 2};
+    assert_int_equal(cuMemPoolCreate(&again, &props), CUDA_ERROR_INVALID_VALUE);
+    CUdeviceptr a, b, c;
+    /* Ordered on the legacy stream of device 0's context. */
+    assert_int_equal(cuMemAllocFromPoolAsync(&a, MiB, def1, NULL), CUDA_SUCCESS);
+    assert_int_equal(cuMemAllocFromPoolAsync(&b, 2 * MiB, mine, NULL), CUDA_SUCCESS);
+    assert_int_equal(cuMemAllocFromPoolAsync(&c, 4 * MiB, host, NULL), CUDA_SUCCESS);
+    assert_int_equal(fake_device_used(0), 0);
+    assert_int_equal(fake_device_used(1), 3 * MiB);
+    int ordinal = -1;
+    assert_int_equal(cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, b),
+                     CUDA_SUCCESS);
+    assert_int_equal(ordinal, 1);
+    assert_int_equal(cuMemAllocFromPoolAsync(&c, MiB, (CUmemoryPool)&props, NULL),
+                     CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(cuMemPoolDestroy(def1), CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(cuMemPoolDestroy(mine), CUDA_SUCCESS);
+    assert_int_equal(cuMemPoolDestroy(mine), CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(cuMemPoolDestroy(host), CUDA_SUCCESS);
+    assert_int_equal(cuMemFreeAsync(b, NULL), CUDA_SUCCESS);  /* outlived its pool */
+    assert_int_equal(cuMemFreeAsync(a, NULL), CUDA_SUCCESS);
+    assert_int_equal(fake_device_used(1), 0);
+    assert_int_equal(cuMemFree(c), CUDA_SUCCESS);
+    assert_int_equal(fake_live_allocations(), 0);
+}
+
 /* ---- ordering ----------------------------------------------------------------------------- */
 
 static void test_legacy_event_waits_for_blocking_streams(void **state)
@@ -2158,6 +2201,7 @@ int main(void)
         T(test_context_stack),
         T(test_primary_release_and_reset),
         T(test_multiple_devices),
+        T(test_pools_keep_their_device),
         T(test_legacy_event_waits_for_blocking_streams),
         T(test_fifo_and_partial_retire),
         T(test_destroyed_stream_work_outlives_it),
