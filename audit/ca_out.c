@@ -150,6 +150,8 @@ static size_t note_text(char *buf, size_t cap, size_t *count)
     return ca_format_note(g_format, NULL, g_error, buf, cap, count);
 }
 
+static void copy_in_order(char *to, const char *from, size_t n);
+
 /* Under g_grow_lock (map) or g_stream_lock, once: the first failure. */
 static void fail(int err, const char *what)
 {
@@ -163,10 +165,14 @@ static void fail(int err, const char *what)
              g_mode == OUT_STREAM && !g_tmpl[0] ? "stderr" : g_path, g_error);
     ca_out_say(line);
     if (g_mode == OUT_MAP && g_mapped >= NOTE_MAX) {
+        /* Made here and copied: snprintf ends the text in a zero byte, which in the mapping
+         * would stay in the file of a killed process, where a Chrome trace must have none. */
+        char note[NOTE_MAX];
         size_t at = g_mapped - NOTE_MAX, count;
-        size_t n = note_text(g_base + at, NOTE_MAX, &count);
+        size_t n = note_text(note, sizeof note, &count);
         if (n) {
-            put_count(g_base + at + count, __atomic_load_n(&g_lost, __ATOMIC_RELAXED));
+            put_count(note + count, __atomic_load_n(&g_lost, __ATOMIC_RELAXED));
+            copy_in_order(g_base + at, note, n);
             g_note_at = at;
             g_note_len = n;
             g_note_count = count;
