@@ -75,6 +75,9 @@ static pthread_cond_t g_grow_cond = PTHREAD_COND_INITIALIZER;
 static size_t g_kick = SIZE_MAX;
 static int g_helper, g_helper_wanted;
 static int g_single; /* atomic: one appending thread, no helper (ca_out_single_writer) */
+/* A Chrome trace that several threads append to (no ring): one record reserved and copied at a
+ * time, taken before g_grow_lock. */
+static pthread_mutex_t g_copy_lock = PTHREAD_MUTEX_INITIALIZER;
 
 /* One write() per record; the Chrome trace's commas go between records, under the lock. */
 static pthread_mutex_t g_stream_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -514,12 +517,21 @@ void ca_out_append(const char *p, size_t n, size_t records)
     if (mode == OUT_STREAM) {
         append_stream(p, n, records);
     } else if (mode == OUT_MAP) {
+        /* Perfetto reads the first part of an event only at the end of the file: a record
+         * that a death cuts short must be the last, so no other thread's may be reserved (and
+         * written after it) while it is copied. */
+        int one = g_array && !__atomic_load_n(&g_single, __ATOMIC_RELAXED);
+        if (one)
+            pthread_mutex_lock(&g_copy_lock);
         size_t off = __atomic_load_n(&g_failed, __ATOMIC_RELAXED) ? SIZE_MAX : reserve(n);
+        if (off != SIZE_MAX)
+            copy_in_order(g_base + off, p, n);
+        if (one)
+            pthread_mutex_unlock(&g_copy_lock);
         if (off == SIZE_MAX) {
             lost(records);
             return;
         }
-        copy_in_order(g_base + off, p, n);
         size_t mark = __atomic_load_n(&g_kick, __ATOMIC_RELAXED);
         if (off + n >= mark)
             kick(mark);
@@ -565,6 +577,9 @@ void ca_out_finish(void)
     /* Records reserved from now on are not written; those reserved before lie below end. */
     size_t end = __atomic_exchange_n(&g_off, OFF_CLOSED, __ATOMIC_ACQ_REL);
     __atomic_store_n(&g_limit, 0, __ATOMIC_RELEASE);
+    /* Up to 100 ms for the record being copied into a Chrome trace (several threads): the
+     * array is closed after it, not over its blanks, whose comma would come before the "]". */
+    int copied = g_array && ca_sys_lock_within(&g_copy_lock, 100);
     /* Up to 100 ms for a growth under way, so that the file does not grow after it is cut;
      * a thread stopped while holding the lock does not stop the end. */
     int locked = ca_sys_lock_within(&g_grow_lock, 100);
@@ -607,12 +622,15 @@ void ca_out_finish(void)
     g_fd = -1;
     if (locked)
         pthread_mutex_unlock(&g_grow_lock);
+    if (copied)
+        pthread_mutex_unlock(&g_copy_lock);
 }
 
 /* ---- fork ------------------------------------------------------------------------------------- */
 
 void ca_out_fork_prepare(void)
 {
+    pthread_mutex_lock(&g_copy_lock);
     pthread_mutex_lock(&g_grow_lock);
     pthread_mutex_lock(&g_stream_lock);
 }
@@ -621,6 +639,7 @@ void ca_out_fork_parent(void)
 {
     pthread_mutex_unlock(&g_stream_lock);
     pthread_mutex_unlock(&g_grow_lock);
+    pthread_mutex_unlock(&g_copy_lock);
 }
 
 /* The parent's file is the parent's to finish: the child unmaps it and starts its own at
@@ -629,6 +648,7 @@ void ca_out_fork_parent(void)
  * want for its own trace. */
 void ca_out_fork_child(void)
 {
+    pthread_mutex_init(&g_copy_lock, NULL);
     pthread_mutex_init(&g_grow_lock, NULL);
     pthread_cond_init(&g_grow_cond, NULL);
     g_helper = g_helper_wanted = 0; /* not in the child; started again when needed */

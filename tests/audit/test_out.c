@@ -6,6 +6,7 @@
  * ends as a killed program would (SIGKILL) or finishes the file (ca_out_finish). */
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -14,9 +15,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -264,6 +267,111 @@ static void test_killed_after_a_write_error(void **state)
     free(text);
 }
 
+/* Several threads write (no ring), one of them held in the middle of its copy: its source
+ * text runs into a page it cannot read, where SIGSEGV stops it (held: for good; else for
+ * 30 ms, then the page is made readable and the copy goes on). */
+static char *g_src;
+static size_t g_src_len, g_page;
+static int g_stuck, g_hold_for_good, g_b_done;
+
+static void on_segv(int sig)
+{
+    (void)sig;
+    __atomic_store_n(&g_stuck, 1, __ATOMIC_RELEASE);
+    if (__atomic_load_n(&g_hold_for_good, __ATOMIC_ACQUIRE))
+        for (;;)
+            pause();
+    struct timespec t = {0, 30 * 1000 * 1000};
+    nanosleep(&t, NULL);
+    mprotect(g_src + g_page, g_page, PROT_READ);
+}
+
+static void *writer_a(void *arg)
+{
+    (void)arg;
+    ca_out_append(g_src + g_page - g_src_len / 2, g_src_len, 1);
+    return NULL;
+}
+
+static void *writer_b(void *arg)
+{
+    (void)arg;
+    append_event(1000);
+    __atomic_store_n(&g_b_done, 1, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+/* Thread A's event: 300 bytes, its second half on a page that is then made unreadable. */
+static pthread_t start_held_writer(void)
+{
+    g_page = (size_t)sysconf(_SC_PAGESIZE);
+    g_src = mmap(NULL, 2 * g_page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (g_src == MAP_FAILED)
+        _exit(2);
+    char text[640];
+    g_src_len = event(text, sizeof text, 999, 240);
+    memcpy(g_src + g_page - g_src_len / 2, text, g_src_len);
+    mprotect(g_src + g_page, g_page, PROT_NONE);
+    struct sigaction sa = {.sa_handler = on_segv};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGSEGV, &sa, NULL);
+    ca_out_open(g_path, CS_TRACE_PERFETTO);
+    append_event(0);
+    append_event(1);
+    pthread_t a;
+    if (pthread_create(&a, NULL, writer_a, NULL) != 0)
+        _exit(2);
+    while (!__atomic_load_n(&g_stuck, __ATOMIC_ACQUIRE))
+        usleep(100);
+    return a;
+}
+
+/* Killed while A is held: another thread's record may not follow A's first part. */
+static void held_child(void)
+{
+    __atomic_store_n(&g_hold_for_good, 1, __ATOMIC_RELEASE);
+    (void)start_held_writer();
+    pthread_t b;
+    if (pthread_create(&b, NULL, writer_b, NULL) != 0)
+        _exit(2);
+    for (int i = 0; i < 200 && !__atomic_load_n(&g_b_done, __ATOMIC_ACQUIRE); i++)
+        usleep(1000);
+    killed();
+}
+
+static void test_killed_while_a_thread_copies(void **state)
+{
+    (void)state;
+    char *text;
+    size_t len;
+    int status = run_child(held_child, &text, &len);
+    assert_true(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+    assert_non_null(text);
+    assert_true(perfetto_reads(text, len, 0) >= 2);
+    free(text);
+}
+
+/* The end (exit) while A is in the middle of its copy, which it completes 30 ms later: the
+ * file is cut after A's record and closed as strict JSON. */
+static void end_child(void)
+{
+    pthread_t a = start_held_writer();
+    ca_out_finish();
+    pthread_join(a, NULL);
+}
+
+static void test_end_while_a_thread_copies(void **state)
+{
+    (void)state;
+    char *text;
+    size_t len;
+    int status = run_child(end_child, &text, &len);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    assert_non_null(text);
+    assert_true(perfetto_reads(text, len, 1) >= 2);
+    free(text);
+}
+
 /* The checker itself: what Perfetto takes and what it refuses. */
 static void test_reader(void **state)
 {
@@ -295,6 +403,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_reader),
         cmocka_unit_test(test_killed_after_a_write_error),
+        cmocka_unit_test(test_killed_while_a_thread_copies),
+        cmocka_unit_test(test_end_while_a_thread_copies),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
