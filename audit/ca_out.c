@@ -599,8 +599,13 @@ void ca_out_finish(void)
         }
         (void)ftruncate(g_fd, (off_t)end);
     } else if (g_mode == OUT_MAP && g_array) { /* no record: the header and its end */
-        (void)pwrite(g_fd, g_head, sizeof g_head - 1, 0);
-        (void)pwrite(g_fd, "]\n", 2, (off_t)(sizeof g_head - 1));
+        /* SIGXFSZ blocked: this is also the end of a file whose first growth failed, under a
+         * file size limit smaller than these bytes, where a write raises it. */
+        ca_sys_xfsz x;
+        ca_sys_xfsz_block(&x);
+        int err = pwrite(g_fd, g_head, sizeof g_head - 1, 0) != (ssize_t)(sizeof g_head - 1) ||
+                  pwrite(g_fd, "]\n", 2, (off_t)(sizeof g_head - 1)) != 2;
+        ca_sys_xfsz_unblock(&x, err);
     } else if (g_mode == OUT_STREAM) {
         if (g_failed) { /* most likely fails too; the line on stderr said it already */
             char note[NOTE_MAX];

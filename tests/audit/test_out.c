@@ -372,6 +372,33 @@ static void test_end_while_a_thread_copies(void **state)
     free(text);
 }
 
+/* A file size limit smaller than the header ("[\n"): the first growth fails, and the end,
+ * which writes the header and "]" itself, must not raise SIGXFSZ (which would end the
+ * program). */
+static void tiny_limit_child(void)
+{
+    struct rlimit lim = {1, RLIM_INFINITY};
+    if (setrlimit(RLIMIT_FSIZE, &lim) != 0)
+        _exit(2);
+    ca_out_open(g_path, CS_TRACE_PERFETTO);
+    append_event(0);
+    ca_out_finish();
+}
+
+static void test_end_under_a_tiny_file_size_limit(void **state)
+{
+    (void)state;
+    char *text;
+    size_t len;
+    int status = run_child(tiny_limit_child, &text, &len);
+    assert_int_equal(WIFSIGNALED(status) ? WTERMSIG(status) : 0, 0); /* not SIGXFSZ (25) */
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+    assert_non_null(text);
+    assert_true(len <= 1 && memcmp(text, "[", len) == 0);
+    free(text);
+}
+
 /* The checker itself: what Perfetto takes and what it refuses. */
 static void test_reader(void **state)
 {
@@ -405,6 +432,7 @@ int main(void)
         cmocka_unit_test(test_killed_after_a_write_error),
         cmocka_unit_test(test_killed_while_a_thread_copies),
         cmocka_unit_test(test_end_while_a_thread_copies),
+        cmocka_unit_test(test_end_under_a_tiny_file_size_limit),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
