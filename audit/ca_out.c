@@ -85,8 +85,9 @@ static long g_events;
 static int g_stream_file; /* the stream is a regular file under a file size limit: SIGXFSZ
                           * blocked around writes */
 
-/* Errors. g_failed and g_lost are atomic. */
+/* Errors. g_failed, g_failing and g_lost are atomic. */
 static int g_failed;
+static int g_failing; /* fail() has begun: it runs once */
 static uint64_t g_lost;
 static size_t g_note_at, g_note_len, g_note_count; /* map: the note and its count field */
 static char g_error[160];
@@ -155,10 +156,12 @@ static size_t note_text(char *buf, size_t cap, size_t *count)
 
 static void copy_in_order(char *to, const char *from, size_t n);
 
-/* Under g_grow_lock (map) or g_stream_lock, once: the first failure. */
+/* Under g_grow_lock (map) or g_stream_lock, once: the first failure. g_failed is set last,
+ * released: a thread that sees it without the lock (ca_out_append, ca_out_lost) then sees the
+ * error's text and the note, whose count it writes. */
 static void fail(int err, const char *what)
 {
-    if (__atomic_exchange_n(&g_failed, 1, __ATOMIC_ACQ_REL))
+    if (__atomic_exchange_n(&g_failing, 1, __ATOMIC_ACQ_REL))
         return;
     snprintf(g_error, sizeof g_error, "%s", what ? what : strerror(err));
     /* JSON strings: the messages of strerror have no quotes or backslashes. */
@@ -181,6 +184,7 @@ static void fail(int err, const char *what)
             g_note_count = count;
         }
     }
+    __atomic_store_n(&g_failed, 1, __ATOMIC_RELEASE);
 }
 
 static void lost(size_t records)
@@ -523,7 +527,7 @@ void ca_out_append(const char *p, size_t n, size_t records)
         int one = g_array && !__atomic_load_n(&g_single, __ATOMIC_RELAXED);
         if (one)
             pthread_mutex_lock(&g_copy_lock);
-        size_t off = __atomic_load_n(&g_failed, __ATOMIC_RELAXED) ? SIZE_MAX : reserve(n);
+        size_t off = __atomic_load_n(&g_failed, __ATOMIC_ACQUIRE) ? SIZE_MAX : reserve(n);
         if (off != SIZE_MAX)
             copy_in_order(g_base + off, p, n);
         if (one)
@@ -664,7 +668,7 @@ void ca_out_fork_child(void)
         munmap(g_base, g_reserved);
     g_base = NULL;
     g_reserved = g_mapped = g_limit = g_off = 0;
-    g_failed = 0;
+    g_failed = g_failing = 0;
     g_lost = 0;
     g_note_len = 0;
     g_events = 0;
