@@ -76,8 +76,9 @@ static size_t g_kick = SIZE_MAX;
 static int g_helper, g_helper_wanted;
 static int g_single; /* atomic: one appending thread, no helper (ca_out_single_writer) */
 /* A Chrome trace that several threads append to (no ring): one record reserved and copied at a
- * time, taken before g_grow_lock. */
+ * time, taken before g_grow_lock; g_copy_owner (atomic): the thread that holds it. */
 static pthread_mutex_t g_copy_lock = PTHREAD_MUTEX_INITIALIZER;
+static uintptr_t g_copy_owner;
 
 /* One write() per record; the Chrome trace's commas go between records, under the lock. */
 static pthread_mutex_t g_stream_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -523,15 +524,22 @@ void ca_out_append(const char *p, size_t n, size_t records)
     } else if (mode == OUT_MAP) {
         /* Perfetto reads the first part of an event only at the end of the file: a record
          * that a death cuts short must be the last, so no other thread's may be reserved (and
-         * written after it) while it is copied. */
+         * written after it) while it is copied. Not on the thread that holds the lock: a
+         * signal handler's driver call, made in the middle of its copy, would wait for it. */
         int one = g_array && !__atomic_load_n(&g_single, __ATOMIC_RELAXED);
-        if (one)
+        uintptr_t self = one ? (uintptr_t)pthread_self() : 0;
+        one = one && __atomic_load_n(&g_copy_owner, __ATOMIC_RELAXED) != self;
+        if (one) {
             pthread_mutex_lock(&g_copy_lock);
+            __atomic_store_n(&g_copy_owner, self, __ATOMIC_RELAXED);
+        }
         size_t off = __atomic_load_n(&g_failed, __ATOMIC_ACQUIRE) ? SIZE_MAX : reserve(n);
         if (off != SIZE_MAX)
             copy_in_order(g_base + off, p, n);
-        if (one)
+        if (one) {
+            __atomic_store_n(&g_copy_owner, 0, __ATOMIC_RELAXED);
             pthread_mutex_unlock(&g_copy_lock);
+        }
         if (off == SIZE_MAX) {
             lost(records);
             return;
@@ -658,6 +666,7 @@ void ca_out_fork_parent(void)
 void ca_out_fork_child(void)
 {
     pthread_mutex_init(&g_copy_lock, NULL);
+    g_copy_owner = 0;
     pthread_mutex_init(&g_grow_lock, NULL);
     pthread_cond_init(&g_grow_cond, NULL);
     g_helper = g_helper_wanted = 0; /* not in the child; started again when needed */

@@ -279,7 +279,9 @@ static void test_killed_after_a_write_error(void **state)
  * 30 ms, then the page is made readable and the copy goes on). */
 static char *g_src;
 static size_t g_src_len, g_page;
-static int g_stuck, g_hold_for_good, g_b_done;
+static int g_stuck, g_hold_for_good, g_b_done, g_handler_records;
+
+static void append_event(int i);
 
 static void on_segv(int sig)
 {
@@ -288,6 +290,8 @@ static void on_segv(int sig)
     if (__atomic_load_n(&g_hold_for_good, __ATOMIC_ACQUIRE))
         for (;;)
             pause();
+    if (__atomic_load_n(&g_handler_records, __ATOMIC_ACQUIRE)) /* a call of its own */
+        append_event(500);
     struct timespec t = {0, 30 * 1000 * 1000};
     nanosleep(&t, NULL);
     mprotect(g_src + g_page, g_page, PROT_READ);
@@ -379,6 +383,29 @@ static void test_end_while_a_thread_copies(void **state)
     free(text);
 }
 
+/* The same with a signal handler that records a call on A's thread, in the middle of A's copy
+ * (as a program's handler may make driver calls): it must not wait for its own thread. */
+static void handler_child(void)
+{
+    alarm(10); /* SIGALRM ends a child that waits for itself */
+    __atomic_store_n(&g_handler_records, 1, __ATOMIC_RELEASE);
+    pthread_t a = start_held_writer();
+    pthread_join(a, NULL);
+    ca_out_finish();
+}
+
+static void test_handler_records_during_a_copy(void **state)
+{
+    (void)state;
+    char *text;
+    size_t len;
+    int status = run_child(handler_child, &text, &len);
+    assert_int_equal(WIFSIGNALED(status) ? WTERMSIG(status) : 0, 0); /* not SIGALRM (14) */
+    assert_non_null(text);
+    assert_true(perfetto_reads(text, len, 1) >= 4);
+    free(text);
+}
+
 /* A file size limit smaller than the header ("[\n"): the first growth fails, and the end,
  * which writes the header and "]" itself, must not raise SIGXFSZ (which would end the
  * program). */
@@ -439,6 +466,7 @@ int main(void)
         cmocka_unit_test(test_killed_after_a_write_error),
         cmocka_unit_test(test_killed_while_a_thread_copies),
         cmocka_unit_test(test_end_while_a_thread_copies),
+        cmocka_unit_test(test_handler_records_during_a_copy),
         cmocka_unit_test(test_end_under_a_tiny_file_size_limit),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
