@@ -75,6 +75,10 @@ static pthread_cond_t g_grow_cond = PTHREAD_COND_INITIALIZER;
 static size_t g_kick = SIZE_MAX;
 static int g_helper, g_helper_wanted;
 static int g_single; /* atomic: one appending thread, no helper (ca_out_single_writer) */
+/* A Chrome trace that several threads append to (no ring): one record reserved and copied at a
+ * time, taken before g_grow_lock; g_copy_owner (atomic): the thread that holds it. */
+static pthread_mutex_t g_copy_lock = PTHREAD_MUTEX_INITIALIZER;
+static uintptr_t g_copy_owner;
 
 /* One write() per record; the Chrome trace's commas go between records, under the lock. */
 static pthread_mutex_t g_stream_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -82,8 +86,9 @@ static long g_events;
 static int g_stream_file; /* the stream is a regular file under a file size limit: SIGXFSZ
                           * blocked around writes */
 
-/* Errors. g_failed and g_lost are atomic. */
+/* Errors. g_failed, g_failing and g_lost are atomic. */
 static int g_failed;
+static int g_failing; /* fail() has begun: it runs once */
 static uint64_t g_lost;
 static size_t g_note_at, g_note_len, g_note_count; /* map: the note and its count field */
 static char g_error[160];
@@ -150,10 +155,14 @@ static size_t note_text(char *buf, size_t cap, size_t *count)
     return ca_format_note(g_format, NULL, g_error, buf, cap, count);
 }
 
-/* Under g_grow_lock (map) or g_stream_lock, once: the first failure. */
+static void copy_in_order(char *to, const char *from, size_t n);
+
+/* Under g_grow_lock (map) or g_stream_lock, once: the first failure. g_failed is set last,
+ * released: a thread that sees it without the lock (ca_out_append, ca_out_lost) then sees the
+ * error's text and the note, whose count it writes. */
 static void fail(int err, const char *what)
 {
-    if (__atomic_exchange_n(&g_failed, 1, __ATOMIC_ACQ_REL))
+    if (__atomic_exchange_n(&g_failing, 1, __ATOMIC_ACQ_REL))
         return;
     snprintf(g_error, sizeof g_error, "%s", what ? what : strerror(err));
     /* JSON strings: the messages of strerror have no quotes or backslashes. */
@@ -163,15 +172,20 @@ static void fail(int err, const char *what)
              g_mode == OUT_STREAM && !g_tmpl[0] ? "stderr" : g_path, g_error);
     ca_out_say(line);
     if (g_mode == OUT_MAP && g_mapped >= NOTE_MAX) {
+        /* Made here and copied: snprintf ends the text in a zero byte, which in the mapping
+         * would stay in the file of a killed process, where a Chrome trace must have none. */
+        char note[NOTE_MAX];
         size_t at = g_mapped - NOTE_MAX, count;
-        size_t n = note_text(g_base + at, NOTE_MAX, &count);
+        size_t n = note_text(note, sizeof note, &count);
         if (n) {
-            put_count(g_base + at + count, __atomic_load_n(&g_lost, __ATOMIC_RELAXED));
+            put_count(note + count, __atomic_load_n(&g_lost, __ATOMIC_RELAXED));
+            copy_in_order(g_base + at, note, n);
             g_note_at = at;
             g_note_len = n;
             g_note_count = count;
         }
     }
+    __atomic_store_n(&g_failed, 1, __ATOMIC_RELEASE);
 }
 
 static void lost(size_t records)
@@ -508,12 +522,28 @@ void ca_out_append(const char *p, size_t n, size_t records)
     if (mode == OUT_STREAM) {
         append_stream(p, n, records);
     } else if (mode == OUT_MAP) {
-        size_t off = __atomic_load_n(&g_failed, __ATOMIC_RELAXED) ? SIZE_MAX : reserve(n);
+        /* Perfetto reads the first part of an event only at the end of the file: a record
+         * that a death cuts short must be the last, so no other thread's may be reserved (and
+         * written after it) while it is copied. Not on the thread that holds the lock: a
+         * signal handler's driver call, made in the middle of its copy, would wait for it. */
+        int one = g_array && !__atomic_load_n(&g_single, __ATOMIC_RELAXED);
+        uintptr_t self = one ? (uintptr_t)pthread_self() : 0;
+        one = one && __atomic_load_n(&g_copy_owner, __ATOMIC_RELAXED) != self;
+        if (one) {
+            pthread_mutex_lock(&g_copy_lock);
+            __atomic_store_n(&g_copy_owner, self, __ATOMIC_RELAXED);
+        }
+        size_t off = __atomic_load_n(&g_failed, __ATOMIC_ACQUIRE) ? SIZE_MAX : reserve(n);
+        if (off != SIZE_MAX)
+            copy_in_order(g_base + off, p, n);
+        if (one) {
+            __atomic_store_n(&g_copy_owner, 0, __ATOMIC_RELAXED);
+            pthread_mutex_unlock(&g_copy_lock);
+        }
         if (off == SIZE_MAX) {
             lost(records);
             return;
         }
-        copy_in_order(g_base + off, p, n);
         size_t mark = __atomic_load_n(&g_kick, __ATOMIC_RELAXED);
         if (off + n >= mark)
             kick(mark);
@@ -559,6 +589,9 @@ void ca_out_finish(void)
     /* Records reserved from now on are not written; those reserved before lie below end. */
     size_t end = __atomic_exchange_n(&g_off, OFF_CLOSED, __ATOMIC_ACQ_REL);
     __atomic_store_n(&g_limit, 0, __ATOMIC_RELEASE);
+    /* Up to 100 ms for the record being copied into a Chrome trace (several threads): the
+     * array is closed after it, not over its blanks, whose comma would come before the "]". */
+    int copied = g_array && ca_sys_lock_within(&g_copy_lock, 100);
     /* Up to 100 ms for a growth under way, so that the file does not grow after it is cut;
      * a thread stopped while holding the lock does not stop the end. */
     int locked = ca_sys_lock_within(&g_grow_lock, 100);
@@ -578,8 +611,13 @@ void ca_out_finish(void)
         }
         (void)ftruncate(g_fd, (off_t)end);
     } else if (g_mode == OUT_MAP && g_array) { /* no record: the header and its end */
-        (void)pwrite(g_fd, g_head, sizeof g_head - 1, 0);
-        (void)pwrite(g_fd, "]\n", 2, (off_t)(sizeof g_head - 1));
+        /* SIGXFSZ blocked: this is also the end of a file whose first growth failed, under a
+         * file size limit smaller than these bytes, where a write raises it. */
+        ca_sys_xfsz x;
+        ca_sys_xfsz_block(&x);
+        int err = pwrite(g_fd, g_head, sizeof g_head - 1, 0) != (ssize_t)(sizeof g_head - 1) ||
+                  pwrite(g_fd, "]\n", 2, (off_t)(sizeof g_head - 1)) != 2;
+        ca_sys_xfsz_unblock(&x, err);
     } else if (g_mode == OUT_STREAM) {
         if (g_failed) { /* most likely fails too; the line on stderr said it already */
             char note[NOTE_MAX];
@@ -601,12 +639,15 @@ void ca_out_finish(void)
     g_fd = -1;
     if (locked)
         pthread_mutex_unlock(&g_grow_lock);
+    if (copied)
+        pthread_mutex_unlock(&g_copy_lock);
 }
 
 /* ---- fork ------------------------------------------------------------------------------------- */
 
 void ca_out_fork_prepare(void)
 {
+    pthread_mutex_lock(&g_copy_lock);
     pthread_mutex_lock(&g_grow_lock);
     pthread_mutex_lock(&g_stream_lock);
 }
@@ -615,6 +656,7 @@ void ca_out_fork_parent(void)
 {
     pthread_mutex_unlock(&g_stream_lock);
     pthread_mutex_unlock(&g_grow_lock);
+    pthread_mutex_unlock(&g_copy_lock);
 }
 
 /* The parent's file is the parent's to finish: the child unmaps it and starts its own at
@@ -623,6 +665,8 @@ void ca_out_fork_parent(void)
  * want for its own trace. */
 void ca_out_fork_child(void)
 {
+    pthread_mutex_init(&g_copy_lock, NULL);
+    g_copy_owner = 0;
     pthread_mutex_init(&g_grow_lock, NULL);
     pthread_cond_init(&g_grow_cond, NULL);
     g_helper = g_helper_wanted = 0; /* not in the child; started again when needed */
@@ -633,7 +677,7 @@ void ca_out_fork_child(void)
         munmap(g_base, g_reserved);
     g_base = NULL;
     g_reserved = g_mapped = g_limit = g_off = 0;
-    g_failed = 0;
+    g_failed = g_failing = 0;
     g_lost = 0;
     g_note_len = 0;
     g_events = 0;

@@ -12,7 +12,7 @@
  * kernel also sends SIGXFSZ, whose default action would kill the program: it is blocked
  * here and taken back. */
 int ca_sys_allocate(int fd, off_t off, off_t len);
-/* fd, len bytes long at off, made len + extra bytes long: head (nhead bytes) at off, then
+/* fd, off bytes long, made off + len bytes long: head (nhead bytes, at most len) at off, then
  * spaces, written (pwritev), not allocated: the file never holds a zero byte, even when
  * the process dies in the middle (the kernel lengthens it as it writes). 0, or the errno
  * (ENOSPC, EFBIG past RLIMIT_FSIZE, whose SIGXFSZ is blocked and taken back as above). */

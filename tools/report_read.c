@@ -178,6 +178,19 @@ static int bad_line(rp_trace *t, tr_input *in, bool cut, const char *why, size_t
     return 2;
 }
 
+/* A line of a Chrome trace (tracing.md): the object form's first line, or an event ("ph"),
+ * or the array form's "[" as the first line of the file, where the tracer writes it (on
+ * stderr too). A "[" line elsewhere, or a list without events ("[{'step': 1}]"), is the
+ * program's own output before a trace's first record. */
+static bool chrome_trace_line(const char *s, uint64_t lineno)
+{
+    if (*s == '{' || *s == '[')
+        if (strstr(s, "\"traceEvents\"") || strstr(s, "\"displayTimeUnit\"") ||
+            strstr(s, "\"ph\":"))
+            return true;
+    return lineno == 1 && *s == '[' && s[1 + strspn(s + 1, " \t")] == '\0';
+}
+
 static int read_lines(rp_trace *t, tr_input *in)
 {
     const char *path = t->path;
@@ -201,10 +214,7 @@ static int read_lines(rp_trace *t, tr_input *in)
                 continue;
             if (!strncmp(s, "[Intercepted] ", 14))
                 rc = unsupported(path, "a text trace ([Intercepted] lines)");
-            else if ((*s == '{' && (strstr(s, "\"traceEvents\"") ||
-                                    strstr(s, "\"displayTimeUnit\""))) ||
-                     (*s == '[' && (s[1 + strspn(s + 1, " \t")] == '\0' ||
-                                    s[1 + strspn(s + 1, " \t")] == '{')))
+            else if (chrome_trace_line(s, lineno))
                 rc = unsupported(path, "a Perfetto (Chrome trace event) file");
             else if (*s == '{')
                 t->format = RP_FORMAT_JSONL;

@@ -527,6 +527,18 @@ def part_malformed(report, data, version):
     bad("perfetto-array.json", '[\n{"name":"x","ph":"X"},\n{"name":"y","ph":"X"}\n]\n',
         "cacheshim-report: FILE: a Perfetto (Chrome trace event) file; this tool reads JSON "
         "Lines: record again with CACHESHIM_TRACE_FORMAT=jsonl")
+    # The program's own output before the first record of a trace on stderr (report.md: lines
+    # not starting with '{' are skipped), here a Python list of dicts printed: not a Perfetto
+    # file, whose lines are events ("ph") after a first line "[".
+    path = os.path.join(d, "printed-list.jsonl")
+    with open(path, "w") as f:
+        f.write("hello\n[{'step': 1, 'loss': 0.5}]\n"
+                '{"pid":1,"tid":1,"ts_ns":1000,"dur_ns":10,"lib":"driver","from":"app","name":'
+                '"cuInit","args":{"Flags":0},"out":{},"result":0,"result_name":"CUDA_SUCCESS"}\n')
+    expect_rows("printed-list.jsonl", parse_tables(run(report, path)[0]), "Trace", [
+        ["file", path], ["format", "JSON Lines (libcacheaudit.so)"], ["events", "1 calls"],
+        ["processes", "1"], ["threads", "1"], ["time", "0.000001 s to 0.000001 s (0.000000 s)"],
+        ["other lines", "2 lines not starting with '{' skipped (the program's own output?)"]])
     bad("text.log", "[Intercepted] cuInit(Flags=0) = CUDA_SUCCESS [driver, from app, pid 1, "
         "tid 1, at 0.000001 s, 1.000 us]\n", "cacheshim-report: FILE: a text trace "
         "([Intercepted] lines); this tool reads JSON Lines: record again with "

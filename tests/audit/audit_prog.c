@@ -324,7 +324,7 @@ static void die(const char *how, int n)
 
 /* end-race: 10 pairs traced (to stderr, a pipe check_trace.py reads only later), the pipe
  * filled with spaces (blanks between a Chrome trace's events), then exit(), whose end waits
- * in its last write, "]}", while a second thread crashes (SIGSEGV) 300 ms later. */
+ * in its last write, "]", while a second thread crashes (SIGSEGV) 300 ms later. */
 static void *crasher(void *arg)
 {
     (void)arg;

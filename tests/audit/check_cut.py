@@ -19,14 +19,16 @@ Usage: check_cut.py REPORT REPLAY AUDIT_LIB PROG FAKE_DIR CUDART_DIR
 - finishers: two tools finish the same killed program's trace at once: the second waits for
   the first, then reads the finished trace.
 - perfetto: the same as a Chrome trace: the file as the killed program left it is what
-  Perfetto's JSON reader opens (tested against the rules of its reader, perfetto_reads),
-  and `cacheshim finish` makes it strict JSON.
+  Perfetto's JSON reader opens (tested against the rules of its reader, perfetto_reads), also
+  cut inside an event after its last, and so says the GPU check's reader
+  (tests/gpu/count_trace.py); `cacheshim finish` makes it strict JSON.
 - version-1: a pending file of the version before the clock (times in ns) is still read.
 - pending: a killed program's TRACE.pending damaged (cut short, a header of another kind,
   positions and lengths out of range, an error text without its end): cacheshim-report says
   one line about it, never crashes, and reads the trace; what it formats is valid JSON.
 """
 import fcntl
+import importlib.util
 import json
 import os
 import re
@@ -39,6 +41,10 @@ import tempfile
 import time
 
 REPORT, REPLAY, AUDIT, PROG, FAKE_DIR, CUDART_DIR = sys.argv[1:7]
+COUNT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "gpu", "count_trace.py")
+_spec = importlib.util.spec_from_file_location("count_trace", COUNT)
+COUNT_TRACE = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(COUNT_TRACE)
 WORK = tempfile.mkdtemp(prefix="cacheaudit-cut-")
 N = 10
 failures = []
@@ -335,30 +341,18 @@ def part_live():
 def perfetto_reads(data):
     """The events Perfetto's JSON reader takes from a Chrome trace as it is (its
     json_trace_tokenizer.cc), or a failure: the array form, whose closing "]" it does
-    without (a file of the object form it refuses unclosed); events that whitespace and
-    commas may separate; after the last whole event only whitespace, or the first part of an
-    event (left out). A zero byte, anywhere, is an error there."""
+    without (a file of the object form it refuses unclosed); events that whitespace and one
+    comma may separate; after the last whole event only whitespace, or the first part of an
+    event that the end of the file cuts off (left out). A zero byte, anywhere, is an error
+    there. The rules are tests/gpu/count_trace.py's, which the GPU check reads with."""
     check("zero bytes in a Chrome trace left by a killed program", b"\0" in data, False)
     text = data.decode("utf-8", "replace")
-    pos = len(text) - len(text.lstrip())
+    pos = len(text) - len(text.lstrip(" \t\r\n"))
     check("a Chrome trace's first character", text[pos:pos + 1], "[")
-    if text[pos:pos + 1] != "[":
-        return []
-    decoder, events = json.JSONDecoder(), []
-    pos += 1
-    while True:
-        while pos < len(text) and text[pos] in " \t\r\n,":
-            pos += 1
-        if pos == len(text):
-            return events
-        try:
-            event, pos = decoder.raw_decode(text, pos)
-            events.append(event)
-        except ValueError:
-            rest = text[pos:]
-            check(f"after the last whole event, part of one ({rest[:80]!r}...)",
-                  rest.startswith("{") and "\n" not in rest.rstrip(), True)
-            return events
+    events, reads = COUNT_TRACE.perfetto_reads(text)
+    check(f"what Perfetto reads: whole events, then whitespace or the first part of one "
+          f"(...{text[-300:]!r})", reads, True)
+    return events
 
 
 def part_perfetto():
@@ -371,6 +365,25 @@ def part_perfetto():
     calls = sum(e.get("ph") == "X" for e in before)
     check("calls Perfetto reads in the killed program's file", calls > 0, True)
     check("its TRACE.pending", os.path.exists(path + ".pending"), True)
+    # The reader refuses what Perfetto refuses: the first part of an event with another event
+    # after it, two commas, the object form left open.
+    for bad in ('[\n{"a":"cut   {"b":1},\n  ', '[\n{"a":1,   {"b":1},\n',
+                '[\n{"a":1},,\n{"b":1},\n', '{"traceEvents":[\n{"a":1},\n'):
+        check(f"perfetto_reads refuses {bad!r}", COUNT_TRACE.perfetto_reads(bad)[1], False)
+    # The GPU check's reader (scripts/gpu-check-crash) on that file, and on it cut inside an
+    # event after its last (what a death in the middle of a copy leaves): both as Perfetto.
+    whole = data[:data.rindex(b"},\n") + 3]  # (a copy that the kill cut short may follow)
+    last = whole[whole.rindex(b"\n{", 0, len(whole) - 3) + 1:]
+    for what, raw in (("as left", data), ("cut inside an event", whole + last[:57] + b" " * 4096)):
+        cut = os.path.join(WORK, "busy-cut.json")
+        with open(cut, "wb") as f:
+            f.write(raw)
+        check(f"Perfetto reads the file {what}", len(perfetto_reads(raw)), len(before))
+        got = subprocess.run([sys.executable, COUNT, "perfetto", cut], capture_output=True,
+                             text=True, timeout=60)
+        check(f"count_trace.py on the file {what} ({got.stderr.strip()[-200:]!r})",
+              got.stdout.strip().endswith(f"finished=no events={calls} perfetto_reads=yes"),
+              True)
     launcher = os.path.join(os.path.dirname(REPORT), "cacheshim")
     # The same trace as an earlier build wrote it, of the object form: finished with "]}".
     old = os.path.join(WORK, "busy-object.json")

@@ -668,7 +668,7 @@ def case_die_segv():
 
 def case_end_race():
     """A thread crashes (SIGSEGV) while exit() on another thread finishes the trace, here held
-    up in its last write ("]}") to stderr, a full pipe read only 1.5 s later: the crash waits
+    up in its last write ("]") to stderr, a full pipe read only 1.5 s later: the crash waits
     for the end, so the Chrome trace is whole. Either may end the process."""
     env = dict(os.environ)
     for k in list(env):
