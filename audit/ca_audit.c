@@ -3,10 +3,10 @@
  *
  * ld.so asks la_symbind64 about every binding from an object that la_objopen marked
  * LA_FLG_BINDFROM (all of them) to one marked LA_FLG_BINDTO (libcuda, libcacheshim,
- * libcudart, libc for fork and _exit), both at PLT resolution and for dlsym() results
- * (glibc >= 2.35). We answer with our wrapper and keep the real address in the wrapper's
- * slot. We define no la_pltenter/la_pltexit, so ld.so writes the answer into the GOT once and
- * later calls cost nothing here. */
+ * libcudart, libc for fork, _exit, _Exit and quick_exit), both at PLT resolution and for
+ * dlsym() results (glibc >= 2.35). We answer with our wrapper and keep the real address in
+ * the wrapper's slot. We define no la_pltenter/la_pltexit, so ld.so writes the answer into
+ * the GOT once and later calls cost nothing here. */
 #include "ca_symbols.h"
 
 #include <dlfcn.h>

@@ -129,9 +129,10 @@ __attribute__((hot)) void ca_ring_prefetch(void)
     __builtin_prefetch(&g_pos.taken, 0);
 }
 
-/* len bytes of the ring for the caller alone: its head with the length set (so that a
- * reader can pass over a record whose thread never sealed it), or NULL when there is no
- * room now; *pos its position, *used the bytes in use with it. */
+/* len bytes of the ring for the caller alone: its head with the length set, or NULL when
+ * there is no room now; *pos its position, *used the bytes in use with it. (A reader reads
+ * the length only once the record is sealed: until this store, the field holds what an
+ * earlier lap left, and a signal, or the process's death, can come between the two.) */
 static ca_raw_head *reserve(size_t len, uint64_t *pos, size_t *used)
 {
     uint64_t p = __atomic_load_n(&g_pos.put, __ATOMIC_RELAXED);
@@ -306,17 +307,17 @@ int ca_ring_read(const unsigned char *ring, size_t size, uint64_t *pos, int skip
         return 0;
     const ca_raw_head *h = (const ca_raw_head *)(ring + p % size);
     if (!whole(ring, size, p)) {
-        /* Passed over: to the record its length says comes next, or, where the length was
-         * not written yet either (its thread killed right after taking its room), to the
-         * first whole record within the longest a record can be (a seal holds its own
-         * position: what a record of an earlier lap left there cannot pass for one). */
-        uint32_t len = __atomic_load_n(&h->len, __ATOMIC_RELAXED);
+        /* Passed over: to the first whole record after it, within the longest a record can
+         * be. Not to where its length says: the length may not be written yet (its thread
+         * stopped right after taking its room: killed, or in a signal handler whose traced
+         * call comes next in the ring, while the process ends), and what the field holds then
+         * is what an earlier lap left there, which may point past whole records of this lap.
+         * A seal holds its own position: nothing an earlier lap left passes for one (inside
+         * the room of the record passed over, only a value of its own that happened to be
+         * the complement of its place could). */
         uint64_t next = 0;
         if (!skip)
             return 0;
-        if (len >= sizeof *h && len <= CA_RAW_MAX && len <= size && len % 8 == 0 &&
-            whole(ring, size, p + len))
-            next = p + len;
         for (uint64_t q = p + 8; !next && q <= p + CA_RAW_MAX && q - p < size; q += 8)
             if (whole(ring, size, q))
                 next = q;

@@ -126,7 +126,8 @@ void ca_ring_fork_child(void);
  * (a record of text: r->fn CA_RAW_TEXT, r->bytes its length, *text its bytes in ring);
  * 0 when no whole record of that position is there. skip: a record never sealed (its thread
  * stopped in the middle of its put, or killed) is passed over, and counted in *skipped, when
- * a whole record follows it (where its length says, or within CA_RAW_MAX bytes). */
+ * a whole record follows it within CA_RAW_MAX bytes (to the first one: its length is not
+ * believed, as it may not be written yet). */
 int ca_ring_read(const unsigned char *ring, size_t size, uint64_t *pos, int skip, ca_rec *r,
                  long *tid, const char **text, unsigned *skipped);
 

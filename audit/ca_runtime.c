@@ -1,12 +1,13 @@
 /* Hand-written wrappers (layer 2, see ca_desc.h): cudart's memory entry points (when a
  * program binds a shared libcudart), the shim's scope functions (the name recorded as text),
- * libc's fork (so the trace follows the program's fork) and _exit (so the file is finished),
- * and the shim's dlsym. The runtime types are spelled
+ * libc's fork (so the trace follows the program's fork), _exit, _Exit and quick_exit (so the
+ * file is finished), and the shim's dlsym. The runtime types are spelled
  * as their ABI (cudaError_t is an int-sized enum, cudaStream_t a pointer), so this file
  * needs no cuda_runtime_api.h. */
 #include "ca_symbols.h"
 
 #include <dlfcn.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/types.h>
@@ -211,6 +212,53 @@ static void w_Exit(int status)
     __builtin_unreachable();
 }
 
+/* ---- quick_exit: the at_quick_exit handlers, then libc's own _exit ----------------------------
+ *
+ * C11's quick_exit runs the handlers registered with at_quick_exit, the last registered first,
+ * then ends the process with _exit called inside libc, which no binding shows (and runs no
+ * destructor: ca_fini neither). The handlers may make traced calls, as atexit handlers may
+ * before exit() ends the trace, so the end is registered as a handler too, at the first
+ * registration made through a binding (at_quick_exit is each object's own function, from
+ * libc_nonshared, that calls libc's __cxa_at_quick_exit) and ahead of it: the end then runs
+ * after every handler of the program's. A quick_exit with no handler registered ends the
+ * trace before it. (One real quick_exit: a process whose objects bind both of glibc's,
+ * GLIBC_2.10's and 2.24's, which differ in whether thread_local destructors run, calls the
+ * one bound last.) */
+
+typedef int (*at_quick_exit_fn)(void (*)(void *), void *);
+static exit_fn real_quick_exit;
+static at_quick_exit_fn real_at_quick_exit;
+static pthread_once_t g_quick_once = PTHREAD_ONCE_INIT;
+static int g_quick_end; /* atomic: the end is registered, to run after the program's handlers */
+
+static void quick_end(void *arg)
+{
+    (void)arg;
+    ca_trace_exit();
+}
+
+static void register_quick_end(void)
+{
+    if (real_at_quick_exit(quick_end, NULL) == 0)
+        __atomic_store_n(&g_quick_end, 1, __ATOMIC_RELEASE);
+}
+
+static int w_cxa_at_quick_exit(void (*fn)(void *), void *d)
+{
+    /* Once, and before any handler of the program's (another thread's first registration
+     * waits for it here). */
+    pthread_once(&g_quick_once, register_quick_end);
+    return real_at_quick_exit(fn, d);
+}
+
+static void w_quick_exit(int status)
+{
+    if (!__atomic_load_n(&g_quick_end, __ATOMIC_ACQUIRE))
+        ca_trace_exit();
+    real_quick_exit(status);
+    __builtin_unreachable();
+}
+
 void *ca_libc_bind(const char *name, void *real)
 {
     if (strcmp(name, "fork") == 0) {
@@ -224,6 +272,14 @@ void *ca_libc_bind(const char *name, void *real)
     if (strcmp(name, "_Exit") == 0) {
         real_Exit = (exit_fn)(uintptr_t)real;
         return FNPTR(w_Exit);
+    }
+    if (strcmp(name, "quick_exit") == 0) {
+        real_quick_exit = (exit_fn)(uintptr_t)real;
+        return FNPTR(w_quick_exit);
+    }
+    if (strcmp(name, "__cxa_at_quick_exit") == 0) {
+        real_at_quick_exit = (at_quick_exit_fn)(uintptr_t)real;
+        return FNPTR(w_cxa_at_quick_exit);
     }
     return NULL;
 }

@@ -37,8 +37,11 @@
 typedef struct ca_thread {
     struct ca_thread *next;
     long tid;
-    int busy;                 /* atomic: appending a record (the end waits for it) */
-    int depth;                /* traced calls in progress */
+    int busy;                 /* atomic: records being appended (the end waits while not
+                               * 0): more than one when a signal handler's traced call
+                               * interrupts this thread's own ca_end */
+    int depth;                /* traced calls in progress (a handler's calls on top of the
+                               * ones it interrupted, gone again when it returns) */
     ca_rec rec[CA_DEPTH];     /* their records */
     ca_fmt_ids ids;           /* pid and tid as the format writes them */
     char text[2 * CA_REC_TEXT_MAX + 256]; /* one record formatted when there is no ring
@@ -271,6 +274,9 @@ __attribute__((hot)) ca_rec *ca_begin(unsigned fn, unsigned nargs, int lib, cons
         int outer = t->rec[t->depth - 1].lib;
         from = outer == CA_LIB_SHIM ? CA_FROM_SHIM : outer == CA_LIB_RUNTIME ? CA_FROM_CUDART : from;
     }
+    /* A signal handler's traced call in the middle of this thread's own takes the next
+     * slot, above the interrupted call's, and gives it back before the interrupted code
+     * goes on. */
     ca_rec *r = &t->rec[t->depth++];
     r->fn = (uint16_t)fn;
     r->lib = (uint8_t)lib;
@@ -369,8 +375,14 @@ __attribute__((hot)) void ca_end(ca_rec *r, int result)
     r->result = result;
     r->bytes = g_ctx.format == CS_TRACE_PERFETTO ? ca_mem_account(r) : -1; /* its counter */
     /* busy before the test of g_ended, both sequentially consistent: either the end sees
-     * this thread busy and waits, or this thread sees the end and writes nothing. */
-    __atomic_store_n(&t->busy, 1, __ATOMIC_SEQ_CST);
+     * this thread busy and waits, or this thread sees the end and writes nothing. Counted,
+     * not set: a signal handler that makes a traced call in the middle of this one runs to
+     * its end before this thread goes on, and must leave busy as it found it (set, when it
+     * came after this store), or the end would no longer wait for this record. Only this
+     * thread (and its handlers, which give back what they add) writes it, so a load and a
+     * store do, without a locked read-modify-write. */
+    __atomic_store_n(&t->busy, __atomic_load_n(&t->busy, __ATOMIC_RELAXED) + 1,
+                     __ATOMIC_SEQ_CST);
     /* The function's plan is made here, on the calling thread, so that whoever formats the
      * record later (a fatal signal's handler too) never allocates. */
     if (!__atomic_load_n(&g_ended, __ATOMIC_SEQ_CST) && planned(r->fn)) {
@@ -387,7 +399,8 @@ __attribute__((hot)) void ca_end(ca_rec *r, int result)
         else if (used > g_ring_quarter)
             ca_drain_kick();
     }
-    __atomic_store_n(&t->busy, 0, __ATOMIC_RELEASE);
+    __atomic_store_n(&t->busy, __atomic_load_n(&t->busy, __ATOMIC_RELAXED) - 1,
+                     __ATOMIC_RELEASE);
     t->depth--;
 }
 

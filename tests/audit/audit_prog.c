@@ -301,17 +301,32 @@ static void exit_from_thread(void)
 }
 
 /* die HOW N: N allocations of 1 MiB, kept, then the end HOW: abort, _exit (status 3), kill
- * (SIGKILL, which nothing can catch), segv (a write to a page mapped without access). */
+ * (SIGKILL, which nothing can catch), segv (a write to a page mapped without access),
+ * quick_exit (status 4), at_quick_exit (the same, with a handler registered first that frees
+ * the last allocation: a traced call made while the program ends). */
+static CUdeviceptr die_last;
+
+static void free_last(void)
+{
+    if (cuMemFree(die_last) != CUDA_SUCCESS)
+        _Exit(1); /* not exit(): the program is ending by quick_exit */
+}
+
 static void die(const char *how, int n)
 {
+    if (strcmp(how, "at_quick_exit") == 0)
+        CHECK(at_quick_exit(free_last) == 0);
     for (int i = 0; i < n; i++) {
         CUdeviceptr p = 0;
         CHECK(cuMemAlloc(&p, MiB) == CUDA_SUCCESS && p);
+        die_last = p;
     }
     if (strcmp(how, "abort") == 0)
         abort();
     if (strcmp(how, "_exit") == 0)
         _exit(3);
+    if (strcmp(how, "quick_exit") == 0 || strcmp(how, "at_quick_exit") == 0)
+        quick_exit(4);
     if (strcmp(how, "kill") == 0)
         raise(SIGKILL);
     if (strcmp(how, "segv") == 0) { /* a real fault: a page that may not be written */

@@ -13,7 +13,8 @@ Usage: check_cut.py REPORT REPLAY AUDIT_LIB PROG FAKE_DIR CUDART_DIR
   trace is whole lines and zero bytes, the rest of its calls in TRACE.pending; cacheshim-report
   formats them into the file first (and says so), then both tools count every record of it.
 - unsealed: a record whose thread was killed before it wrote even its length, in the ring of
-  a killed program: passed over, the records after it formatted.
+  a killed program: passed over, the records after it formatted; also where its length field
+  still holds a length an earlier lap left there, longer than the record.
 - live: a tool reads the trace of a program still running: its pending file left alone,
   said once; the program then ends by SIGTERM and finishes its trace itself.
 - finishers: two tools finish the same killed program's trace at once: the second waits for
@@ -67,18 +68,18 @@ def record(scenario, *args, rc, path=None, **variables):
         return f.read()
 
 
-def record_killed_unformatted(path, **variables):
-    """The trace of `die kill N`, recorded again until some allocation is left unformatted in
-    the ring at the kill: the formatter thread, woken every millisecond, now and then formats
-    all N first (on a loaded machine)."""
+def record_killed_unformatted(path, left=1, **variables):
+    """The trace of `die kill N`, recorded again until at least `left` allocations are left
+    unformatted in the ring at the kill: the formatter thread, woken every millisecond, now
+    and then formats all N first (on a loaded machine)."""
     for _ in range(50):
         for leftover in (path, path + ".pending"):
             if os.path.exists(leftover):
                 os.unlink(leftover)
         trace = record("die", "kill", str(N), rc=-9, path=path, **variables)
-        if trace.count(b'"cuMemAlloc_v2"') < N:
+        if trace.count(b'"cuMemAlloc_v2"') <= N - left:
             break
-    check("allocations left in the ring", trace.count(b'"cuMemAlloc_v2"') < N, True)
+    check("allocations left in the ring", trace.count(b'"cuMemAlloc_v2"') <= N - left, True)
     return trace
 
 
@@ -210,35 +211,53 @@ def part_pending():
 
 def part_unsealed():
     """A thread killed right after taking its record's room, before it wrote even the
-    record's length: the record is passed over, and the records after it are formatted."""
+    record's length: the record is passed over, and the records after it are formatted. What
+    its length field holds then is what was there before: zero in the ring's first lap; in a
+    later one, what a record of an earlier lap left there, say the length of one that began
+    at the same place and was as long as this record and the next together (its end is where
+    a whole record of this lap begins): believed, it would pass over the next record too."""
     path = os.path.join(WORK, "unsealed.jsonl")
-    record_killed_unformatted(path)
+    trace = record_killed_unformatted(path, left=2)
     with open(path + ".pending", "rb") as f:
-        p = bytearray(f.read())
-    size = struct.unpack_from("<Q", p, 32)[0]
-    pos = struct.unpack_from("<Q", p, DONE + 24 * (struct.unpack_from("<Q", p, GEN)[0] & 1))[0]
+        pending = f.read()
+    size = struct.unpack_from("<Q", pending, 32)[0]
+    pos = struct.unpack_from("<Q", pending,
+                             DONE + 24 * (struct.unpack_from("<Q", pending, GEN)[0] & 1))[0]
     ring = 4096
+
+    def sealed(pos):
+        return struct.unpack_from("<Q", pending, ring + pos % size)[0] == (~pos & (2**64 - 1))
+
     # The records: seal (~position), length, then the values; arg[1] of an allocation is its
     # size (audit/ca_ring.h, ca_raw_head: 56 bytes, then the arguments).
     for _ in range(1000):
         at = ring + pos % size
-        if struct.unpack_from("<Q", p, at)[0] != (~pos & (2**64 - 1)):
+        if not sealed(pos):
             break
-        length = struct.unpack_from("<I", p, at + 8)[0]
-        if struct.unpack_from("<Q", p, at + 56 + 8)[0] == 1 << 20:
-            p[at:at + 12] = bytes(12)  # neither seal nor length
+        length = struct.unpack_from("<I", pending, at + 8)[0]
+        if struct.unpack_from("<Q", pending, at + 56 + 8)[0] == 1 << 20:
             break
         pos += length
     else:
         check("an allocation's record in the ring", None, "found")
-    with open(path + ".pending", "wb") as f:
-        f.write(bytes(p))
-    rep = subprocess.run([REPORT, path], capture_output=True, text=True, timeout=60)
-    check(f"report says it passed one over ({rep.stderr.strip()!r})",
-          "(some cut off in the middle)" in rep.stderr, True)
-    with open(path, "rb") as f:
-        whole, other = whole_records(f.read())
-    check("the allocations after the record never sealed", (whole, other), (N - 1, 0))
+    check("a whole record after it", sealed(pos + length), True)
+    following = struct.unpack_from("<I", pending, ring + (pos + length) % size + 8)[0]
+    for what, stale in (("neither seal nor length", 0),
+                        ("an earlier lap's length", length + following)):
+        p = bytearray(pending)
+        p[at:at + 8] = bytes(8)  # not sealed
+        struct.pack_into("<I", p, at + 8, stale)
+        with open(path, "wb") as f:
+            f.write(trace)
+        with open(path + ".pending", "wb") as f:
+            f.write(bytes(p))
+        rep = subprocess.run([REPORT, path], capture_output=True, text=True, timeout=60)
+        check(f"{what}: report says it passed one over ({rep.stderr.strip()!r})",
+              "(some cut off in the middle)" in rep.stderr, True)
+        with open(path, "rb") as f:
+            whole, other = whole_records(f.read())
+        check(f"{what}: the allocations after the record never sealed", (whole, other),
+              (N - 1, 0))
 
 
 def part_version_1():

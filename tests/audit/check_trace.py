@@ -592,7 +592,8 @@ def case_exit_thread():
 N_DIE = 10
 FORMATS = ("text", "jsonl", "perfetto")
 # How the program ends, and its exit status as subprocess reports it.
-DEATHS = {"abort": -signal.SIGABRT, "_exit": 3, "kill": -signal.SIGKILL, "segv": -signal.SIGSEGV}
+DEATHS = {"abort": -signal.SIGABRT, "_exit": 3, "kill": -signal.SIGKILL, "segv": -signal.SIGSEGV,
+          "quick_exit": 4, "at_quick_exit": 4}
 
 
 def perfetto_events(raw):
@@ -601,18 +602,18 @@ def perfetto_events(raw):
     return chrome(raw)
 
 
-def die_records(fmt, raw):
-    """The cuMemAlloc_v2 records of a finished trace written by audit_prog die."""
+def die_records(fmt, raw, name="cuMemAlloc_v2"):
+    """The records of name (cuMemAlloc_v2) of a finished trace written by audit_prog die."""
     if fmt == "perfetto":
         ev = perfetto_events(raw)
-        return [e for e in ev if e["ph"] == "X" and e["name"] == "cuMemAlloc_v2"]
+        return [e for e in ev if e["ph"] == "X" and e["name"] == name]
     text = raw.decode()
     check("\0" not in text and (text == "" or text.endswith("\n")),
           "a finished file ends in a whole line")
     lines = text.splitlines()
     if fmt == "jsonl":
-        return [e for e in jsonl("\n".join(lines)) if e["name"] == "cuMemAlloc_v2"]
-    return [l for l in lines if l.startswith("[Intercepted] cuMemAlloc_v2(")]
+        return [e for e in jsonl("\n".join(lines)) if e["name"] == name]
+    return [l for l in lines if l.startswith(f"[Intercepted] {name}(")]
 
 
 def finish_killed(fmt, path, raw):
@@ -631,7 +632,9 @@ def finish_killed(fmt, path, raw):
         return f.read()
 
 
-def die_case(how):
+def die_case(how, frees=0):
+    """frees: the cuMemFree_v2 calls the program makes as it ends (an at_quick_exit handler's),
+    which must be in the trace too."""
     for fmt in FORMATS:
         path = trace_file(f"{how}.{fmt}")
         # handle_segv=0: in the ASan build, the sanitizer would report the SIGSEGV and exit 1
@@ -648,6 +651,8 @@ def die_case(how):
         recs = die_records(fmt, raw)
         check(len(recs) == N_DIE, f"{how}, {fmt}: {len(recs)} allocations in the trace, "
                                   f"expected {N_DIE}")
+        got = len(die_records(fmt, raw, "cuMemFree_v2"))
+        check(got == frees, f"{how}, {fmt}: {got} frees in the trace, expected {frees}")
 
 
 def case_die_abort():
@@ -664,6 +669,13 @@ def case_die_kill():
 
 def case_die_segv():
     die_case("segv")
+
+
+def case_die_quick_exit():
+    """quick_exit() (C11): the at_quick_exit handlers, then _Exit inside libc, which no
+    binding shows; without handlers, and with one that makes a traced call (in the trace)."""
+    die_case("quick_exit")
+    die_case("at_quick_exit", frees=1)
 
 
 def case_end_race():

@@ -23,11 +23,19 @@
  *                                    than the ring holds: the calls go on (one 200 ms wait,
  *                                    then those with no room are dropped at once), one line
  *                                    on stderr says so, the trace is whole, and its notes of
- *                                    dropped calls count every call not in it */
+ *                                    dropped calls count every call not in it
+ *   test_audit_trace_threads signal  a signal handler makes a traced call in the middle of
+ *                                    its thread's own ca_end (held up there by a full ring),
+ *                                    and another thread ends the process once the handler's
+ *                                    call is written, before the handler returns: the end
+ *                                    waits for the interrupted call's record, and the trace
+ *                                    holds both calls, each once */
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -199,12 +207,147 @@ static int full(void)
                : 1;
 }
 
+/* signal: the thread T's last call finds the ring full while the formatter's lock is held
+ * (a fork under way, sig_holder), so T waits inside its ca_end; a signal there runs a
+ * handler that makes a traced call of its own, which gets through once the lock is let go;
+ * the main thread then ends the process while the handler, its call written, has not
+ * returned yet. Stages (sig_stage): */
+enum {
+    SIG_KNOWN = 1, /* T has its thread's state (made under the lock the fork takes) */
+    SIG_HELD,      /* the formatter's lock is held: the ring fills */
+    SIG_FULL,      /* the ring is full: T makes the call that waits for room */
+    SIG_HANDLER,   /* the handler runs: the lock may go */
+    SIG_WRITTEN,   /* the handler's call is written */
+    SIG_ENDING,    /* the end has begun */
+};
+#define SIG_OUTER 777777 /* the size of T's waiting call */
+#define SIG_INNER 555555 /* the handler's */
+#define SIG_STR_(x) #x
+#define SIG_STR(x) SIG_STR_(x)
+static int sig_stage;
+
+static void sig_pause(long us)
+{
+    struct timespec ts = {us / 1000000, us % 1000000 * 1000};
+    nanosleep(&ts, NULL); /* async-signal-safe, unlike usleep */
+}
+
+static void sig_wait(int stage)
+{
+    while (__atomic_load_n(&sig_stage, __ATOMIC_ACQUIRE) < stage)
+        sig_pause(100);
+}
+
+static void sig_set(int stage)
+{
+    __atomic_store_n(&sig_stage, stage, __ATOMIC_RELEASE);
+}
+
+static void on_signal(int sig)
+{
+    (void)sig;
+    sig_set(SIG_HANDLER);
+    record(SIG_INNER);
+    sig_set(SIG_WRITTEN);
+    sig_wait(SIG_ENDING);
+    sig_pause(50000); /* the end waits for T meanwhile, or finishes without T's record */
+}
+
+static void *sig_holder(void *arg)
+{
+    (void)arg;
+    sig_wait(SIG_KNOWN);
+    ca_fork_prepare();
+    sig_set(SIG_HELD);
+    sig_wait(SIG_HANDLER);
+    ca_fork_parent();
+    return NULL;
+}
+
+static void *sig_thread(void *arg)
+{
+    (void)arg;
+    /* A cuMemAlloc_v2's raw record: its head, 2 arguments, 1 out-value and the 0 byte of its
+     * (empty) string, rounded up to 8 (ca_ring.h). */
+    const size_t rec = (sizeof(ca_raw_head) + 8 * 3 + 1 + 7) & ~(size_t)7;
+    record(1);
+    sig_set(SIG_KNOWN);
+    sig_wait(SIG_HELD);
+    while (ca_ring_size() - ca_ring_used() >= rec)
+        record(2);
+    sig_set(SIG_FULL);
+    record(SIG_OUTER);
+    return NULL;
+}
+
+static int signalled(void)
+{
+    FILE *f = tmpfile(), *err = tmpfile();
+    char dir[] = "/tmp/ca-ring-XXXXXX", ring[64];
+    if (!f || !err || !mkdtemp(dir))
+        return 1;
+    snprintf(ring, sizeof ring, "%s/ring", dir);
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(fileno(err), 2);
+        /* A small ring (128 KiB: a file size limit lets the ring's file have no more, and the
+         * trace its first MiB), filled and formatted in a moment. */
+        struct rlimit lim = {1 << 20, 1 << 20};
+        setrlimit(RLIMIT_FSIZE, &lim);
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = on_signal;
+        sigemptyset(&sa.sa_mask);
+        sigaction(SIGUSR1, &sa, NULL);
+        ca_trace_init_fd(dup(fileno(f)), CS_TRACE_JSONL, "memory", ring);
+        record(0); /* the ring made */
+        pthread_t t, h;
+        pthread_create(&h, NULL, sig_holder, NULL);
+        pthread_create(&t, NULL, sig_thread, NULL);
+        sig_wait(SIG_FULL);
+        usleep(20000); /* T waits for room (for up to 200 ms) */
+        pthread_kill(t, SIGUSR1);
+        sig_wait(SIG_WRITTEN);
+        sig_set(SIG_ENDING);
+        ca_trace_exit();
+        pthread_join(t, NULL);
+        pthread_join(h, NULL);
+        _exit(0);
+    }
+    int status;
+    if (pid < 0 || waitpid(pid, &status, 0) != pid || !WIFEXITED(status) ||
+        WEXITSTATUS(status) != 0)
+        return 1;
+    static char line[CA_REC_TEXT_MAX + 2];
+    long lines = 0, whole = 0, outer = 0, inner = 0;
+    rewind(f);
+    while (fgets(line, sizeof line, f)) {
+        size_t n = strlen(line);
+        lines++;
+        whole += n > 2 && line[0] == '{' && line[n - 2] == '}' && line[n - 1] == '\n';
+        outer += strstr(line, "\"bytesize\":" SIG_STR(SIG_OUTER) "}") != NULL;
+        inner += strstr(line, "\"bytesize\":" SIG_STR(SIG_INNER) "}") != NULL;
+    }
+    rewind(err);
+    while (fgets(line, sizeof line, err))
+        fputs(line, stdout);
+    int ring_left = access(ring, F_OK) == 0;
+    unlink(ring);
+    rmdir(dir);
+    printf("%ld records, %ld whole; the interrupted call's %ld times, the handler's %ld "
+           "times (each expected once)%s\n",
+           lines, whole, outer, inner, ring_left ? "; the ring's file left" : "");
+    return whole == lines && lines > 2 && outer == 1 && inner == 1 && !ring_left ? 0 : 1;
+}
+
 int main(int argc, char **argv)
 {
     if (argc > 1 && strcmp(argv[1], "stall") == 0)
         return stall();
     if (argc > 1 && strcmp(argv[1], "full") == 0)
         return full();
+    if (argc > 1 && strcmp(argv[1], "signal") == 0)
+        return signalled();
     end_early = argc > 1 && strcmp(argv[1], "end") == 0;
     int stacks = argc > 1 && strcmp(argv[1], "stack") == 0;
     int with_ring = !(argc > 2 && strcmp(argv[2], "inline") == 0);
