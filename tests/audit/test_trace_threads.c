@@ -4,6 +4,8 @@
  *
  *   test_audit_trace_threads count   THREADS threads record CALLS calls each, growing the
  *                                    file many times: every call is in the file exactly once
+ *                                    (here, in end and in stack, every record ca_begin hands
+ *                                    out is also at an address its type allows)
  *   test_audit_trace_threads end     the process ends (ca_trace_exit, as exit() or a fatal
  *                                    signal does) while THREADS threads record: every line
  *                                    in the finished file is a whole record
@@ -50,12 +52,18 @@
 #define CALLS 3000
 
 static int done, stop, end_early, forking;
+/* Records at an address their type does not allow (ca_rec is 64-byte aligned, so that its
+ * first cache line is one line): undefined behaviour, whatever the sanitizer's own allocator
+ * happens to give (atomic). */
+static int misaligned;
 
 static void record(int i)
 {
     ca_rec *r = ca_begin(CA_FN_cuMemAlloc_v2, 2, CA_LIB_DRIVER, NULL); /* from the program */
     if (!r)
         return; /* after the end */
+    if ((uintptr_t)r % _Alignof(ca_rec))
+        __atomic_fetch_add(&misaligned, 1, __ATOMIC_RELAXED);
     r->arg[0] = 0x1000;
     r->arg[1] = (uint64_t)i;
     ca_started(r);
@@ -377,6 +385,11 @@ int main(int argc, char **argv)
     rmdir(dir);
     if (ring_left) {
         printf("the ring's file is left after the end\n");
+        return 1;
+    }
+    if (misaligned) {
+        printf("%d records not aligned as ca_rec must be (%zu bytes)\n", misaligned,
+               _Alignof(ca_rec));
         return 1;
     }
     rewind(f);
