@@ -239,18 +239,22 @@ static struct {
     uintptr_t lo, hi;
 } g_range[3];
 
+/* lo first, hi last (released), and read the other way round (hi acquired): a call on
+ * another thread while a range is first made sees either the empty range (hi 0) or the
+ * whole one, never the new end with the old start, 0, which would take the program's own
+ * code for the library's. */
 void ca_trace_caller_range(int from, uintptr_t lo, uintptr_t hi)
 {
-    __atomic_store_n(&g_range[from].hi, hi, __ATOMIC_RELAXED);
     __atomic_store_n(&g_range[from].lo, lo, __ATOMIC_RELAXED);
+    __atomic_store_n(&g_range[from].hi, hi, __ATOMIC_RELEASE);
 }
 
 static int from_of(const void *ret)
 {
     uintptr_t a = (uintptr_t)ret;
     for (int f = CA_FROM_SHIM; f <= CA_FROM_CUDART; f++)
-        if (a >= __atomic_load_n(&g_range[f].lo, __ATOMIC_RELAXED) &&
-            a < __atomic_load_n(&g_range[f].hi, __ATOMIC_RELAXED))
+        if (a < __atomic_load_n(&g_range[f].hi, __ATOMIC_ACQUIRE) &&
+            a >= __atomic_load_n(&g_range[f].lo, __ATOMIC_RELAXED))
             return f;
     return CA_FROM_APP;
 }
