@@ -40,7 +40,8 @@
 #include "ca_sys.h"
 #include "cs_options.h"
 
-/* How much the file grows at a time: what a killed process leaves as a zero tail. */
+/* How much the file grows at a time: what a killed process leaves as a tail of zero bytes
+ * (a Chrome trace: of spaces). */
 #define CA_OUT_STEP ((size_t)1 << 20)
 /* Kept free at the end of the mapping for the note of lost records and the closing "]". */
 #define NOTE_MAX 256

@@ -14,7 +14,7 @@ enum {
 };
 
 /* For the trace file trace: formats the calls in trace.pending into it where its process
- * stopped, finishes the file as the process would have (the zero tail cut, a Chrome trace
+ * stopped, finishes the file as the process would have (the blank tail cut, a Chrome trace
  * closed, the note of calls lost to write errors), and removes the pending file. msg: one
  * line for the user on DONE, BUSY and ERROR (without the tool's name). */
 int ca_recover(const char *trace, char *msg, size_t cap);
