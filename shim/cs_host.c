@@ -137,16 +137,18 @@ static void fences_advance(uint64_t upto)
     }
 }
 
-static bool same_fences(const fence_rec *a, const fence_rec *b)
+static bool same_fences(const fence_rec *a, const ctx_fence *f, int n)
 {
-    if (a->n != b->n)
+    if (a->n != n)
         return false;
-    for (int i = 0; i < a->n; i++)
-        if (a->f[i].cs != b->f[i].cs || a->f[i].epoch != b->f[i].epoch)
+    for (int i = 0; i < n; i++)
+        if (a->f[i].cs != f[i].cs || a->f[i].epoch != f[i].epoch)
             return false;
     return true;
 }
 
+/* The contexts' fences are taken on the stack; a record is made only for a new host fence,
+ * not for a free with no work since the newest (the usual one in a loop of frees). */
 static uint64_t host_fence(void *dev)
 {
     (void)dev;
@@ -159,33 +161,35 @@ static uint64_t host_fence(void *dev)
         if (!(all = malloc((size_t)cap * sizeof *all)))
             break;
     }
-    fence_rec *h = all ? malloc(sizeof *h + (size_t)n * sizeof *h->f) : NULL;
-    for (int i = 0; h && i < n; i++)
-        h->f[i] = (ctx_fence){all[i], cs_streams_fence(all[i])};
+    ctx_fence local_f[FENCE_CONTEXTS], *f = NULL;
+    if (all)
+        f = n <= FENCE_CONTEXTS ? local_f : malloc((size_t)n * sizeof *f);
+    for (int i = 0; f && i < n; i++)
+        f[i] = (ctx_fence){all[i], cs_streams_fence(all[i])};
     if (all != local)
         free(all);
     pthread_mutex_lock(&fence_lock);
     uint64_t epoch;
-    if (h) {
-        h->n = n;
-        h->next = NULL;
-    }
-    if (h && newest && same_fences(h, newest)) {
+    if (f && newest && same_fences(newest, f, n)) {
         epoch = newest->epoch;  /* no work since: its fence covers this free */
     } else {
         epoch = ++fence_epoch;
+        fence_rec *h = f ? malloc(sizeof *h + (size_t)n * sizeof *h->f) : NULL;
         if (h) {
             h->epoch = epoch;
+            h->next = NULL;
+            h->n = n;
+            memcpy(h->f, f, (size_t)n * sizeof *f);
             if (newest)
                 newest->next = h;
             else
                 fences = h;
             newest = h;
-            h = NULL;
         }
     }
     pthread_mutex_unlock(&fence_lock);
-    free(h);
+    if (f != local_f)
+        free(f);
     return epoch;
 }
 
