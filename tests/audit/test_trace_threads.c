@@ -157,37 +157,74 @@ static void *held_fork(void *arg)
     return NULL;
 }
 
-/* full: in a child whose stderr is a file: the calls made while the formatter is held up. */
-static int full(void)
+/* A run of body in a child whose stderr is a temporary file and whose trace (JSON Lines,
+ * the memory calls) goes to another, its ring in a temporary directory: prepare runs first
+ * in the child, before tracing starts; body ends the child with _exit. */
+typedef struct {
+    FILE *trace, *err;
+    char dir[32], ring[64];
+    int status; /* the child's exit status (waitpid's) */
+} child_run;
+
+static int run_child(child_run *c, void (*prepare)(void), void (*body)(void))
 {
-    FILE *f = tmpfile(), *err = tmpfile();
-    char dir[] = "/tmp/ca-ring-XXXXXX", ring[64];
-    if (!f || !err || !mkdtemp(dir))
-        return 1;
-    snprintf(ring, sizeof ring, "%s/ring", dir);
+    c->trace = tmpfile();
+    c->err = tmpfile();
+    snprintf(c->dir, sizeof c->dir, "/tmp/ca-ring-XXXXXX");
+    if (!c->trace || !c->err || !mkdtemp(c->dir))
+        return -1;
+    snprintf(c->ring, sizeof c->ring, "%s/ring", c->dir);
     pid_t pid = fork();
     if (pid == 0) {
-        dup2(fileno(err), 2);
-        ca_trace_init_fd(dup(fileno(f)), CS_TRACE_JSONL, "memory", ring);
+        dup2(fileno(c->err), 2);
+        if (prepare)
+            prepare();
+        ca_trace_init_fd(dup(fileno(c->trace)), CS_TRACE_JSONL, "memory", c->ring);
         record(0); /* the ring made */
-        pthread_t t;
-        pthread_create(&t, NULL, held_fork, NULL);
-        while (!__atomic_load_n(&forking, __ATOMIC_ACQUIRE))
-            usleep(100);
-        for (int i = 0; i < FULL_CALLS; i++)
-            record(i);
-        /* 1: all made while the formatter was held up */
-        int in_time = __atomic_load_n(&forking, __ATOMIC_ACQUIRE) == 1;
-        pthread_join(t, NULL);
-        ca_trace_exit();
-        _exit(in_time ? 0 : 2);
+        body();
+        _exit(3);
     }
-    int status;
-    if (pid < 0 || waitpid(pid, &status, 0) != pid || !WIFEXITED(status))
+    if (pid < 0 || waitpid(pid, &c->status, 0) != pid || !WIFEXITED(c->status))
+        return -1;
+    rewind(c->trace);
+    rewind(c->err);
+    return 0;
+}
+
+/* Whether the child's ring's file was left; both removed. */
+static int ring_left(child_run *c)
+{
+    int left = access(c->ring, F_OK) == 0;
+    unlink(c->ring);
+    rmdir(c->dir);
+    return left;
+}
+
+/* full: in a child whose stderr is a file: the calls made while the formatter is held up. */
+static void full_body(void)
+{
+    pthread_t t;
+    pthread_create(&t, NULL, held_fork, NULL);
+    while (!__atomic_load_n(&forking, __ATOMIC_ACQUIRE))
+        usleep(100);
+    for (int i = 0; i < FULL_CALLS; i++)
+        record(i);
+    /* 1: all made while the formatter was held up */
+    int in_time = __atomic_load_n(&forking, __ATOMIC_ACQUIRE) == 1;
+    pthread_join(t, NULL);
+    ca_trace_exit();
+    _exit(in_time ? 0 : 2);
+}
+
+static int full(void)
+{
+    child_run c;
+    if (run_child(&c, NULL, full_body) != 0)
         return 1;
+    FILE *f = c.trace, *err = c.err;
+    int status = c.status;
     static char line[CA_REC_TEXT_MAX + 2];
     long lines = 0, whole = 0, said = 0, notes = 0, dropped = 0;
-    rewind(f);
     while (fgets(line, sizeof line, f)) {
         size_t n = strlen(line);
         if (!strncmp(line, "{\"cacheshim_lost\":", 18) &&
@@ -199,18 +236,15 @@ static int full(void)
         lines++;
         whole += n > 2 && line[0] == '{' && line[n - 2] == '}' && line[n - 1] == '\n';
     }
-    rewind(err);
     while (fgets(line, sizeof line, err))
         said += strstr(line, "cacheshim: the trace's ring of unformatted calls stayed full") != NULL;
-    int ring_left = access(ring, F_OK) == 0;
-    unlink(ring);
-    rmdir(dir);
+    int left = ring_left(&c);
     printf("calls made while the formatter was held up: %s; %ld records in the trace, %ld "
            "whole, and %ld dropped in %ld notes, of %d calls; said %ld times%s\n",
            WEXITSTATUS(status) == 0 ? "all" : "not all", lines, whole, dropped, notes,
-           FULL_CALLS + 1, said, ring_left ? "; the ring's file left" : "");
+           FULL_CALLS + 1, said, left ? "; the ring's file left" : "");
     return WEXITSTATUS(status) == 0 && whole == lines && lines > 1 && lines <= FULL_CALLS &&
-                   notes >= 1 && lines + dropped == FULL_CALLS + 1 && said == 1 && !ring_left
+                   notes >= 1 && lines + dropped == FULL_CALLS + 1 && said == 1 && !left
                ? 0
                : 1;
 }
@@ -288,47 +322,43 @@ static void *sig_thread(void *arg)
     return NULL;
 }
 
+/* A small ring (128 KiB: a file size limit lets the ring's file have no more, and the trace
+ * its first MiB), filled and formatted in a moment; the handler in place. */
+static void signal_prepare(void)
+{
+    struct rlimit lim = {1 << 20, 1 << 20};
+    setrlimit(RLIMIT_FSIZE, &lim);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGUSR1, &sa, NULL);
+}
+
+static void signal_body(void)
+{
+    pthread_t t, h;
+    pthread_create(&h, NULL, sig_holder, NULL);
+    pthread_create(&t, NULL, sig_thread, NULL);
+    sig_wait(SIG_FULL);
+    usleep(20000); /* T waits for room (for up to 200 ms) */
+    pthread_kill(t, SIGUSR1);
+    sig_wait(SIG_WRITTEN);
+    sig_set(SIG_ENDING);
+    ca_trace_exit();
+    pthread_join(t, NULL);
+    pthread_join(h, NULL);
+    _exit(0);
+}
+
 static int signalled(void)
 {
-    FILE *f = tmpfile(), *err = tmpfile();
-    char dir[] = "/tmp/ca-ring-XXXXXX", ring[64];
-    if (!f || !err || !mkdtemp(dir))
+    child_run c;
+    if (run_child(&c, signal_prepare, signal_body) != 0 || WEXITSTATUS(c.status) != 0)
         return 1;
-    snprintf(ring, sizeof ring, "%s/ring", dir);
-    pid_t pid = fork();
-    if (pid == 0) {
-        dup2(fileno(err), 2);
-        /* A small ring (128 KiB: a file size limit lets the ring's file have no more, and the
-         * trace its first MiB), filled and formatted in a moment. */
-        struct rlimit lim = {1 << 20, 1 << 20};
-        setrlimit(RLIMIT_FSIZE, &lim);
-        struct sigaction sa;
-        memset(&sa, 0, sizeof sa);
-        sa.sa_handler = on_signal;
-        sigemptyset(&sa.sa_mask);
-        sigaction(SIGUSR1, &sa, NULL);
-        ca_trace_init_fd(dup(fileno(f)), CS_TRACE_JSONL, "memory", ring);
-        record(0); /* the ring made */
-        pthread_t t, h;
-        pthread_create(&h, NULL, sig_holder, NULL);
-        pthread_create(&t, NULL, sig_thread, NULL);
-        sig_wait(SIG_FULL);
-        usleep(20000); /* T waits for room (for up to 200 ms) */
-        pthread_kill(t, SIGUSR1);
-        sig_wait(SIG_WRITTEN);
-        sig_set(SIG_ENDING);
-        ca_trace_exit();
-        pthread_join(t, NULL);
-        pthread_join(h, NULL);
-        _exit(0);
-    }
-    int status;
-    if (pid < 0 || waitpid(pid, &status, 0) != pid || !WIFEXITED(status) ||
-        WEXITSTATUS(status) != 0)
-        return 1;
+    FILE *f = c.trace, *err = c.err;
     static char line[CA_REC_TEXT_MAX + 2];
     long lines = 0, whole = 0, outer = 0, inner = 0;
-    rewind(f);
     while (fgets(line, sizeof line, f)) {
         size_t n = strlen(line);
         lines++;
@@ -336,16 +366,13 @@ static int signalled(void)
         outer += strstr(line, "\"bytesize\":" SIG_STR(SIG_OUTER) "}") != NULL;
         inner += strstr(line, "\"bytesize\":" SIG_STR(SIG_INNER) "}") != NULL;
     }
-    rewind(err);
     while (fgets(line, sizeof line, err))
         fputs(line, stdout);
-    int ring_left = access(ring, F_OK) == 0;
-    unlink(ring);
-    rmdir(dir);
+    int left = ring_left(&c);
     printf("%ld records, %ld whole; the interrupted call's %ld times, the handler's %ld "
            "times (each expected once)%s\n",
-           lines, whole, outer, inner, ring_left ? "; the ring's file left" : "");
-    return whole == lines && lines > 2 && outer == 1 && inner == 1 && !ring_left ? 0 : 1;
+           lines, whole, outer, inner, left ? "; the ring's file left" : "");
+    return whole == lines && lines > 2 && outer == 1 && inner == 1 && !left ? 0 : 1;
 }
 
 int main(int argc, char **argv)
